@@ -1,0 +1,59 @@
+//! f32 CPU kernels for the Qwen3 / Qwen3.5 / Qwen3-Next forward passes.
+//!
+//! All buffers are row-major f32 slices; shapes are given in each function's doc (`[n, heads, head_dim]`).
+//! Numerics follow transformers' reference implementation (see each module's doc for the exact order of
+//! operations). Work is split over the rayon pool that is current when a kernel is called (the global pool
+//! unless the caller runs inside `ThreadPool::install`); [`set_threads`] sizes the global pool. Wide SIMD is
+//! chosen at run time ([`simd_path`]): the binary is built for the baseline target and is safe to carry to
+//! other machines.
+//!
+//! Shape errors are programmer errors here (the callers are our own code): a buffer shorter than its shape
+//! panics with a message naming the kernel and the buffer, before anything is read or written.
+
+mod attention;
+mod conv;
+mod elementwise;
+mod gdn;
+mod linear;
+mod norm;
+mod rope;
+mod simd;
+
+#[cfg(test)]
+mod tests;
+
+pub use attention::attention;
+pub use conv::causal_conv1d_silu;
+pub use elementwise::{add_inplace, argmax, sigmoid, silu, silu_inplace, silu_mul, softmax_inplace, softplus};
+pub use gdn::{gdn_chunked, gdn_recurrent, GDN_CHUNK};
+pub use linear::{linear, linear_acc, MATVEC_MAX_ROWS};
+pub use norm::{l2_normalize_rows, rms_norm, rms_norm_inplace};
+pub use rope::{rope, rope_inv_freq, rope_with_inv_freq};
+pub use simd::simd_path;
+
+/// Errors of this crate's fallible entry points.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// The rayon global pool could not be built with the requested size (it is already initialised, or the
+    /// OS refused the threads).
+    #[error("cannot size the global thread pool to {threads} threads: {source}")]
+    ThreadPool {
+        threads: usize,
+        #[source]
+        source: rayon::ThreadPoolBuildError,
+    },
+}
+
+/// Sizes rayon's global pool, which every kernel uses. Call once, before any kernel runs; `0` lets rayon
+/// choose (RAYON_NUM_THREADS or the number of CPUs).
+pub fn set_threads(threads: usize) -> Result<(), KernelError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()
+        .map_err(|source| KernelError::ThreadPool { threads, source })
+}
+
+/// Number of threads the kernels use when called from the current context.
+pub fn current_threads() -> usize {
+    rayon::current_num_threads()
+}

@@ -1,0 +1,319 @@
+//! Linear layers: `out[n, m] = x[n, k] · w[m, k]^T` (PyTorch `nn.Linear` weight layout), overwritten or
+//! accumulated (`out += scale · x·w^T`).
+//!
+//! Two paths, chosen by the number of input rows `n`:
+//! - `n <= MATVEC_MAX_ROWS` (decode, short verify blocks): memory-bound. The weight rows are split into
+//!   blocks over the rayon pool; each block streams its weight rows exactly once and dots every row with all
+//!   `n` inputs (which stay in cache), with AVX2/FMA intrinsics when the CPU has them.
+//! - larger `n` (prefill): compute-bound GEMM through the `gemm` crate, which dispatches on CPU features at
+//!   run time and splits the work over the rayon pool.
+//!
+//! Invariant: both paths compute the same products up to f32 summation order; `out` is written exactly once
+//! per element (overwrite) or updated once (accumulate).
+
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use crate::simd::{self, Isa};
+
+/// Largest `n` served by the matvec path. Measured with `examples/kbench.rs` on a 2-core AVX2 machine,
+/// 4096x4096 f32: see the numbers in the module doc of that example.
+pub const MATVEC_MAX_ROWS: usize = 4;
+
+/// Below this many multiply-adds the matvec runs on the calling thread: rayon's fork/join costs more.
+const MATVEC_SERIAL_WORK: usize = 1 << 16;
+
+/// What a kernel does with the value already in `out`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    /// out = result
+    Overwrite,
+    /// out += scale * result
+    Accumulate(f32),
+}
+
+impl Mode {
+    #[inline(always)]
+    fn apply(self, old: f32, result: f32) -> f32 {
+        match self {
+            Mode::Overwrite => result,
+            Mode::Accumulate(scale) => old + scale * result,
+        }
+    }
+}
+
+/// out[n, m] = x[n, k] · w[m, k]^T. Overwrites `out`.
+///
+/// Panics (programmer error) if a slice is shorter than its shape says.
+pub fn linear(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, out: &mut [f32]) {
+    linear_with_mode(x, w, n, k, m, Mode::Overwrite, out);
+}
+
+/// out[n, m] += scale · x[n, k] · w[m, k]^T — residual adds and MoE expert sums (scale = routing weight).
+///
+/// Panics (programmer error) if a slice is shorter than its shape says.
+pub fn linear_acc(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, scale: f32, out: &mut [f32]) {
+    linear_with_mode(x, w, n, k, m, Mode::Accumulate(scale), out);
+}
+
+fn linear_with_mode(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, mode: Mode, out: &mut [f32]) {
+    check_len("linear: x [n, k]", x.len(), n * k);
+    check_len("linear: w [m, k]", w.len(), m * k);
+    check_len("linear: out [n, m]", out.len(), n * m);
+    let (x, w, out) = (&x[..n * k], &w[..m * k], &mut out[..n * m]);
+    if n == 0 || m == 0 {
+        return;
+    }
+    if k == 0 {
+        // An empty sum is zero.
+        out.iter_mut().for_each(|o| *o = mode.apply(*o, 0.0));
+        return;
+    }
+    if n <= MATVEC_MAX_ROWS {
+        matvec(best_isa_for_matvec(), x, w, n, k, m, mode, out);
+    } else {
+        gemm_linear(x, w, n, k, m, mode, out);
+    }
+}
+
+/// Panics with a clear message when a buffer is shorter than its shape: callers are our own code, so this is
+/// a programmer error, and continuing would read or write out of shape.
+#[inline]
+#[track_caller]
+pub(crate) fn check_len(what: &str, len: usize, needed: usize) {
+    assert!(len >= needed, "{what}: buffer holds {len} values, shape needs {needed}");
+}
+
+#[inline]
+fn best_isa_for_matvec() -> Isa {
+    simd::best_isa()
+}
+
+/// The GEMM path: out (n x m, row stride m) = x (n x k, row stride k) · w^T where w^T is a k x m view of w
+/// (row stride 1, column stride k).
+fn gemm_linear(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, mode: Mode, out: &mut [f32]) {
+    let (read_dst, beta) = match mode {
+        Mode::Overwrite => (false, 1.0),
+        Mode::Accumulate(scale) => (true, scale),
+    };
+    // SAFETY: lengths were checked by the caller: x >= n*k, w >= m*k, out >= n*m, and the strides below address
+    // exactly those row-major layouts. gemm computes dst := 1·dst + beta·lhs·rhs (dst not read if !read_dst).
+    unsafe {
+        gemm::gemm(
+            n,
+            m,
+            k,
+            out.as_mut_ptr(),
+            1,
+            m as isize,
+            read_dst,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            1.0f32,
+            beta,
+            false,
+            false,
+            false,
+            Parallelism::Rayon(0), // 0 = rayon::current_num_threads(): honours the pool we run in.
+        );
+    }
+}
+
+/// The matvec path for few input rows. Tasks own disjoint blocks of weight rows.
+#[allow(clippy::too_many_arguments)]
+fn matvec(isa: Isa, x: &[f32], w: &[f32], n: usize, k: usize, m: usize, mode: Mode, out: &mut [f32]) {
+    let rows_per_task = matvec_rows_per_task(m, k, n);
+    if n == 1 {
+        // out [1, m] is already [m, 1]: each task writes its slice of out directly.
+        let job = |(b, out_block): (usize, &mut [f32])| {
+            let first = b * rows_per_task;
+            let w_block = &w[first * k..(first + out_block.len()) * k];
+            matvec_block(isa, x, w_block, k, 1, mode, out_block);
+        };
+        if rows_per_task >= m {
+            job((0, out));
+        } else {
+            out.par_chunks_mut(rows_per_task).enumerate().for_each(job);
+        }
+        return;
+    }
+    // results [m, n] (transposed against out), filled per weight-row block, then scattered.
+    let mut results = vec![0.0f32; m * n];
+    let job = |(b, res_block): (usize, &mut [f32])| {
+        let first = b * rows_per_task;
+        let rows = res_block.len() / n;
+        let w_block = &w[first * k..(first + rows) * k];
+        matvec_block(isa, x, w_block, k, n, Mode::Overwrite, res_block);
+    };
+    if rows_per_task >= m {
+        job((0, &mut results));
+    } else {
+        results.par_chunks_mut(rows_per_task * n).enumerate().for_each(job);
+    }
+    for (j, res_row) in results.chunks_exact(n).enumerate() {
+        for (i, &r) in res_row.iter().enumerate() {
+            let o = &mut out[i * m + j];
+            *o = mode.apply(*o, r);
+        }
+    }
+}
+
+/// Weight rows per rayon task: about 4 tasks per thread for balance, a multiple of 4 (the row micro-tile),
+/// capped so a task reads at most ~2 MiB of weights; one task for tiny problems.
+fn matvec_rows_per_task(m: usize, k: usize, n: usize) -> usize {
+    if m * k * n <= MATVEC_SERIAL_WORK {
+        return m;
+    }
+    let tasks = rayon::current_num_threads().max(1) * 4;
+    let max_rows = ((1usize << 19) / k.max(1)).max(4);
+    m.div_ceil(tasks).next_multiple_of(4).clamp(4, max_rows.next_multiple_of(4))
+}
+
+/// res[r, i] = mode(res[r, i], w_block[r] · x[i]) for all rows r of `w_block` ([rows, k]) and the `n` rows
+/// of `x` ([n, k]); res is [rows, n]. Input rows are taken 4 at a time.
+fn matvec_block(isa: Isa, x: &[f32], w_block: &[f32], k: usize, n: usize, mode: Mode, res: &mut [f32]) {
+    let rows = w_block.len() / k;
+    debug_assert_eq!(res.len(), rows * n);
+    let mut first_input = 0;
+    while first_input < n {
+        let group = (n - first_input).min(4);
+        let xg = &x[first_input * k..(first_input + group) * k];
+        match group {
+            1 => tile_rows::<4, 1>(isa, xg, w_block, k, rows, n, first_input, mode, res),
+            2 => tile_rows::<4, 2>(isa, xg, w_block, k, rows, n, first_input, mode, res),
+            3 => tile_rows::<2, 3>(isa, xg, w_block, k, rows, n, first_input, mode, res),
+            _ => tile_rows::<2, 4>(isa, xg, w_block, k, rows, n, first_input, mode, res),
+        }
+        first_input += group;
+    }
+}
+
+/// Covers all `rows` weight rows with R-row micro-tiles (then single rows for the remainder) against the N
+/// input rows in `xg`, writing columns first_input..first_input+N of res [rows, n_total].
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn tile_rows<const R: usize, const N: usize>(
+    isa: Isa,
+    xg: &[f32],
+    w_block: &[f32],
+    k: usize,
+    rows: usize,
+    n_total: usize,
+    first_input: usize,
+    mode: Mode,
+    res: &mut [f32],
+) {
+    let mut write = |r0: usize, vals: &[[f32; N]]| {
+        for (dr, row_vals) in vals.iter().enumerate() {
+            for (i, &v) in row_vals.iter().enumerate() {
+                let o = &mut res[(r0 + dr) * n_total + first_input + i];
+                *o = mode.apply(*o, v);
+            }
+        }
+    };
+    let mut r = 0;
+    while r + R <= rows {
+        let w_tile = &w_block[r * k..(r + R) * k];
+        write(r, &dot_rows::<R, N>(isa, w_tile, xg, k));
+        r += R;
+    }
+    while r < rows {
+        let w_row = &w_block[r * k..(r + 1) * k];
+        write(r, &dot_rows::<1, N>(isa, w_row, xg, k));
+        r += 1;
+    }
+}
+
+#[inline(always)]
+fn dot_rows<const R: usize, const N: usize>(isa: Isa, w: &[f32], x: &[f32], k: usize) -> [[f32; N]; R] {
+    assert!(w.len() >= R * k && x.len() >= N * k, "dot_rows: tile out of bounds");
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Avx2Fma is only produced after runtime detection of avx2 and fma; lengths asserted above.
+        Isa::Avx2Fma => unsafe { simd::dot_rows_avx2::<R, N>(w, x, k) },
+        _ => simd::dot_rows_portable::<R, N>(w, x, k),
+    }
+}
+
+/// Test hook: the matvec path forced to a given instruction set (so both are tested on an AVX2 machine).
+#[cfg(test)]
+pub(crate) fn linear_matvec_with_isa(isa: Isa, x: &[f32], w: &[f32], n: usize, k: usize, m: usize, out: &mut [f32]) {
+    matvec(isa, x, w, n, k, m, Mode::Overwrite, out);
+}
+
+/// Test hook: the GEMM path regardless of n.
+#[cfg(test)]
+pub(crate) fn linear_gemm(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, out: &mut [f32]) {
+    gemm_linear(x, w, n, k, m, Mode::Overwrite, out);
+}
+
+/// A strided read-only matrix view: element (r, c) is `data[r * rs + c * cs]`.
+#[derive(Clone, Copy)]
+pub(crate) struct MatView<'a> {
+    pub data: &'a [f32],
+    pub rows: usize,
+    pub cols: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<'a> MatView<'a> {
+    /// A row-major [rows, cols] view.
+    pub fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Self {
+        Self { data, rows, cols, rs: cols, cs: 1 }
+    }
+
+    /// The transpose of a row-major [cols, rows] buffer, seen as [rows, cols].
+    pub fn transposed(data: &'a [f32], rows: usize, cols: usize) -> Self {
+        Self { data, rows, cols, rs: 1, cs: rows }
+    }
+
+    fn in_bounds(&self) -> bool {
+        self.rows == 0 || self.cols == 0 || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// dst[a.rows, b.cols] (row-major, contiguous) = (accumulate ? dst : 0) + scale · a · b, on the calling thread.
+/// For the small matmuls inside kernels that are themselves parallel over heads.
+pub(crate) fn matmul_serial(dst: &mut [f32], a: MatView<'_>, b: MatView<'_>, scale: f32, accumulate: bool) {
+    assert!(a.cols == b.rows, "matmul_serial: inner dims {} vs {}", a.cols, b.rows);
+    assert!(a.in_bounds() && b.in_bounds(), "matmul_serial: view out of bounds");
+    check_len("matmul_serial: dst", dst.len(), a.rows * b.cols);
+    if a.rows == 0 || b.cols == 0 {
+        return;
+    }
+    if a.cols == 0 {
+        if !accumulate {
+            dst[..a.rows * b.cols].iter_mut().for_each(|v| *v = 0.0);
+        }
+        return;
+    }
+    // SAFETY: both views were checked to address only elements inside their slices, dst holds rows x cols.
+    unsafe {
+        gemm::gemm(
+            a.rows,
+            b.cols,
+            a.cols,
+            dst.as_mut_ptr(),
+            1,
+            b.cols as isize,
+            accumulate,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
+            1.0f32,
+            scale,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+}

@@ -1,0 +1,148 @@
+//! Runtime CPU-feature dispatch and the small vector primitives the kernels share.
+//!
+//! The binary is built for the baseline target (no `target-cpu=native`: it is carried to other machines), so
+//! wide instructions are chosen at run time. Two mechanisms are used:
+//! - explicit AVX2/FMA intrinsics for the memory-bound matvec inner loop ([`dot_rows_avx2`]);
+//! - "multiversioning": a kernel body written with 8-lane array accumulators is marked `#[inline(always)]`
+//!   and instantiated twice, once inside a `#[target_feature(enable = "avx2,fma")]` wrapper (LLVM turns each
+//!   8-lane array into one ymm register) and once plainly (SSE2 on x86_64, NEON on aarch64).
+//!
+//! Invariant: every path computes the same sums up to f32 reassociation; the lane order of a reduction is
+//! fixed (8 partial sums, then the tail, then a pairwise horizontal sum) so a given path is deterministic.
+
+/// The instruction set a kernel runs with, decided once per call from the running CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// x86_64 with AVX2 and FMA.
+    Avx2Fma,
+    /// Baseline code for the target (SSE2 on x86_64, NEON on aarch64, scalar elsewhere).
+    Portable,
+}
+
+/// The fastest instruction set supported by this CPU. `is_x86_feature_detected!` caches its answer.
+#[inline]
+pub(crate) fn best_isa() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            return Isa::Avx2Fma;
+        }
+    }
+    Isa::Portable
+}
+
+/// Names the SIMD path this CPU gets, for logs ("avx2+fma" or "portable").
+pub fn simd_path() -> &'static str {
+    match best_isa() {
+        Isa::Avx2Fma => "avx2+fma",
+        Isa::Portable => "portable",
+    }
+}
+
+/// Lane count of the portable accumulators: one ymm register of f32.
+pub(crate) const LANES: usize = 8;
+
+/// Sums 8 partial sums pairwise (fixed order, so results are reproducible).
+#[inline(always)]
+pub(crate) fn reduce_lanes(acc: [f32; LANES]) -> f32 {
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}
+
+/// a · b over min(len) elements with 8 independent partial sums.
+#[inline(always)]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let len = a.len().min(b.len());
+    let (a, b) = (&a[..len], &b[..len]);
+    let mut acc = [0.0f32; LANES];
+    let mut a_chunks = a.chunks_exact(LANES);
+    let mut b_chunks = b.chunks_exact(LANES);
+    for (ca, cb) in (&mut a_chunks).zip(&mut b_chunks) {
+        for l in 0..LANES {
+            acc[l] += ca[l] * cb[l];
+        }
+    }
+    let mut tail = 0.0f32;
+    for (x, y) in a_chunks.remainder().iter().zip(b_chunks.remainder()) {
+        tail += x * y;
+    }
+    reduce_lanes(acc) + tail
+}
+
+/// y += alpha * x over min(len) elements.
+#[inline(always)]
+pub(crate) fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    for (yv, xv) in y.iter_mut().zip(x) {
+        *yv += alpha * xv;
+    }
+}
+
+/// x *= s.
+#[inline(always)]
+pub(crate) fn scale_inplace(x: &mut [f32], s: f32) {
+    for v in x.iter_mut() {
+        *v *= s;
+    }
+}
+
+/// Dot products of `R` weight rows with `N` input rows, all of length `k`, portable version.
+/// `w` holds at least `R * k` values ([R, k]), `x` at least `N * k` ([N, k]); returns [R][N].
+#[inline(always)]
+pub(crate) fn dot_rows_portable<const R: usize, const N: usize>(w: &[f32], x: &[f32], k: usize) -> [[f32; N]; R] {
+    let mut out = [[0.0f32; N]; R];
+    for (r, out_r) in out.iter_mut().enumerate() {
+        let w_row = &w[r * k..(r + 1) * k];
+        for (i, o) in out_r.iter_mut().enumerate() {
+            *o = dot(w_row, &x[i * k..(i + 1) * k]);
+        }
+    }
+    out
+}
+
+/// AVX2/FMA version of [`dot_rows_portable`]: streams each weight row once and keeps `R * N` ymm accumulators,
+/// so every loaded weight vector is used `N` times and every input vector `R` times.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `w.len() >= R * k` and `x.len() >= N * k`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) unsafe fn dot_rows_avx2<const R: usize, const N: usize>(w: &[f32], x: &[f32], k: usize) -> [[f32; N]; R] {
+    use std::arch::x86_64::*;
+    debug_assert!(w.len() >= R * k && x.len() >= N * k);
+    let wp = w.as_ptr();
+    let xp = x.as_ptr();
+    let mut acc = [[_mm256_setzero_ps(); N]; R];
+    let body = k - k % LANES;
+    let mut c = 0;
+    while c < body {
+        let mut xv = [_mm256_setzero_ps(); N];
+        for (i, v) in xv.iter_mut().enumerate() {
+            // SAFETY: i * k + c + 8 <= N * k <= x.len().
+            *v = unsafe { _mm256_loadu_ps(xp.add(i * k + c)) };
+        }
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            // SAFETY: r * k + c + 8 <= R * k <= w.len().
+            let wv = unsafe { _mm256_loadu_ps(wp.add(r * k + c)) };
+            for (a, xi) in acc_r.iter_mut().zip(&xv) {
+                *a = _mm256_fmadd_ps(wv, *xi, *a);
+            }
+        }
+        c += LANES;
+    }
+    let mut out = [[0.0f32; N]; R];
+    for r in 0..R {
+        for i in 0..N {
+            // Horizontal sum: 256 -> 128 -> 64 -> 32 bits.
+            let v = acc[r][i];
+            let s128 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s64 = _mm_add_ps(s128, _mm_movehl_ps(s128, s128));
+            let s32 = _mm_add_ss(s64, _mm_shuffle_ps(s64, s64, 1));
+            let mut total = _mm_cvtss_f32(s32);
+            for j in body..k {
+                total += w[r * k + j] * x[i * k + j];
+            }
+            out[r][i] = total;
+        }
+    }
+    out
+}
