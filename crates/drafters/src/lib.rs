@@ -1,0 +1,37 @@
+//! Drafters propose tokens for the speculative loop; the target verifies them.
+//!
+//! The interface is family-agnostic (DESIGN.md §1): a drafter sees committed token ids and the hidden-state
+//! taps it asked the target for, never family internals. Its own context advances only through
+//! `observe` with *verified* rows; anything `propose` writes past that is speculative and is discarded by
+//! the next `observe` (the drafter rewinds to its committed position first).
+
+pub mod mtp;
+
+pub use mtp::MtpHead;
+
+use families::{ModelError, Tap};
+
+/// How the loop turns a drafter's logits into a proposal: argmax at temperature 0, a draw from the shaped
+/// distribution q when sampling (the loop keeps q for the rejection step).
+pub trait Chooser {
+    /// `logits`: [vocab] for the position after `context` (committed history + earlier proposals).
+    fn choose(&mut self, logits: &[f32], context: &[u32]) -> u32;
+}
+
+pub trait Drafter {
+    fn name(&self) -> &'static str;
+    /// Target taps this drafter needs from every target forward (prefill and verify).
+    fn taps(&self) -> Vec<Tap>;
+    /// Forget the sequence.
+    fn reset(&mut self);
+    /// Number of target rows observed so far (the drafter's committed position).
+    fn position(&self) -> usize;
+    /// Rewinds the committed context to `position` rows (prefix reuse after a shorter match).
+    fn rewind(&mut self, position: usize) -> Result<(), ModelError>;
+    /// Appends verified target rows at positions `position()..position()+n`: `taps[i]` is [n, width] for
+    /// `taps()[i]`, and `next_tokens[j]` is the committed token that follows row j.
+    fn observe(&mut self, taps: &[Vec<f32>], n: usize, next_tokens: &[u32]) -> Result<(), ModelError>;
+    /// Proposes up to `k` tokens following `history` (all committed tokens, the last of which the target has
+    /// not yet run). Requires that `observe` has covered every row before the last committed token.
+    fn propose(&mut self, history: &[u32], k: usize, chooser: &mut dyn Chooser) -> Result<Vec<u32>, ModelError>;
+}

@@ -1,0 +1,224 @@
+//! Gated DeltaNet linear attention (Qwen3.5 / Qwen3-Next), over an external recurrent state.
+//!
+//! Per row: qkv = in_proj_qkv(x) → depthwise causal conv1d (kernel K) + SiLU over [q; k; v] → split heads;
+//! q, k L2-normalised (eps 1e-6), q scaled by dk^-½, both repeated over value heads (head i uses key head
+//! i / (Hv/Hk)); beta = sigmoid(b); g = -exp(A_log)·softplus(a + dt_bias); then per value head
+//! S ← exp(g)S; δ = beta(v − Sᵀk); S ← S + kδᵀ; o = Sᵀq; out = out_proj(RMSNorm(o)·w · silu(z)).
+//! Prefill of more than `CHUNKED_MIN_ROWS` rows uses the chunked (WY) form, otherwise the step form; the
+//! step form is what decode and verify use, so a verify row equals the sequential step bit for bit.
+//! Qwen3-Next's fused head-grouped `in_proj_qkvz` / `in_proj_ba` are re-laid out at load into the
+//! Qwen3.5 split layout, so one forward serves both.
+
+use super::{Linear, Tensors};
+use crate::state::RecurrentState;
+use crate::tape::LayerTape;
+use crate::error::ModelError;
+use model_io::ModelConfig;
+
+/// Rows above which prefill uses the chunked form. Verify blocks (≤ 17 rows) stay on the step form so
+/// that speculative and sequential decode run the identical recurrence.
+pub const CHUNKED_MIN_ROWS: usize = 32;
+
+#[derive(Clone, Debug)]
+pub struct GatedDeltaNet {
+    pub in_proj_qkv: Linear, // [2*Hk*dk + Hv*dv, hidden]
+    pub in_proj_z: Linear,   // [Hv*dv, hidden]
+    pub in_proj_b: Linear,   // [Hv, hidden]
+    pub in_proj_a: Linear,   // [Hv, hidden]
+    pub conv_weight: Vec<f32>, // [conv_dim, K]
+    pub a_log: Vec<f32>,     // [Hv]
+    pub dt_bias: Vec<f32>,   // [Hv]
+    pub norm_weight: Vec<f32>, // [dv] plain (not zero-centred)
+    pub norm_eps: f32,
+    pub out_proj: Linear, // [hidden, Hv*dv]
+    pub hk: usize,
+    pub hv: usize,
+    pub dk: usize,
+    pub dv: usize,
+    pub kernel: usize,
+}
+
+impl GatedDeltaNet {
+    fn dims(c: &ModelConfig) -> Result<(usize, usize, usize, usize, usize), ModelError> {
+        let l = c.linear.as_ref().ok_or_else(|| ModelError::Unsupported {
+            dir: "config.json".into(),
+            what: "linear-attention layer without linear_* config fields".into(),
+        })?;
+        Ok((l.num_key_heads, l.num_value_heads, l.key_head_dim, l.value_head_dim, l.conv_kernel))
+    }
+
+    fn finish(
+        t: &Tensors<'_>,
+        c: &ModelConfig,
+        qkv: Linear,
+        z: Linear,
+        b: Linear,
+        a: Linear,
+    ) -> Result<Self, ModelError> {
+        let (hk, hv, dk, dv, kernel) = Self::dims(c)?;
+        let conv_dim = 2 * hk * dk + hv * dv;
+        Ok(GatedDeltaNet {
+            in_proj_qkv: qkv,
+            in_proj_z: z,
+            in_proj_b: b,
+            in_proj_a: a,
+            conv_weight: t.get("conv1d.weight", &[conv_dim, 1, kernel])?,
+            a_log: t.get("A_log", &[hv])?,
+            dt_bias: t.get("dt_bias", &[hv])?,
+            norm_weight: t.get("norm.weight", &[dv])?,
+            norm_eps: c.rms_norm_eps,
+            out_proj: Linear::load(t, "out_proj.weight", c.hidden_size, hv * dv)?,
+            hk,
+            hv,
+            dk,
+            dv,
+            kernel,
+        })
+    }
+
+    /// Qwen3.5 layout: separate `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+    pub fn load_split(t: &Tensors<'_>, c: &ModelConfig) -> Result<Self, ModelError> {
+        let (hk, hv, dk, dv, _) = Self::dims(c)?;
+        let h = c.hidden_size;
+        let qkv = Linear::load(t, "in_proj_qkv.weight", 2 * hk * dk + hv * dv, h)?;
+        let z = Linear::load(t, "in_proj_z.weight", hv * dv, h)?;
+        let b = Linear::load(t, "in_proj_b.weight", hv, h)?;
+        let a = Linear::load(t, "in_proj_a.weight", hv, h)?;
+        Self::finish(t, c, qkv, z, b, a)
+    }
+
+    /// Qwen3-Next layout: `in_proj_qkvz` rows grouped per key head g as [q_g (dk), k_g (dk), v_g (r·dv),
+    /// z_g (r·dv)] and `in_proj_ba` as [b_g (r), a_g (r)] with r = Hv/Hk; regrouped here into the split layout.
+    pub fn load_fused(t: &Tensors<'_>, c: &ModelConfig) -> Result<Self, ModelError> {
+        let (hk, hv, dk, dv, _) = Self::dims(c)?;
+        let h = c.hidden_size;
+        let r = hv / hk;
+        let group = 2 * dk + 2 * r * dv;
+        let qkvz = t.get("in_proj_qkvz.weight", &[hk * group, h])?;
+        let ba = t.get("in_proj_ba.weight", &[hk * 2 * r, h])?;
+        let rows = |w: &[f32], first: usize, count: usize| w[first * h..(first + count) * h].to_vec();
+        let (mut q, mut k, mut v, mut z) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut b, mut a) = (Vec::new(), Vec::new());
+        for g in 0..hk {
+            let base = g * group;
+            q.extend(rows(&qkvz, base, dk));
+            k.extend(rows(&qkvz, base + dk, dk));
+            v.extend(rows(&qkvz, base + 2 * dk, r * dv));
+            z.extend(rows(&qkvz, base + 2 * dk + r * dv, r * dv));
+            b.extend(rows(&ba, g * 2 * r, r));
+            a.extend(rows(&ba, g * 2 * r + r, r));
+        }
+        let mut qkv = q;
+        qkv.extend(k);
+        qkv.extend(v);
+        Self::finish(
+            t,
+            c,
+            Linear::from_rows(qkv, 2 * hk * dk + hv * dv, h),
+            Linear::from_rows(z, hv * dv, h),
+            Linear::from_rows(b, hv, h),
+            Linear::from_rows(a, hv, h),
+        )
+    }
+
+    pub fn conv_dim(&self) -> usize {
+        2 * self.hk * self.dk + self.hv * self.dv
+    }
+
+    pub fn new_state(&self) -> RecurrentState {
+        RecurrentState {
+            s: vec![0.0; self.hv * self.dk * self.dv],
+            conv: vec![0.0; (self.kernel - 1) * self.conv_dim()],
+        }
+    }
+
+    /// x: [n, hidden] (already normed). Returns [n, hidden]. When `tape` is given, records the rows'
+    /// recurrence inputs so the state can later be rebuilt for any prefix of them.
+    pub fn forward(&self, x: &[f32], n: usize, st: &mut RecurrentState, tape: Option<&mut LayerTape>) -> Vec<f32> {
+        let (hv, dk, dv) = (self.hv, self.dk, self.dv);
+        let conv_dim = self.conv_dim();
+        let qkv_in = self.in_proj_qkv.forward(x, n); // [n, conv_dim]
+        let z = self.in_proj_z.forward(x, n); // [n, hv, dv]
+        let b = self.in_proj_b.forward(x, n); // [n, hv]
+        let a = self.in_proj_a.forward(x, n); // [n, hv]
+
+        if let Some(tape) = &tape {
+            debug_assert_eq!(tape.conv_dim, conv_dim);
+        }
+        let conv_before = tape.as_ref().map(|_| st.conv.clone());
+        let mut mixed = vec![0.0; n * conv_dim];
+        kernels::causal_conv1d_silu(&qkv_in, &self.conv_weight, &mut st.conv, n, conv_dim, self.kernel, &mut mixed);
+
+        let (q, k, v) = self.split_heads(&mixed, n);
+        let mut beta = vec![0.0; n * hv];
+        let mut g = vec![0.0; n * hv];
+        for row in 0..n {
+            for head in 0..hv {
+                let i = row * hv + head;
+                beta[i] = kernels::sigmoid(b[i]);
+                g[i] = -self.a_log[head].exp() * kernels::softplus(a[i] + self.dt_bias[head]);
+            }
+        }
+
+        let mut o = vec![0.0; n * hv * dv]; // [n, hv, dv]
+        if let Some(tape) = tape {
+            tape.record(conv_before.unwrap_or_default(), &st.s, &qkv_in, &q, &k, &v, &g, &beta, n);
+        }
+        if n >= CHUNKED_MIN_ROWS {
+            kernels::gdn_chunked(&q, &k, &v, &g, &beta, &mut st.s, n, hv, dk, dv, &mut o);
+        } else {
+            kernels::gdn_recurrent(&q, &k, &v, &g, &beta, &mut st.s, n, hv, dk, dv, &mut o);
+        }
+
+        // Gated RMSNorm per value head: norm(o)·w · silu(z).
+        for (row_o, row_z) in o.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
+            kernels::rms_norm_inplace(row_o, &self.norm_weight, self.norm_eps, false);
+            for (y, &zz) in row_o.iter_mut().zip(row_z) {
+                *y *= zz * kernels::sigmoid(zz);
+            }
+        }
+        self.out_proj.forward(&o, n)
+    }
+
+    /// mixed: [n, conv_dim] post-conv → q, k: [n, hv, dk] (L2-normalised, q scaled, repeated over value
+    /// heads), v: [n, hv, dv].
+    pub(crate) fn split_heads(&self, mixed: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let (hk, hv, dk, dv) = (self.hk, self.hv, self.dk, self.dv);
+        let conv_dim = self.conv_dim();
+        let rep = hv / hk;
+        let mut q = vec![0.0; n * hv * dk];
+        let mut k = vec![0.0; n * hv * dk];
+        let mut v = vec![0.0; n * hv * dv];
+        let scale = 1.0 / (dk as f32).sqrt();
+        for row in 0..n {
+            let src = &mixed[row * conv_dim..(row + 1) * conv_dim];
+            let (sq, rest) = src.split_at(hk * dk);
+            let (sk, sv) = rest.split_at(hk * dk);
+            v[row * hv * dv..(row + 1) * hv * dv].copy_from_slice(sv);
+            for head in 0..hv {
+                let kh = head / rep;
+                let dst = (row * hv + head) * dk;
+                q[dst..dst + dk].copy_from_slice(&sq[kh * dk..(kh + 1) * dk]);
+                k[dst..dst + dk].copy_from_slice(&sk[kh * dk..(kh + 1) * dk]);
+            }
+        }
+        kernels::l2_normalize_rows(&mut q, dk, 1e-6);
+        kernels::l2_normalize_rows(&mut k, dk, 1e-6);
+        for x in q.iter_mut() {
+            *x *= scale;
+        }
+        (q, k, v)
+    }
+
+    pub fn params(&self) -> usize {
+        self.in_proj_qkv.params()
+            + self.in_proj_z.params()
+            + self.in_proj_b.params()
+            + self.in_proj_a.params()
+            + self.conv_weight.len()
+            + self.a_log.len()
+            + self.dt_bias.len()
+            + self.norm_weight.len()
+            + self.out_proj.params()
+    }
+}
