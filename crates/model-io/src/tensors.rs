@@ -1,0 +1,468 @@
+//! Memory-mapped safetensors shards behind one name -> tensor map.
+//!
+//! Layout of a safetensors file: `u64` little-endian header length `n`, `n` bytes of JSON header
+//! (`{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}}`), then the data
+//! section; offsets are relative to the data section.
+//!
+//! Algorithm: at open, every shard is mmapped and its header parsed and validated in full; tensor
+//! bytes are only touched when a tensor is loaded. Validation (same rules as the reference
+//! `safetensors` loader, but with messages that name the tensor): header length within the file and
+//! under 100 MB; known dtype; `end - begin == numel * dtype size` (checked arithmetic); every range
+//! inside the data section; ranges sorted by offset tile the data section exactly (no overlap, no
+//! gap, no trailing bytes — a truncated file fails here); tensor names unique across shards.
+//!
+//! Invariant: every stored entry's byte range lies inside its shard's mmap, so `raw`/`load_f32`
+//! slice without panicking.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::Dtype;
+use serde::Deserialize;
+
+use crate::LoadError;
+
+/// The dtypes weights may be stored in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    BF16,
+    F16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size_in_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::BF16 | DType::F16 => 2,
+        }
+    }
+
+    fn from_stored(dtype: Dtype) -> Option<Self> {
+        match dtype {
+            Dtype::F32 => Some(DType::F32),
+            Dtype::BF16 => Some(DType::BF16),
+            Dtype::F16 => Some(DType::F16),
+            _ => None,
+        }
+    }
+}
+
+/// Same limit as the reference loader: a bigger header is a corrupt length, not a real header.
+const MAX_HEADER_BYTES: usize = 100_000_000;
+
+/// One tensor's location.
+#[derive(Debug)]
+struct Entry {
+    shard: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Absolute byte range in the shard file.
+    begin: usize,
+    end: usize,
+}
+
+#[derive(Debug)]
+struct Shard {
+    path: PathBuf,
+    mmap: Mmap,
+}
+
+/// All tensors of a checkpoint, memory-mapped.
+#[derive(Debug)]
+pub struct TensorStore {
+    dir: PathBuf,
+    shards: Vec<Shard>,
+    entries: HashMap<String, Entry>,
+}
+
+#[derive(Deserialize)]
+struct HeaderEntry {
+    dtype: String,
+    shape: Vec<usize>,
+    data_offsets: (usize, usize),
+}
+
+impl TensorStore {
+    /// Opens `dir/model.safetensors` if present (transformers' preference), else
+    /// `dir/model.safetensors.index.json` and every shard it names.
+    pub fn open(dir: &Path) -> Result<Self, LoadError> {
+        let single = dir.join("model.safetensors");
+        let index = dir.join("model.safetensors.index.json");
+        if single.is_file() {
+            Self::open_files(dir, &[single])
+        } else if index.is_file() {
+            Self::open_index(dir, &index)
+        } else {
+            Err(LoadError::NoWeights {
+                path: dir.to_path_buf(),
+            })
+        }
+    }
+
+    /// Opens the given safetensors files as one store (`dir` names the checkpoint in errors).
+    pub fn open_files(dir: &Path, files: &[PathBuf]) -> Result<Self, LoadError> {
+        let mut store = TensorStore {
+            dir: dir.to_path_buf(),
+            shards: Vec::new(),
+            entries: HashMap::new(),
+        };
+        for file in files {
+            store.add_shard(file)?;
+        }
+        Ok(store)
+    }
+
+    fn open_index(dir: &Path, index_path: &Path) -> Result<Self, LoadError> {
+        let index = crate::json::read_object(index_path, "shard index")?;
+        let index_error = |reason: String| LoadError::Index {
+            path: index_path.to_path_buf(),
+            reason,
+        };
+        let weight_map = index
+            .get("weight_map")
+            .ok_or_else(|| index_error("no `weight_map` object".to_string()))?
+            .as_object()
+            .ok_or_else(|| index_error("`weight_map` is not an object".to_string()))?;
+        // Shards in first-seen order, each with one tensor it should hold (for error messages).
+        let mut shard_names: Vec<(&str, &str)> = Vec::new();
+        for (tensor, shard) in weight_map {
+            let shard = shard
+                .as_str()
+                .ok_or_else(|| index_error(format!("weight_map[`{tensor}`] is not a file name")))?;
+            if !is_plain_file_name(shard) {
+                return Err(index_error(format!(
+                    "weight_map[`{tensor}`] = `{shard}` is not a file name inside the checkpoint directory"
+                )));
+            }
+            if !shard_names.iter().any(|(s, _)| *s == shard) {
+                shard_names.push((shard, tensor));
+            }
+        }
+        let mut files = Vec::with_capacity(shard_names.len());
+        for (shard, tensor) in &shard_names {
+            let file = dir.join(shard);
+            if !file.is_file() {
+                return Err(LoadError::MissingShard {
+                    path: index_path.to_path_buf(),
+                    shard: shard.to_string(),
+                    tensor: tensor.to_string(),
+                });
+            }
+            files.push(file);
+        }
+        let store = Self::open_files(dir, &files)?;
+        // The index must describe the shards truthfully: a tensor listed under a shard that does
+        // not hold it would otherwise surface later as a confusing "missing tensor".
+        for (tensor, shard) in weight_map {
+            let held_by = store
+                .entries
+                .get(tensor)
+                .and_then(|e| store.shards.get(e.shard))
+                .and_then(|s| s.path.file_name())
+                .and_then(|n| n.to_str());
+            if held_by != shard.as_str() {
+                return Err(index_error(format!(
+                    "tensor `{tensor}` is listed in `{}` but that shard does not hold it",
+                    shard.as_str().unwrap_or_default()
+                )));
+            }
+        }
+        Ok(store)
+    }
+
+    fn add_shard(&mut self, path: &Path) -> Result<(), LoadError> {
+        let file = File::open(path).map_err(|e| LoadError::from_io(path.to_path_buf(), e, "safetensors shard"))?;
+        let file_len = file
+            .metadata()
+            .map_err(|e| LoadError::Io {
+                path: path.to_path_buf(),
+                source: e,
+            })?
+            .len();
+        let bad = |reason: String| LoadError::Safetensors {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if file_len < 8 {
+            return Err(bad(format!(
+                "file is {file_len} bytes, shorter than the 8-byte header length (truncated?)"
+            )));
+        }
+        // SAFETY: the map is read-only. Like every mmap-based weight loader we rely on the file not
+        // being truncated or rewritten while the checkpoint is open; all offsets into it are
+        // validated below against the length seen at map time.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| LoadError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        let shard_index = self.shards.len();
+        let entries = parse_header(&mmap).map_err(bad)?;
+        for (name, mut entry) in entries {
+            entry.shard = shard_index;
+            if let Some(previous) = self.entries.get(&name) {
+                let other = self
+                    .shards
+                    .get(previous.shard)
+                    .map(|s| s.path.clone())
+                    .unwrap_or_default();
+                return Err(LoadError::DuplicateTensor {
+                    path: path.to_path_buf(),
+                    other,
+                    tensor: name,
+                });
+            }
+            self.entries.insert(name, entry);
+        }
+        self.shards.push(Shard {
+            path: path.to_path_buf(),
+            mmap,
+        });
+        Ok(())
+    }
+
+    /// The checkpoint directory this store was opened from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// All tensor names, in no particular order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The files opened, in shard order.
+    pub fn shard_paths(&self) -> impl Iterator<Item = &Path> {
+        self.shards.iter().map(|s| s.path.as_path())
+    }
+
+    /// The shard file holding `name`.
+    pub fn path_of(&self, name: &str) -> Result<&Path, LoadError> {
+        let entry = self.entry(name)?;
+        Ok(self.shard_path(entry))
+    }
+
+    pub fn shape(&self, name: &str) -> Result<&[usize], LoadError> {
+        Ok(&self.entry(name)?.shape)
+    }
+
+    /// The stored dtype; an error naming the tensor when it is not F32/BF16/F16.
+    pub fn dtype(&self, name: &str) -> Result<DType, LoadError> {
+        let entry = self.entry(name)?;
+        self.weight_dtype(name, entry)
+    }
+
+    /// The stored dtype as the safetensors name ("BF16", "I64", "F8_E4M3", ...), for any dtype.
+    pub fn stored_dtype_name(&self, name: &str) -> Result<String, LoadError> {
+        Ok(format!("{:?}", self.entry(name)?.dtype))
+    }
+
+    /// Number of elements of `name`.
+    pub fn numel(&self, name: &str) -> Result<usize, LoadError> {
+        // Cannot overflow: validated at open (size in bytes fits the file).
+        Ok(self.entry(name)?.shape.iter().product())
+    }
+
+    /// Loads `name` as f32 (converting BF16/F16), after checking its shape is `expected_shape`.
+    pub fn load_f32(&self, name: &str, expected_shape: &[usize]) -> Result<Vec<f32>, LoadError> {
+        let entry = self.entry(name)?;
+        if entry.shape != expected_shape {
+            return Err(LoadError::ShapeMismatch {
+                path: self.shard_path(entry).to_path_buf(),
+                tensor: name.to_string(),
+                expected: expected_shape.to_vec(),
+                found: entry.shape.clone(),
+            });
+        }
+        let dtype = self.weight_dtype(name, entry)?;
+        let bytes = self.bytes(entry)?;
+        Ok(convert_to_f32(dtype, bytes))
+    }
+
+    /// The stored bytes (little-endian) with dtype and shape, for uploading without conversion.
+    pub fn raw(&self, name: &str) -> Result<(DType, &[usize], &[u8]), LoadError> {
+        let entry = self.entry(name)?;
+        let dtype = self.weight_dtype(name, entry)?;
+        Ok((dtype, &entry.shape, self.bytes(entry)?))
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry, LoadError> {
+        self.entries.get(name).ok_or_else(|| LoadError::MissingTensor {
+            path: self.dir.clone(),
+            tensor: name.to_string(),
+        })
+    }
+
+    fn shard_path(&self, entry: &Entry) -> &Path {
+        self.shards
+            .get(entry.shard)
+            .map(|s| s.path.as_path())
+            .unwrap_or(&self.dir)
+    }
+
+    fn weight_dtype(&self, name: &str, entry: &Entry) -> Result<DType, LoadError> {
+        DType::from_stored(entry.dtype).ok_or_else(|| LoadError::UnsupportedDtype {
+            path: self.shard_path(entry).to_path_buf(),
+            tensor: name.to_string(),
+            dtype: format!("{:?}", entry.dtype),
+        })
+    }
+
+    fn bytes(&self, entry: &Entry) -> Result<&[u8], LoadError> {
+        // Always Some by the invariant; the error arm keeps this panic-free regardless.
+        self.shards
+            .get(entry.shard)
+            .and_then(|s| s.mmap.get(entry.begin..entry.end))
+            .ok_or_else(|| LoadError::Safetensors {
+                path: self.shard_path(entry).to_path_buf(),
+                reason: format!("byte range {}..{} lies outside the file", entry.begin, entry.end),
+            })
+    }
+}
+
+/// A name in `weight_map` must stay inside the checkpoint directory.
+fn is_plain_file_name(name: &str) -> bool {
+    let p = Path::new(name);
+    !name.is_empty()
+        && p.components().count() == 1
+        && matches!(p.components().next(), Some(std::path::Component::Normal(_)))
+}
+
+/// Parses and validates a whole safetensors file image; entries come back with `shard == 0`.
+fn parse_header(file: &[u8]) -> Result<Vec<(String, Entry)>, String> {
+    let file_len = file.len();
+    let len_bytes: [u8; 8] = file
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| format!("file is {file_len} bytes, shorter than the 8-byte header length"))?;
+    let header_len = u64::from_le_bytes(len_bytes);
+    let data_start = usize::try_from(header_len)
+        .ok()
+        .and_then(|n| n.checked_add(8))
+        .filter(|&end| end <= file_len)
+        .ok_or_else(|| {
+            format!(
+                "header length {header_len} runs past the end of the file ({file_len} bytes; truncated or not a safetensors file)"
+            )
+        })?;
+    if data_start - 8 > MAX_HEADER_BYTES {
+        return Err(format!("header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit"));
+    }
+    let header_text = file
+        .get(8..data_start)
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .ok_or_else(|| "header is not valid UTF-8".to_string())?;
+    let header: HashMap<String, serde_json::Value> =
+        serde_json::from_str(header_text).map_err(|e| format!("header is not a JSON object: {e}"))?;
+    let data_len = file_len - data_start;
+
+    let mut entries = Vec::with_capacity(header.len());
+    for (name, value) in header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let h: HeaderEntry = serde_json::from_value(value)
+            .map_err(|e| format!("tensor `{name}`: malformed header entry: {e}"))?;
+        let dtype: Dtype = serde_json::from_value(serde_json::Value::String(h.dtype.clone()))
+            .map_err(|_| format!("tensor `{name}`: unknown dtype `{}`", h.dtype))?;
+        let (begin, end) = h.data_offsets;
+        if end < begin {
+            return Err(format!("tensor `{name}`: data_offsets [{begin}, {end}] end before they begin"));
+        }
+        let nbits = h
+            .shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .and_then(|numel| numel.checked_mul(dtype.bitsize()))
+            .ok_or_else(|| format!("tensor `{name}`: shape {:?} overflows", h.shape))?;
+        if nbits % 8 != 0 || nbits / 8 != end - begin {
+            return Err(format!(
+                "tensor `{name}`: shape {:?} of {dtype:?} needs {} bits but data_offsets [{begin}, {end}] span {} bytes",
+                h.shape,
+                nbits,
+                end - begin
+            ));
+        }
+        if end > data_len {
+            return Err(format!(
+                "tensor `{name}`: data_offsets [{begin}, {end}] run past the data section ({data_len} bytes; file truncated?)"
+            ));
+        }
+        entries.push((
+            name,
+            Entry {
+                shard: 0,
+                dtype,
+                shape: h.shape,
+                begin: data_start + begin,
+                end: data_start + end,
+            },
+        ));
+    }
+    // Sorted by offset (then end, so zero-sized tensors sit before a tensor starting at the same
+    // byte), consecutive ranges must abut exactly.
+    entries.sort_by_key(|(_, e)| (e.begin, e.end));
+    let mut covered = data_start;
+    let mut previous: Option<&str> = None;
+    for (name, e) in &entries {
+        if e.begin < covered {
+            return Err(format!(
+                "tensor `{name}` (bytes {}..{}) overlaps tensor `{}` (ends at {})",
+                e.begin - data_start,
+                e.end - data_start,
+                previous.unwrap_or("?"),
+                covered - data_start
+            ));
+        }
+        if e.begin > covered {
+            return Err(format!(
+                "gap in the data section: bytes {}..{} before tensor `{name}` belong to no tensor",
+                covered - data_start,
+                e.begin - data_start
+            ));
+        }
+        covered = e.end;
+        previous = Some(name);
+    }
+    if covered != file_len {
+        return Err(format!(
+            "data section has {data_len} bytes but the tensors cover {} (trailing bytes)",
+            covered - data_start
+        ));
+    }
+    Ok(entries)
+}
+
+/// Little-endian bytes of `dtype` -> f32. `bytes.len()` is a multiple of the element size by the
+/// open-time validation; a ragged tail would simply be ignored.
+fn convert_to_f32(dtype: DType, bytes: &[u8]) -> Vec<f32> {
+    match dtype {
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        DType::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
+    }
+}
