@@ -1,0 +1,29 @@
+//! The turbospark runtime: the model-independent generation contract and, around it, the decode
+//! loops that drive a model.
+//!
+//! - [`config`]: what a request asks ([`GenerationConfig`], checked by [`check_admission`]) and
+//!   what it gets back ([`GenerationResult`], [`SpecStats`]).
+//! - [`sink`]: [`TokenSink`], the one commit path of sequential and speculative decoding: stop
+//!   rules in a fixed precedence, stop-string withholding, UTF-8-safe deltas, cancellation.
+//! - [`detok`]: [`Detokenizer`] and the incremental decoder behind the deltas.
+//! - [`policy`]: whether and how a run speculates, from the request and what the checkpoint has.
+//! - [`chat`]: Hugging Face chat templates rendered as transformers renders them.
+//!
+//! Invariant shared by every loop: a token is committed only through [`TokenSink::commit`], so
+//! everything a caller observes is decided in one place.
+
+pub mod chat;
+pub mod config;
+pub mod detok;
+pub mod error;
+pub mod policy;
+pub mod sink;
+
+pub use chat::{ChatMessage, ChatTemplate, RenderOptions};
+pub use config::{check_admission, GenerationConfig, GenerationResult, SpecStats};
+pub use detok::{ByteDetokenizer, Detokenizer, IncrementalDecoder};
+pub use error::RuntimeError;
+pub use policy::{
+    resolve, Drafter, DrafterAvailability, DrafterRequest, Speculation, SpeculationPlan,
+};
+pub use sink::{CancelFlag, Event, SinkOutput, StopReason, TokenSink};

@@ -1,0 +1,411 @@
+//! Whether a run speculates, with which drafter and how many proposals per round: a pure decision
+//! from the request (`--speculative auto|off|N`, `--speculative-drafter auto|mtp|dflash`), what the
+//! checkpoint carries ([`DrafterAvailability`]) and whether the model can verify at all
+//! (`model_blocker`). Pure so every branch is tested without a model; the CLI, the server and the
+//! C API all call [`resolve`], so they cannot disagree.
+//!
+//! Rules:
+//! - `off` never speculates, whatever is present.
+//! - The two outcomes differ by who asked. A named block (`N`) is a promise the caller made (they
+//!   are measuring), so failing to keep it is an error that names the reason: the model blocker,
+//!   the missing drafter, or a block outside the drafter's range. `auto` means "speculate if you
+//!   can": the same conditions yield [`SpeculationPlan::Disabled`] with a warning, which the front
+//!   end prints once before running sequentially.
+//! - The model blocker is reported ahead of a missing drafter: no drafter would help.
+//! - Detecting a drafter is not enabling it: only `auto` (either flag) picks one by itself. The
+//!   drafter `auto` prefers MTP when the checkpoint has the head, else DFlash.
+//! - Sampled requests are served by every drafter: a deterministic proposal is a point-mass q, and
+//!   rejection sampling against it is exact (DESIGN.md §3). There is no temperature refusal here.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::RuntimeError;
+
+/// Proposals per round for the MTP head under `auto`. Measured optimum of the seed runtime's MTP
+/// drafter: 1.44x at block 2 against 1.03x at 4 and 0.71x at 8 (verify cost grows about linearly
+/// with the block while acceptance decays along it). Re-measure when the drafter changes.
+pub const MTP_DEFAULT_BLOCK: usize = 2;
+
+/// Largest MTP block: chaining the head further than this only adds rejected work.
+pub const MTP_MAX_BLOCK: usize = 16;
+
+/// The largest DFlash block assumed when the drafter does not state its trained block size:
+/// z-lab's released drafters use `block_size = 16` (`-b16`), an anchor plus 15 masks. Under
+/// `auto`, DFlash proposes its whole trained block (`block_size - 1`), which is what z-lab's
+/// reference decode verifies: the drafter's cost is one pass whatever the block.
+pub const DFLASH_DEFAULT_MAX_BLOCK: usize = 15;
+
+/// `--speculative`: whether and how far a run drafts ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Speculation {
+    /// Speculate if the checkpoint can; otherwise warn and decode sequentially.
+    #[default]
+    Auto,
+    /// Never speculate.
+    Off,
+    /// Propose this many tokens per round, or fail naming the reason.
+    Block(usize),
+}
+
+impl FromStr for Speculation {
+    type Err = RuntimeError;
+
+    fn from_str(value: &str) -> Result<Self, RuntimeError> {
+        let invalid = |reason: &str| RuntimeError::InvalidFlag {
+            flag: "--speculative",
+            value: value.to_string(),
+            reason: reason.to_string(),
+        };
+        match value.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Speculation::Auto),
+            "off" => Ok(Speculation::Off),
+            number => match number.parse::<usize>() {
+                Ok(0) => Err(invalid("a block of 0 proposes nothing; use `off`")),
+                Ok(block) => Ok(Speculation::Block(block)),
+                Err(_) => Err(invalid(
+                    "expected `auto`, `off` or a number of proposals per round",
+                )),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Speculation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Speculation::Auto => write!(f, "auto"),
+            Speculation::Off => write!(f, "off"),
+            Speculation::Block(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// `--speculative-drafter`: which drafter [`Speculation`] drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DrafterRequest {
+    /// Whichever the checkpoint carries, MTP first.
+    #[default]
+    Auto,
+    Mtp,
+    Dflash,
+}
+
+impl FromStr for DrafterRequest {
+    type Err = RuntimeError;
+
+    fn from_str(value: &str) -> Result<Self, RuntimeError> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(DrafterRequest::Auto),
+            "mtp" => Ok(DrafterRequest::Mtp),
+            "dflash" => Ok(DrafterRequest::Dflash),
+            _ => Err(RuntimeError::InvalidFlag {
+                flag: "--speculative-drafter",
+                value: value.to_string(),
+                reason: "expected `auto`, `mtp` or `dflash`".to_string(),
+            }),
+        }
+    }
+}
+
+/// A drafter a plan runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drafter {
+    /// The checkpoint's multi-token-prediction head (`mtp.*`): one token per draft step.
+    Mtp,
+    /// A DFlash block drafter: a whole block in one pass.
+    Dflash,
+}
+
+impl fmt::Display for Drafter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Drafter::Mtp => write!(f, "mtp"),
+            Drafter::Dflash => write!(f, "dflash"),
+        }
+    }
+}
+
+/// What the loaded checkpoint carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DrafterAvailability {
+    /// The checkpoint has MTP weights (`mtp_num_hidden_layers > 0` and `mtp.*` tensors).
+    pub mtp: bool,
+    /// A DFlash drafter was found for this target.
+    pub dflash: bool,
+    /// The DFlash drafter's most proposals per round, `block_size - 1` from its config; `None`
+    /// when unknown ([`DFLASH_DEFAULT_MAX_BLOCK`] is assumed).
+    pub dflash_max_block: Option<usize>,
+}
+
+impl DrafterAvailability {
+    fn has(&self, drafter: Drafter) -> bool {
+        match drafter {
+            Drafter::Mtp => self.mtp,
+            Drafter::Dflash => self.dflash,
+        }
+    }
+
+    /// `(default block under auto, largest allowed block)` for `drafter`.
+    fn blocks(&self, drafter: Drafter) -> (usize, usize) {
+        match drafter {
+            Drafter::Mtp => (MTP_DEFAULT_BLOCK, MTP_MAX_BLOCK),
+            Drafter::Dflash => {
+                let max = self.dflash_max_block.unwrap_or(DFLASH_DEFAULT_MAX_BLOCK);
+                (max, max)
+            }
+        }
+    }
+}
+
+/// The decision, made once per run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpeculationPlan {
+    Enabled { drafter: Drafter, block: usize },
+    /// `warning` is `Some` when the caller asked for `auto` and may have expected speculation;
+    /// `None` when they asked for `off`.
+    Disabled { warning: Option<String> },
+}
+
+/// Decides speculation for a run (see the module doc for the rules).
+pub fn resolve(
+    speculation: Speculation,
+    drafter: DrafterRequest,
+    availability: &DrafterAvailability,
+    model_blocker: Option<String>,
+) -> Result<SpeculationPlan, RuntimeError> {
+    let named_block = match speculation {
+        Speculation::Off => return Ok(SpeculationPlan::Disabled { warning: None }),
+        Speculation::Auto => None,
+        Speculation::Block(n) => Some(n),
+    };
+    let chosen = choose_drafter(drafter, availability, model_blocker).and_then(|chosen| {
+        let (default_block, max_block) = availability.blocks(chosen);
+        let block = named_block.unwrap_or(default_block);
+        if (1..=max_block).contains(&block) {
+            Ok((chosen, block))
+        } else if max_block == 0 {
+            Err(format!(
+                "the {chosen} drafter's trained block has no room for a proposal (block_size 1)"
+            ))
+        } else {
+            Err(format!(
+                "block {block} is outside the {chosen} drafter's allowed range 1..={max_block}"
+            ))
+        }
+    });
+    match (chosen, named_block) {
+        (Ok((drafter, block)), _) => Ok(SpeculationPlan::Enabled { drafter, block }),
+        (Err(reason), None) => Ok(SpeculationPlan::Disabled {
+            warning: Some(format!(
+                "speculative decoding is off for this run ({reason}); decoding sequentially"
+            )),
+        }),
+        (Err(reason), Some(block)) => Err(RuntimeError::SpeculationUnavailable {
+            request: format!("--speculative {block} (drafter {})", request_name(drafter)),
+            reason,
+        }),
+    }
+}
+
+/// The drafter to run, or why there is none.
+fn choose_drafter(
+    request: DrafterRequest,
+    availability: &DrafterAvailability,
+    model_blocker: Option<String>,
+) -> Result<Drafter, String> {
+    if let Some(blocker) = model_blocker {
+        return Err(blocker);
+    }
+    let named = |drafter: Drafter, missing: &str| {
+        if availability.has(drafter) {
+            Ok(drafter)
+        } else {
+            Err(missing.to_string())
+        }
+    };
+    match request {
+        DrafterRequest::Mtp => named(
+            Drafter::Mtp,
+            "this checkpoint has no MTP head (no `mtp.*` weights or mtp_num_hidden_layers = 0)",
+        ),
+        DrafterRequest::Dflash => named(
+            Drafter::Dflash,
+            "no DFlash drafter was found for this model",
+        ),
+        DrafterRequest::Auto if availability.mtp => Ok(Drafter::Mtp),
+        DrafterRequest::Auto if availability.dflash => Ok(Drafter::Dflash),
+        DrafterRequest::Auto => Err(
+            "this checkpoint has no MTP head and no DFlash drafter was found".to_string(),
+        ),
+    }
+}
+
+fn request_name(request: DrafterRequest) -> &'static str {
+    match request {
+        DrafterRequest::Auto => "auto",
+        DrafterRequest::Mtp => "mtp",
+        DrafterRequest::Dflash => "dflash",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NONE: DrafterAvailability = DrafterAvailability {
+        mtp: false,
+        dflash: false,
+        dflash_max_block: None,
+    };
+    const MTP: DrafterAvailability = DrafterAvailability {
+        mtp: true,
+        ..NONE
+    };
+    const DFLASH8: DrafterAvailability = DrafterAvailability {
+        dflash: true,
+        dflash_max_block: Some(7),
+        ..NONE
+    };
+    const BOTH: DrafterAvailability = DrafterAvailability {
+        mtp: true,
+        dflash: true,
+        dflash_max_block: Some(7),
+    };
+
+    fn enabled(drafter: Drafter, block: usize) -> SpeculationPlan {
+        SpeculationPlan::Enabled { drafter, block }
+    }
+
+    fn warning(plan: SpeculationPlan) -> String {
+        match plan {
+            SpeculationPlan::Disabled { warning: Some(w) } => w,
+            other => panic!("expected a warned Disabled plan, got {other:?}"),
+        }
+    }
+
+    fn refusal(result: Result<SpeculationPlan, RuntimeError>) -> String {
+        match result {
+            Err(e @ RuntimeError::SpeculationUnavailable { .. }) => e.to_string(),
+            other => panic!("expected SpeculationUnavailable, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_flags_and_names_the_flag_on_error() {
+        assert_eq!("auto".parse::<Speculation>().unwrap(), Speculation::Auto);
+        assert_eq!(" OFF ".parse::<Speculation>().unwrap(), Speculation::Off);
+        assert_eq!("3".parse::<Speculation>().unwrap(), Speculation::Block(3));
+        for bad in ["0", "-1", "two", ""] {
+            let err = bad.parse::<Speculation>().unwrap_err().to_string();
+            assert!(err.contains("--speculative"), "{err}");
+        }
+        assert_eq!("mtp".parse::<DrafterRequest>().unwrap(), DrafterRequest::Mtp);
+        assert_eq!("DFlash".parse::<DrafterRequest>().unwrap(), DrafterRequest::Dflash);
+        assert_eq!("auto".parse::<DrafterRequest>().unwrap(), DrafterRequest::Auto);
+        let err = "eagle".parse::<DrafterRequest>().unwrap_err().to_string();
+        assert!(err.contains("--speculative-drafter") && err.contains("eagle"), "{err}");
+    }
+
+    #[test]
+    fn off_never_speculates_even_with_drafters_present() {
+        for request in [DrafterRequest::Auto, DrafterRequest::Mtp, DrafterRequest::Dflash] {
+            let plan = resolve(Speculation::Off, request, &BOTH, Some("blocked".into())).unwrap();
+            assert_eq!(plan, SpeculationPlan::Disabled { warning: None });
+        }
+    }
+
+    #[test]
+    fn auto_prefers_mtp_at_its_measured_block() {
+        let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &BOTH, None).unwrap();
+        assert_eq!(plan, enabled(Drafter::Mtp, 2));
+        let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &MTP, None).unwrap();
+        assert_eq!(plan, enabled(Drafter::Mtp, 2));
+    }
+
+    #[test]
+    fn auto_falls_back_to_dflash_at_its_trained_block() {
+        let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &DFLASH8, None).unwrap();
+        assert_eq!(plan, enabled(Drafter::Dflash, 7));
+        let unknown = DrafterAvailability {
+            dflash_max_block: None,
+            ..DFLASH8
+        };
+        let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &unknown, None).unwrap();
+        assert_eq!(plan, enabled(Drafter::Dflash, DFLASH_DEFAULT_MAX_BLOCK));
+    }
+
+    #[test]
+    fn a_named_drafter_is_used_even_when_auto_would_pick_the_other() {
+        let plan = resolve(Speculation::Auto, DrafterRequest::Dflash, &BOTH, None).unwrap();
+        assert_eq!(plan, enabled(Drafter::Dflash, 7));
+        let plan = resolve(Speculation::Block(3), DrafterRequest::Mtp, &BOTH, None).unwrap();
+        assert_eq!(plan, enabled(Drafter::Mtp, 3));
+    }
+
+    #[test]
+    fn auto_with_nothing_servable_warns_and_disables() {
+        let w = warning(resolve(Speculation::Auto, DrafterRequest::Auto, &NONE, None).unwrap());
+        assert!(w.contains("no MTP head and no DFlash"), "{w}");
+        let w = warning(resolve(Speculation::Auto, DrafterRequest::Mtp, &DFLASH8, None).unwrap());
+        assert!(w.contains("no MTP head"), "{w}");
+        let w = warning(resolve(Speculation::Auto, DrafterRequest::Dflash, &MTP, None).unwrap());
+        assert!(w.contains("no DFlash drafter"), "{w}");
+        let blocker = Some("GDN state cannot be rolled back on this backend".to_string());
+        let w = warning(resolve(Speculation::Auto, DrafterRequest::Auto, &BOTH, blocker).unwrap());
+        assert!(w.contains("cannot be rolled back"), "{w}");
+        let zero = DrafterAvailability {
+            dflash_max_block: Some(0),
+            ..DFLASH8
+        };
+        let w = warning(resolve(Speculation::Auto, DrafterRequest::Auto, &zero, None).unwrap());
+        assert!(w.contains("block_size 1"), "{w}");
+    }
+
+    #[test]
+    fn a_named_block_that_cannot_be_served_is_an_error_naming_the_reason() {
+        let e = refusal(resolve(Speculation::Block(2), DrafterRequest::Auto, &NONE, None));
+        assert!(e.contains("--speculative 2") && e.contains("no MTP head and no DFlash"), "{e}");
+        let e = refusal(resolve(Speculation::Block(2), DrafterRequest::Mtp, &DFLASH8, None));
+        assert!(e.contains("no MTP head"), "{e}");
+        let e = refusal(resolve(Speculation::Block(2), DrafterRequest::Dflash, &MTP, None));
+        assert!(e.contains("no DFlash drafter"), "{e}");
+        let e = refusal(resolve(
+            Speculation::Block(2),
+            DrafterRequest::Auto,
+            &BOTH,
+            Some("model blocker X".into()),
+        ));
+        assert!(e.contains("model blocker X"), "{e}");
+    }
+
+    #[test]
+    fn the_model_blocker_is_reported_ahead_of_a_missing_drafter() {
+        let e = refusal(resolve(
+            Speculation::Block(2),
+            DrafterRequest::Mtp,
+            &NONE,
+            Some("model blocker X".into()),
+        ));
+        assert!(e.contains("model blocker X") && !e.contains("MTP head"), "{e}");
+    }
+
+    #[test]
+    fn named_blocks_are_checked_against_each_drafters_range() {
+        assert_eq!(
+            resolve(Speculation::Block(16), DrafterRequest::Mtp, &MTP, None).unwrap(),
+            enabled(Drafter::Mtp, 16)
+        );
+        let e = refusal(resolve(Speculation::Block(17), DrafterRequest::Mtp, &MTP, None));
+        assert!(e.contains("outside the mtp drafter's allowed range 1..=16"), "{e}");
+        assert_eq!(
+            resolve(Speculation::Block(7), DrafterRequest::Auto, &DFLASH8, None).unwrap(),
+            enabled(Drafter::Dflash, 7)
+        );
+        let e = refusal(resolve(Speculation::Block(8), DrafterRequest::Auto, &DFLASH8, None));
+        assert!(e.contains("outside the dflash drafter's allowed range 1..=7"), "{e}");
+        // Block 0 cannot come from the parser, but the API is public: it is refused, not run.
+        let e = refusal(resolve(Speculation::Block(0), DrafterRequest::Mtp, &MTP, None));
+        assert!(e.contains("block 0"), "{e}");
+    }
+}
