@@ -52,7 +52,19 @@ pub fn attention(
     scale: f32,
     out: &mut [f32],
 ) {
-    attention_with_isa(simd::best_isa(), q, k_cache, v_cache, n, start, hq, hkv, d, scale, out);
+    attention_with_isa(
+        simd::best_isa(),
+        q,
+        k_cache,
+        v_cache,
+        n,
+        start,
+        hq,
+        hkv,
+        d,
+        scale,
+        out,
+    );
 }
 
 /// [`attention`] on a given instruction set (tests force the portable path on AVX2 machines).
@@ -73,26 +85,52 @@ pub(crate) fn attention_with_isa(
     if n == 0 || hq == 0 || d == 0 {
         return;
     }
-    assert!(hkv > 0 && hq % hkv == 0, "attention: hq {hq} is not a multiple of hkv {hkv}");
+    assert!(
+        hkv > 0 && hq % hkv == 0,
+        "attention: hq {hq} is not a multiple of hkv {hkv}"
+    );
     check_len("attention: q [n, hq, d]", q.len(), n * hq * d);
-    check_len("attention: k_cache [start+n, hkv, d]", k_cache.len(), (start + n) * hkv * d);
-    check_len("attention: v_cache [start+n, hkv, d]", v_cache.len(), (start + n) * hkv * d);
+    check_len(
+        "attention: k_cache [start+n, hkv, d]",
+        k_cache.len(),
+        (start + n) * hkv * d,
+    );
+    check_len(
+        "attention: v_cache [start+n, hkv, d]",
+        v_cache.len(),
+        (start + n) * hkv * d,
+    );
     check_len("attention: out [n, hq, d]", out.len(), n * hq * d);
     let group = hq / hkv;
     let rows_per_block = (QUERIES_PER_TASK / group).clamp(1, n);
-    let dims = Dims { n, start, hq, hkv, d, group, rows_per_block, scale };
+    let dims = Dims {
+        n,
+        start,
+        hq,
+        hkv,
+        d,
+        group,
+        rows_per_block,
+        scale,
+    };
     let blocks = n.div_ceil(rows_per_block);
     let run = |task: usize| -> Vec<f32> {
         let (kv_head, block) = (task / blocks, task % blocks);
         match isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: Avx2Fma is only produced after runtime detection of avx2 and fma.
-            Isa::Avx2Fma => unsafe { attend_block_avx2(&dims, q, k_cache, v_cache, kv_head, block) },
+            Isa::Avx2Fma => unsafe {
+                attend_block_avx2(&dims, q, k_cache, v_cache, kv_head, block)
+            },
             _ => attend_block(&dims, q, k_cache, v_cache, kv_head, block),
         }
     };
     let tasks = hkv * blocks;
-    let results: Vec<Vec<f32>> = if tasks == 1 { vec![run(0)] } else { (0..tasks).into_par_iter().map(run).collect() };
+    let results: Vec<Vec<f32>> = if tasks == 1 {
+        vec![run(0)]
+    } else {
+        (0..tasks).into_par_iter().map(run).collect()
+    };
     // Scatter each task's [rows, group, d] result into out [n, hq, d].
     for (task, result) in results.iter().enumerate() {
         let (kv_head, block) = (task / blocks, task % blocks);
@@ -106,14 +144,37 @@ pub(crate) fn attention_with_isa(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_block_avx2(dims: &Dims, q: &[f32], k: &[f32], v: &[f32], kv_head: usize, block: usize) -> Vec<f32> {
+unsafe fn attend_block_avx2(
+    dims: &Dims,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    kv_head: usize,
+    block: usize,
+) -> Vec<f32> {
     attend_block(dims, q, k, v, kv_head, block)
 }
 
 /// One task: query rows of `block` for the heads of `kv_head`'s group. Returns [rows, group, d].
 #[inline(always)]
-fn attend_block(dims: &Dims, q: &[f32], k: &[f32], v: &[f32], kv_head: usize, block: usize) -> Vec<f32> {
-    let Dims { n, start, hq, hkv, d, group, rows_per_block, scale } = *dims;
+fn attend_block(
+    dims: &Dims,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    kv_head: usize,
+    block: usize,
+) -> Vec<f32> {
+    let Dims {
+        n,
+        start,
+        hq,
+        hkv,
+        d,
+        group,
+        rows_per_block,
+        scale,
+    } = *dims;
     let first_row = block * rows_per_block;
     let rows = rows_per_block.min(n - first_row);
     let queries = rows * group;

@@ -30,8 +30,16 @@ pub fn causal_conv1d_silu(
     }
     let history = kernel - 1;
     check_len("causal_conv1d_silu: x [n, c]", x.len(), n * c);
-    check_len("causal_conv1d_silu: weight [c, K]", weight.len(), c * kernel);
-    check_len("causal_conv1d_silu: window [K-1, c]", window.len(), history * c);
+    check_len(
+        "causal_conv1d_silu: weight [c, K]",
+        weight.len(),
+        c * kernel,
+    );
+    check_len(
+        "causal_conv1d_silu: window [K-1, c]",
+        window.len(),
+        history * c,
+    );
     check_len("causal_conv1d_silu: out [n, c]", out.len(), n * c);
     let window = &mut window[..history * c];
     // Tap-major weights [K, c], so each tap is one contiguous multiply-add over the channels.

@@ -39,7 +39,8 @@ pub fn softplus(x: f32) -> f32 {
 /// x <- silu(x).
 pub fn silu_inplace(x: &mut [f32]) {
     if x.len() >= PARALLEL_MIN_VALUES {
-        x.par_chunks_mut(PARALLEL_CHUNK).for_each(|c| c.iter_mut().for_each(|v| *v = silu(*v)));
+        x.par_chunks_mut(PARALLEL_CHUNK)
+            .for_each(|c| c.iter_mut().for_each(|v| *v = silu(*v)));
     } else {
         x.iter_mut().for_each(|v| *v = silu(*v));
     }

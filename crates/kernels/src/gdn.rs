@@ -52,7 +52,11 @@ fn check_shapes(what: &str, inp: &Inputs<'_>, state: &[f32], dims: Dims, out: &[
     check_len(&format!("{what}: v [n, h, dv]"), inp.v.len(), n * h * dv);
     check_len(&format!("{what}: g [n, h]"), inp.g.len(), n * h);
     check_len(&format!("{what}: beta [n, h]"), inp.beta.len(), n * h);
-    check_len(&format!("{what}: state [h, dk, dv]"), state.len(), h * dk * dv);
+    check_len(
+        &format!("{what}: state [h, dk, dv]"),
+        state.len(),
+        h * dk * dv,
+    );
     check_len(&format!("{what}: out [n, h, dv]"), out.len(), n * h * dv);
 }
 
@@ -67,7 +71,11 @@ where
     let results: Vec<Vec<f32>> = if h == 1 {
         vec![per_head(0, state)]
     } else {
-        state.par_chunks_mut(dk * dv).enumerate().map(|(head, s)| per_head(head, s)).collect()
+        state
+            .par_chunks_mut(dk * dv)
+            .enumerate()
+            .map(|(head, s)| per_head(head, s))
+            .collect()
     };
     for (head, o_head) in results.iter().enumerate() {
         for (t, o_row) in o_head.chunks_exact(dv).take(n).enumerate() {
@@ -129,7 +137,12 @@ pub(crate) fn gdn_recurrent_with_isa(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn recurrent_head_avx2(inp: &Inputs<'_>, dims: Dims, head: usize, s: &mut [f32]) -> Vec<f32> {
+unsafe fn recurrent_head_avx2(
+    inp: &Inputs<'_>,
+    dims: Dims,
+    head: usize,
+    s: &mut [f32],
+) -> Vec<f32> {
     recurrent_head(inp, dims, head, s)
 }
 
@@ -237,7 +250,16 @@ fn chunked_head(inp: &Inputs<'_>, dims: Dims, head: usize, s: &mut [f32]) -> Vec
     let mut first = 0;
     while first < n {
         let len = GDN_CHUNK.min(n - first);
-        chunk_step(inp, dims, head, first, len, s, &mut sc, &mut o[first * dv..(first + len) * dv]);
+        chunk_step(
+            inp,
+            dims,
+            head,
+            first,
+            len,
+            s,
+            &mut sc,
+            &mut o[first * dv..(first + len) * dv],
+        );
         first += len;
     }
     o
@@ -265,14 +287,25 @@ fn chunk_step(
         running += inp.g[row];
         sc.cum[t] = running;
         let decay_t = running.exp();
-        let (kr, qr, vr) = (row * dk..(row + 1) * dk, t * dk..(t + 1) * dk, t * dv..(t + 1) * dv);
+        let (kr, qr, vr) = (
+            row * dk..(row + 1) * dk,
+            t * dk..(t + 1) * dk,
+            t * dv..(t + 1) * dv,
+        );
         sc.q[qr.clone()].copy_from_slice(&inp.q[kr.clone()]);
         sc.k[qr.clone()].copy_from_slice(&inp.k[kr.clone()]);
-        for ((kb, wv), &kv) in sc.k_beta[qr.clone()].iter_mut().zip(&mut sc.w[qr.clone()]).zip(&inp.k[kr]) {
+        for ((kb, wv), &kv) in sc.k_beta[qr.clone()]
+            .iter_mut()
+            .zip(&mut sc.w[qr.clone()])
+            .zip(&inp.k[kr])
+        {
             *kb = kv * beta_t;
             *wv = *kb * decay_t;
         }
-        for (vb, &vv) in sc.v_beta[vr].iter_mut().zip(&inp.v[row * dv..(row + 1) * dv]) {
+        for (vb, &vv) in sc.v_beta[vr]
+            .iter_mut()
+            .zip(&inp.v[row * dv..(row + 1) * dv])
+        {
             *vb = vv * beta_t;
         }
     }
@@ -319,8 +352,20 @@ fn chunk_step(
     for (q_t, &c_t) in q.chunks_exact_mut(dk).zip(cum) {
         simd::scale_inplace(q_t, c_t.exp());
     }
-    matmul_serial(o_chunk, MatView::row_major(q, len, dk), state_in, 1.0, false);
-    matmul_serial(o_chunk, MatView::row_major(qk, len, len), MatView::row_major(u, len, dv), 1.0, true);
+    matmul_serial(
+        o_chunk,
+        MatView::row_major(q, len, dk),
+        state_in,
+        1.0,
+        false,
+    );
+    matmul_serial(
+        o_chunk,
+        MatView::row_major(qk, len, len),
+        MatView::row_major(u, len, dv),
+        1.0,
+        true,
+    );
     // S <- exp(c_last) S_in + (k ⊙ exp(c_last - c))^T V'.
     let c_last = cum[len - 1];
     let k = &mut sc.k[..len * dk];
@@ -328,5 +373,11 @@ fn chunk_step(
         simd::scale_inplace(k_t, (c_last - c_t).exp());
     }
     simd::scale_inplace(s, c_last.exp());
-    matmul_serial(s, MatView::transposed(k, dk, len), MatView::row_major(u, len, dv), 1.0, true);
+    matmul_serial(
+        s,
+        MatView::transposed(k, dk, len),
+        MatView::row_major(u, len, dv),
+        1.0,
+        true,
+    );
 }

@@ -24,7 +24,9 @@ mod tests;
 
 pub use attention::attention;
 pub use conv::causal_conv1d_silu;
-pub use elementwise::{add_inplace, argmax, sigmoid, silu, silu_inplace, silu_mul, softmax_inplace, softplus};
+pub use elementwise::{
+    add_inplace, argmax, sigmoid, silu, silu_inplace, silu_mul, softmax_inplace, softplus,
+};
 pub use gdn::{gdn_chunked, gdn_recurrent, GDN_CHUNK};
 pub use linear::{linear, linear_acc, MATVEC_MAX_ROWS};
 pub use norm::{l2_normalize_rows, rms_norm, rms_norm_inplace};

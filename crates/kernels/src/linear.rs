@@ -56,7 +56,15 @@ pub fn linear_acc(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, scale: f32
     linear_with_mode(x, w, n, k, m, Mode::Accumulate(scale), out);
 }
 
-fn linear_with_mode(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, mode: Mode, out: &mut [f32]) {
+fn linear_with_mode(
+    x: &[f32],
+    w: &[f32],
+    n: usize,
+    k: usize,
+    m: usize,
+    mode: Mode,
+    out: &mut [f32],
+) {
     check_len("linear: x [n, k]", x.len(), n * k);
     check_len("linear: w [m, k]", w.len(), m * k);
     check_len("linear: out [n, m]", out.len(), n * m);
@@ -81,7 +89,10 @@ fn linear_with_mode(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, mode: Mo
 #[inline]
 #[track_caller]
 pub(crate) fn check_len(what: &str, len: usize, needed: usize) {
-    assert!(len >= needed, "{what}: buffer holds {len} values, shape needs {needed}");
+    assert!(
+        len >= needed,
+        "{what}: buffer holds {len} values, shape needs {needed}"
+    );
 }
 
 #[inline]
@@ -125,7 +136,16 @@ fn gemm_linear(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, mode: Mode, o
 
 /// The matvec path for few input rows. Tasks own disjoint blocks of weight rows.
 #[allow(clippy::too_many_arguments)]
-fn matvec(isa: Isa, x: &[f32], w: &[f32], n: usize, k: usize, m: usize, mode: Mode, out: &mut [f32]) {
+fn matvec(
+    isa: Isa,
+    x: &[f32],
+    w: &[f32],
+    n: usize,
+    k: usize,
+    m: usize,
+    mode: Mode,
+    out: &mut [f32],
+) {
     let rows_per_task = matvec_rows_per_task(m, k, n);
     if n == 1 {
         // out [1, m] is already [m, 1]: each task writes its slice of out directly.
@@ -152,7 +172,10 @@ fn matvec(isa: Isa, x: &[f32], w: &[f32], n: usize, k: usize, m: usize, mode: Mo
     if rows_per_task >= m {
         job((0, &mut results));
     } else {
-        results.par_chunks_mut(rows_per_task * n).enumerate().for_each(job);
+        results
+            .par_chunks_mut(rows_per_task * n)
+            .enumerate()
+            .for_each(job);
     }
     for (j, res_row) in results.chunks_exact(n).enumerate() {
         for (i, &r) in res_row.iter().enumerate() {
@@ -170,12 +193,22 @@ fn matvec_rows_per_task(m: usize, k: usize, n: usize) -> usize {
     }
     let tasks = rayon::current_num_threads().max(1) * 4;
     let max_rows = ((1usize << 19) / k.max(1)).max(4);
-    m.div_ceil(tasks).next_multiple_of(4).clamp(4, max_rows.next_multiple_of(4))
+    m.div_ceil(tasks)
+        .next_multiple_of(4)
+        .clamp(4, max_rows.next_multiple_of(4))
 }
 
 /// res[r, i] = mode(res[r, i], w_block[r] · x[i]) for all rows r of `w_block` ([rows, k]) and the `n` rows
 /// of `x` ([n, k]); res is [rows, n]. Input rows are taken 4 at a time.
-fn matvec_block(isa: Isa, x: &[f32], w_block: &[f32], k: usize, n: usize, mode: Mode, res: &mut [f32]) {
+fn matvec_block(
+    isa: Isa,
+    x: &[f32],
+    w_block: &[f32],
+    k: usize,
+    n: usize,
+    mode: Mode,
+    res: &mut [f32],
+) {
     let rows = w_block.len() / k;
     debug_assert_eq!(res.len(), rows * n);
     let mut first_input = 0;
@@ -229,8 +262,16 @@ fn tile_rows<const R: usize, const N: usize>(
 }
 
 #[inline(always)]
-fn dot_rows<const R: usize, const N: usize>(isa: Isa, w: &[f32], x: &[f32], k: usize) -> [[f32; N]; R] {
-    assert!(w.len() >= R * k && x.len() >= N * k, "dot_rows: tile out of bounds");
+fn dot_rows<const R: usize, const N: usize>(
+    isa: Isa,
+    w: &[f32],
+    x: &[f32],
+    k: usize,
+) -> [[f32; N]; R] {
+    assert!(
+        w.len() >= R * k && x.len() >= N * k,
+        "dot_rows: tile out of bounds"
+    );
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Avx2Fma is only produced after runtime detection of avx2 and fma; lengths asserted above.
@@ -241,7 +282,15 @@ fn dot_rows<const R: usize, const N: usize>(isa: Isa, w: &[f32], x: &[f32], k: u
 
 /// Test hook: the matvec path forced to a given instruction set (so both are tested on an AVX2 machine).
 #[cfg(test)]
-pub(crate) fn linear_matvec_with_isa(isa: Isa, x: &[f32], w: &[f32], n: usize, k: usize, m: usize, out: &mut [f32]) {
+pub(crate) fn linear_matvec_with_isa(
+    isa: Isa,
+    x: &[f32],
+    w: &[f32],
+    n: usize,
+    k: usize,
+    m: usize,
+    out: &mut [f32],
+) {
     matvec(isa, x, w, n, k, m, Mode::Overwrite, out);
 }
 
@@ -264,24 +313,52 @@ pub(crate) struct MatView<'a> {
 impl<'a> MatView<'a> {
     /// A row-major [rows, cols] view.
     pub fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Self {
-        Self { data, rows, cols, rs: cols, cs: 1 }
+        Self {
+            data,
+            rows,
+            cols,
+            rs: cols,
+            cs: 1,
+        }
     }
 
     /// The transpose of a row-major [cols, rows] buffer, seen as [rows, cols].
     pub fn transposed(data: &'a [f32], rows: usize, cols: usize) -> Self {
-        Self { data, rows, cols, rs: 1, cs: rows }
+        Self {
+            data,
+            rows,
+            cols,
+            rs: 1,
+            cs: rows,
+        }
     }
 
     fn in_bounds(&self) -> bool {
-        self.rows == 0 || self.cols == 0 || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
+        self.rows == 0
+            || self.cols == 0
+            || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
     }
 }
 
 /// dst[a.rows, b.cols] (row-major, contiguous) = (accumulate ? dst : 0) + scale · a · b, on the calling thread.
 /// For the small matmuls inside kernels that are themselves parallel over heads.
-pub(crate) fn matmul_serial(dst: &mut [f32], a: MatView<'_>, b: MatView<'_>, scale: f32, accumulate: bool) {
-    assert!(a.cols == b.rows, "matmul_serial: inner dims {} vs {}", a.cols, b.rows);
-    assert!(a.in_bounds() && b.in_bounds(), "matmul_serial: view out of bounds");
+pub(crate) fn matmul_serial(
+    dst: &mut [f32],
+    a: MatView<'_>,
+    b: MatView<'_>,
+    scale: f32,
+    accumulate: bool,
+) {
+    assert!(
+        a.cols == b.rows,
+        "matmul_serial: inner dims {} vs {}",
+        a.cols,
+        b.rows
+    );
+    assert!(
+        a.in_bounds() && b.in_bounds(),
+        "matmul_serial: view out of bounds"
+    );
     check_len("matmul_serial: dst", dst.len(), a.rows * b.cols);
     if a.rows == 0 || b.cols == 0 {
         return;

@@ -31,7 +31,11 @@ fn sum_squares(row: &[f32]) -> f64 {
             acc[l] += v * v;
         }
     }
-    let tail: f64 = chunks.remainder().iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let tail: f64 = chunks
+        .remainder()
+        .iter()
+        .map(|&v| (v as f64) * (v as f64))
+        .sum();
     (acc[0] + acc[2]) + (acc[1] + acc[3]) + tail
 }
 
@@ -66,14 +70,22 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, zero_centred: bool, out: &mut [f
     if width == 0 {
         return;
     }
-    assert!(x.len() % width == 0, "rms_norm: x holds {} values, not a multiple of width {width}", x.len());
+    assert!(
+        x.len() % width == 0,
+        "rms_norm: x holds {} values, not a multiple of width {width}",
+        x.len()
+    );
     check_len("rms_norm: out", out.len(), x.len());
     let out = &mut out[..x.len()];
     let job = |(xr, or): (&[f32], &mut [f32])| rms_norm_row(xr, w, eps, zero_centred, or);
     if x.len() >= PARALLEL_MIN_VALUES {
-        x.par_chunks_exact(width).zip(out.par_chunks_exact_mut(width)).for_each(job);
+        x.par_chunks_exact(width)
+            .zip(out.par_chunks_exact_mut(width))
+            .for_each(job);
     } else {
-        x.chunks_exact(width).zip(out.chunks_exact_mut(width)).for_each(job);
+        x.chunks_exact(width)
+            .zip(out.chunks_exact_mut(width))
+            .for_each(job);
     }
 }
 
@@ -83,7 +95,11 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32, zero_centred: bool) 
     if width == 0 {
         return;
     }
-    assert!(x.len() % width == 0, "rms_norm_inplace: x holds {} values, not a multiple of width {width}", x.len());
+    assert!(
+        x.len() % width == 0,
+        "rms_norm_inplace: x holds {} values, not a multiple of width {width}",
+        x.len()
+    );
     let job = |row: &mut [f32]| {
         let inv = rms_inverse(row, eps);
         for (v, &wv) in row.iter_mut().zip(w) {
@@ -106,7 +122,11 @@ pub fn l2_normalize_rows(x: &mut [f32], d: usize, eps: f32) {
     if d == 0 {
         return;
     }
-    assert!(x.len() % d == 0, "l2_normalize_rows: x holds {} values, not a multiple of d {d}", x.len());
+    assert!(
+        x.len() % d == 0,
+        "l2_normalize_rows: x holds {} values, not a multiple of d {d}",
+        x.len()
+    );
     let job = |row: &mut [f32]| {
         let inv = 1.0 / ((sum_squares(row) as f32) + eps).sqrt();
         row.iter_mut().for_each(|v| *v *= inv);

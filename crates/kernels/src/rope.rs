@@ -29,7 +29,14 @@ pub fn rope_inv_freq(rotary_dim: usize, theta: f32) -> Vec<f32> {
 /// at position `positions[i]`; theta is the rope base (`rope_theta`).
 ///
 /// Panics (programmer error) if `rotary_dim` is odd or exceeds `head_dim`, or a buffer is short.
-pub fn rope(x: &mut [f32], positions: &[usize], heads: usize, head_dim: usize, rotary_dim: usize, theta: f32) {
+pub fn rope(
+    x: &mut [f32],
+    positions: &[usize],
+    heads: usize,
+    head_dim: usize,
+    rotary_dim: usize,
+    theta: f32,
+) {
     assert!(rotary_dim % 2 == 0, "rope: rotary_dim {rotary_dim} is odd");
     let inv_freq = rope_inv_freq(rotary_dim, theta);
     rope_with_inv_freq(x, positions, heads, head_dim, &inv_freq);
@@ -37,11 +44,25 @@ pub fn rope(x: &mut [f32], positions: &[usize], heads: usize, head_dim: usize, r
 
 /// [`rope`] with caller-supplied inverse frequencies (rotary_dim = 2 * inv_freq.len()): for scaled rope
 /// variants, or to compute the table once per model.
-pub fn rope_with_inv_freq(x: &mut [f32], positions: &[usize], heads: usize, head_dim: usize, inv_freq: &[f32]) {
+pub fn rope_with_inv_freq(
+    x: &mut [f32],
+    positions: &[usize],
+    heads: usize,
+    head_dim: usize,
+    inv_freq: &[f32],
+) {
     let half = inv_freq.len();
-    assert!(2 * half <= head_dim, "rope: rotary_dim {} exceeds head_dim {head_dim}", 2 * half);
+    assert!(
+        2 * half <= head_dim,
+        "rope: rotary_dim {} exceeds head_dim {head_dim}",
+        2 * half
+    );
     let n = positions.len();
-    check_len("rope: x [n, heads, head_dim]", x.len(), n * heads * head_dim);
+    check_len(
+        "rope: x [n, heads, head_dim]",
+        x.len(),
+        n * heads * head_dim,
+    );
     if half == 0 || heads == 0 {
         return;
     }

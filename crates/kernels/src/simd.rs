@@ -24,7 +24,8 @@ pub(crate) enum Isa {
 pub(crate) fn best_isa() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
             return Isa::Avx2Fma;
         }
     }
@@ -87,7 +88,11 @@ pub(crate) fn scale_inplace(x: &mut [f32], s: f32) {
 /// Dot products of `R` weight rows with `N` input rows, all of length `k`, portable version.
 /// `w` holds at least `R * k` values ([R, k]), `x` at least `N * k` ([N, k]); returns [R][N].
 #[inline(always)]
-pub(crate) fn dot_rows_portable<const R: usize, const N: usize>(w: &[f32], x: &[f32], k: usize) -> [[f32; N]; R] {
+pub(crate) fn dot_rows_portable<const R: usize, const N: usize>(
+    w: &[f32],
+    x: &[f32],
+    k: usize,
+) -> [[f32; N]; R] {
     let mut out = [[0.0f32; N]; R];
     for (r, out_r) in out.iter_mut().enumerate() {
         let w_row = &w[r * k..(r + 1) * k];
@@ -106,7 +111,11 @@ pub(crate) fn dot_rows_portable<const R: usize, const N: usize>(w: &[f32], x: &[
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-pub(crate) unsafe fn dot_rows_avx2<const R: usize, const N: usize>(w: &[f32], x: &[f32], k: usize) -> [[f32; N]; R] {
+pub(crate) unsafe fn dot_rows_avx2<const R: usize, const N: usize>(
+    w: &[f32],
+    x: &[f32],
+    k: usize,
+) -> [[f32; N]; R] {
     use std::arch::x86_64::*;
     debug_assert!(w.len() >= R * k && x.len() >= N * k);
     let wp = w.as_ptr();

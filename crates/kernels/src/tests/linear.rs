@@ -1,0 +1,105 @@
+use super::{assert_close, isas, Rng};
+use crate::linear::{linear_gemm, linear_matvec_with_isa};
+use crate::{linear, linear_acc, MATVEC_MAX_ROWS};
+
+/// out[i, j] = sum_kk x[i, kk] * w[j, kk], the definition, in f64.
+fn naive(x: &[f32], w: &[f32], n: usize, k: usize, m: usize) -> Vec<f64> {
+    let mut out = vec![0.0f64; n * m];
+    for i in 0..n {
+        for j in 0..m {
+            out[i * m + j] = (0..k)
+                .map(|kk| x[i * k + kk] as f64 * w[j * k + kk] as f64)
+                .sum();
+        }
+    }
+    out
+}
+
+const ODD_SHAPES: [(usize, usize); 6] = [(1, 1), (7, 5), (8, 4), (13, 33), (67, 129), (301, 517)];
+
+#[test]
+fn matvec_path_matches_naive_on_both_isas_and_odd_sizes() {
+    let mut rng = Rng::new(1);
+    for n in 1..=MATVEC_MAX_ROWS.max(6) {
+        for &(k, m) in &ODD_SHAPES {
+            let (x, w) = (rng.vec(n * k), rng.vec(m * k));
+            let expected = naive(&x, &w, n, k, m);
+            for isa in isas() {
+                let mut out = vec![f32::NAN; n * m];
+                linear_matvec_with_isa(isa, &x, &w, n, k, m, &mut out);
+                assert_close(
+                    &out,
+                    &expected,
+                    1e-5,
+                    &format!("matvec {isa:?} n={n} k={k} m={m}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_path_matches_naive_on_odd_sizes() {
+    let mut rng = Rng::new(2);
+    for n in [1, 3, MATVEC_MAX_ROWS + 1, 17, 70] {
+        for &(k, m) in &ODD_SHAPES {
+            let (x, w) = (rng.vec(n * k), rng.vec(m * k));
+            let expected = naive(&x, &w, n, k, m);
+            let mut out = vec![f32::NAN; n * m];
+            linear_gemm(&x, &w, n, k, m, &mut out);
+            assert_close(&out, &expected, 1e-5, &format!("gemm n={n} k={k} m={m}"));
+        }
+    }
+}
+
+#[test]
+fn public_linear_matches_naive_across_the_path_threshold() {
+    let mut rng = Rng::new(3);
+    let (k, m) = (129, 65);
+    for n in 1..=MATVEC_MAX_ROWS + 3 {
+        let (x, w) = (rng.vec(n * k), rng.vec(m * k));
+        let mut out = vec![f32::NAN; n * m];
+        linear(&x, &w, n, k, m, &mut out);
+        assert_close(
+            &out,
+            &naive(&x, &w, n, k, m),
+            1e-5,
+            &format!("linear n={n}"),
+        );
+    }
+}
+
+#[test]
+fn linear_acc_adds_the_scaled_product_on_both_paths() {
+    let mut rng = Rng::new(4);
+    let (k, m, scale) = (77, 91, -0.37f32);
+    for n in [1, 2, MATVEC_MAX_ROWS, MATVEC_MAX_ROWS + 1, 12] {
+        let (x, w, start) = (rng.vec(n * k), rng.vec(m * k), rng.vec(n * m));
+        let product = naive(&x, &w, n, k, m);
+        let expected: Vec<f64> = start
+            .iter()
+            .zip(&product)
+            .map(|(&o, &p)| o as f64 + scale as f64 * p)
+            .collect();
+        let mut out = start.clone();
+        linear_acc(&x, &w, n, k, m, scale, &mut out);
+        assert_close(&out, &expected, 1e-5, &format!("linear_acc n={n}"));
+    }
+}
+
+#[test]
+fn empty_inner_dimension_gives_zero_product() {
+    let mut out = vec![5.0f32; 6];
+    linear(&[], &[], 2, 0, 3, &mut out);
+    assert_eq!(out, vec![0.0; 6]);
+    let mut acc = vec![5.0f32; 6];
+    linear_acc(&[], &[], 2, 0, 3, 2.0, &mut acc);
+    assert_eq!(acc, vec![5.0; 6]);
+}
+
+#[test]
+#[should_panic(expected = "linear: w [m, k]")]
+fn short_weight_buffer_is_a_clear_panic() {
+    let mut out = vec![0.0f32; 4];
+    linear(&[1.0; 6], &[1.0; 5], 2, 3, 2, &mut out);
+}
