@@ -78,7 +78,10 @@ fn greedy_is_argmax_with_lowest_index_on_ties() {
 #[test]
 fn point_mass_constructor_checks_vocab() {
     let d = ShapedDistribution::point_mass(2, 3).unwrap();
-    assert_eq!((d.probability(2), d.probability(0), d.vocab_size()), (1.0, 0.0, 3));
+    assert_eq!(
+        (d.probability(2), d.probability(0), d.vocab_size()),
+        (1.0, 0.0, 3)
+    );
     assert_eq!(
         ShapedDistribution::point_mass(3, 3).unwrap_err(),
         SamplingError::TokenOutOfVocab {
@@ -100,7 +103,9 @@ fn draw_counts(d: &ShapedDistribution, n: usize, seed: u64) -> Vec<u64> {
 }
 
 fn probs(d: &ShapedDistribution) -> Vec<f64> {
-    (0..d.vocab_size() as u32).map(|t| d.probability(t)).collect()
+    (0..d.vocab_size() as u32)
+        .map(|t| d.probability(t))
+        .collect()
 }
 
 #[test]
@@ -114,7 +119,11 @@ fn draw_frequencies_match_probabilities() {
     };
     let d = ShapedDistribution::new(&logits, &shaping, History::empty()).unwrap();
     let p = probs(&d);
-    assert_eq!((p[3], p[6]), (0.0, 0.0), "top-6 of 8 filters tokens 3 and 6");
+    assert_eq!(
+        (p[3], p[6]),
+        (0.0, 0.0),
+        "top-6 of 8 filters tokens 3 and 6"
+    );
     let counts = draw_counts(&d, 200_000, 0x5eed);
     assert_distributed_as(&counts, &p);
 }
@@ -138,7 +147,13 @@ fn uniforms_reproduce_and_counter_walks_steps() {
         // A multiple of 2^-53: 53 bits of mantissa, no more.
         assert_eq!((u * (1u64 << 53) as f64).fract(), 0.0);
     }
-    assert_eq!(counter, DrawCounter { seed: 42, step: 1000 });
+    assert_eq!(
+        counter,
+        DrawCounter {
+            seed: 42,
+            step: 1000
+        }
+    );
     // Another seed is another stream.
     assert_ne!(uniform(42, 0), uniform(43, 0));
 }

@@ -240,7 +240,11 @@ fn top_p_runs_before_min_p() {
         min_p: 0.15,
         ..Shaping::default()
     };
-    let out = shaped(&logits_of(&[0.09, 0.09, 0.12, 0.7]), shaping, History::empty());
+    let out = shaped(
+        &logits_of(&[0.09, 0.09, 0.12, 0.7]),
+        shaping,
+        History::empty(),
+    );
     assert_probs(&out, &[0.0, 0.0, 0.12 / 0.82, 0.7 / 0.82]);
 }
 
@@ -283,23 +287,101 @@ fn validation_names_the_field() {
     assert!(d.validate().is_ok());
     assert!(Shaping::greedy().validate().is_ok());
     let cases: Vec<(Shaping, &str)> = vec![
-        (Shaping { temperature: -0.1, ..d }, "temperature"),
-        (Shaping { temperature: f64::NAN, ..d }, "temperature"),
-        (Shaping { temperature: f64::INFINITY, ..d }, "temperature"),
+        (
+            Shaping {
+                temperature: -0.1,
+                ..d
+            },
+            "temperature",
+        ),
+        (
+            Shaping {
+                temperature: f64::NAN,
+                ..d
+            },
+            "temperature",
+        ),
+        (
+            Shaping {
+                temperature: f64::INFINITY,
+                ..d
+            },
+            "temperature",
+        ),
         (Shaping { top_p: 0.0, ..d }, "top_p"),
         (Shaping { top_p: 1.5, ..d }, "top_p"),
-        (Shaping { top_p: f64::NAN, ..d }, "top_p"),
+        (
+            Shaping {
+                top_p: f64::NAN,
+                ..d
+            },
+            "top_p",
+        ),
         (Shaping { min_p: -0.1, ..d }, "min_p"),
         (Shaping { min_p: 1.1, ..d }, "min_p"),
-        (Shaping { min_p: f64::NAN, ..d }, "min_p"),
-        (Shaping { repetition_penalty: 0.0, ..d }, "repetition_penalty"),
-        (Shaping { repetition_penalty: -1.0, ..d }, "repetition_penalty"),
-        (Shaping { repetition_penalty: f64::NAN, ..d }, "repetition_penalty"),
-        (Shaping { presence_penalty: 2.5, ..d }, "presence_penalty"),
-        (Shaping { presence_penalty: -2.5, ..d }, "presence_penalty"),
-        (Shaping { presence_penalty: f64::NAN, ..d }, "presence_penalty"),
-        (Shaping { frequency_penalty: 2.01, ..d }, "frequency_penalty"),
-        (Shaping { frequency_penalty: f64::NAN, ..d }, "frequency_penalty"),
+        (
+            Shaping {
+                min_p: f64::NAN,
+                ..d
+            },
+            "min_p",
+        ),
+        (
+            Shaping {
+                repetition_penalty: 0.0,
+                ..d
+            },
+            "repetition_penalty",
+        ),
+        (
+            Shaping {
+                repetition_penalty: -1.0,
+                ..d
+            },
+            "repetition_penalty",
+        ),
+        (
+            Shaping {
+                repetition_penalty: f64::NAN,
+                ..d
+            },
+            "repetition_penalty",
+        ),
+        (
+            Shaping {
+                presence_penalty: 2.5,
+                ..d
+            },
+            "presence_penalty",
+        ),
+        (
+            Shaping {
+                presence_penalty: -2.5,
+                ..d
+            },
+            "presence_penalty",
+        ),
+        (
+            Shaping {
+                presence_penalty: f64::NAN,
+                ..d
+            },
+            "presence_penalty",
+        ),
+        (
+            Shaping {
+                frequency_penalty: 2.01,
+                ..d
+            },
+            "frequency_penalty",
+        ),
+        (
+            Shaping {
+                frequency_penalty: f64::NAN,
+                ..d
+            },
+            "frequency_penalty",
+        ),
     ];
     for (shaping, field) in cases {
         assert_eq!(invalid_field(shaping), field);
@@ -317,7 +399,10 @@ fn validation_names_the_field() {
     // The distribution refuses invalid shaping too.
     let bad = Shaping { top_p: 0.0, ..d };
     let err = ShapedDistribution::new(&[0.0], &bad, History::empty()).unwrap_err();
-    assert!(matches!(err, SamplingError::InvalidParameter { field: "top_p", .. }));
+    assert!(matches!(
+        err,
+        SamplingError::InvalidParameter { field: "top_p", .. }
+    ));
 }
 
 #[test]

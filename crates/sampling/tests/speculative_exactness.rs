@@ -6,14 +6,16 @@ mod common;
 
 use common::{assert_distributed_as, chi_square};
 use sampling::{
-    accept, residual, residual_point_mass, verify_step, Draft, DrawCounter, History,
-    SamplingError, ShapedDistribution, Shaping, Verdict,
+    accept, residual, residual_point_mass, verify_step, Draft, DrawCounter, History, SamplingError,
+    ShapedDistribution, Shaping, Verdict,
 };
 
 const TRIALS: usize = 200_000;
 
 fn probs(d: &ShapedDistribution) -> Vec<f64> {
-    (0..d.vocab_size() as u32).map(|t| d.probability(t)).collect()
+    (0..d.vocab_size() as u32)
+        .map(|t| d.probability(t))
+        .collect()
 }
 
 fn assert_probs_close(actual: &[f64], expected: &[f64]) {
@@ -26,10 +28,16 @@ fn assert_probs_close(actual: &[f64], expected: &[f64]) {
 #[test]
 fn accept_is_r_times_q_at_most_p() {
     assert!(accept(0.2, 0.4, 0.49), "0.49 * 0.4 = 0.196 <= 0.2");
-    assert!(accept(0.2, 0.4, 0.5), "0.5 * 0.4 = 0.2 <= 0.2 (boundary accepts)");
+    assert!(
+        accept(0.2, 0.4, 0.5),
+        "0.5 * 0.4 = 0.2 <= 0.2 (boundary accepts)"
+    );
     assert!(!accept(0.2, 0.4, 0.51), "0.51 * 0.4 = 0.204 > 0.2");
     assert!(accept(0.6, 0.3, 0.9999), "p >= q always accepts");
-    assert!(!accept(0.0, 1.0, 0.0), "p(x) = 0 never accepts, even at r = 0");
+    assert!(
+        !accept(0.0, 1.0, 0.0),
+        "p(x) = 0 never accepts, even at r = 0"
+    );
 }
 
 #[test]
@@ -57,12 +65,12 @@ fn point_mass_residual_by_hand() {
     );
     // It is the general residual against a point-mass q.
     let delta = ShapedDistribution::point_mass(0, 3).unwrap();
-    assert_probs_close(
-        &probs(&residual(&p, &delta).unwrap()),
-        &[0.0, 0.6, 0.4],
-    );
+    assert_probs_close(&probs(&residual(&p, &delta).unwrap()), &[0.0, 0.6, 0.4]);
     // A token outside p's support removes nothing.
-    assert_probs_close(&probs(&residual_point_mass(&p, 9).unwrap()), &[0.5, 0.3, 0.2]);
+    assert_probs_close(
+        &probs(&residual_point_mass(&p, 9).unwrap()),
+        &[0.5, 0.3, 0.2],
+    );
     let greedy = ShapedDistribution::point_mass(1, 3).unwrap();
     assert!(residual_point_mass(&greedy, 1).is_none());
     assert_eq!(
@@ -104,7 +112,10 @@ fn sampled_verdict_by_hand() {
     );
     // Point-mass draft of x = 1: accept iff r <= 0.3; residual [0.5, 0, 0.2] / 0.7, and
     // u = 0.8 lands past 0.5 / 0.7 = 0.714 -> token 2.
-    assert_eq!(verify_step(&p, Draft::PointMass, 1, 0.3, 0.8), Ok(Verdict::Accepted));
+    assert_eq!(
+        verify_step(&p, Draft::PointMass, 1, 0.3, 0.8),
+        Ok(Verdict::Accepted)
+    );
     assert_eq!(
         verify_step(&p, Draft::PointMass, 1, 0.31, 0.8),
         Ok(Verdict::Rejected { replacement: 2 })

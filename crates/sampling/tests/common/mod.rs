@@ -43,7 +43,10 @@ pub fn chi_square(counts: &[u64], probs: &[f64]) -> ChiSquare {
             continue;
         }
         let expected = p * total as f64;
-        assert!(expected >= 5.0, "bin expects {expected} draws: too few for chi-square");
+        assert!(
+            expected >= 5.0,
+            "bin expects {expected} draws: too few for chi-square"
+        );
         statistic += (c as f64 - expected).powi(2) / expected;
         bins += 1;
     }
