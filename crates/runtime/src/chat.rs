@@ -125,14 +125,14 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         options: &RenderOptions,
     ) -> Result<String, RuntimeError> {
-        self.render_value(Value::from_serialize(messages), options)
+        self.render_value(messages, options)
     }
 
     /// [`ChatTemplate::render`] for messages given as arbitrary JSON-like values (tool calls,
     /// multi-part content): anything `serde` can serialize.
-    pub fn render_value(
+    pub fn render_value<M: Serialize + ?Sized>(
         &self,
-        messages: Value,
+        messages: &M,
         options: &RenderOptions,
     ) -> Result<String, RuntimeError> {
         let template = self
@@ -143,7 +143,7 @@ impl ChatTemplate {
         for (key, value) in &options.extra {
             context.push((key.clone(), Value::from_serialize(value)));
         }
-        context.push(("messages".into(), messages));
+        context.push(("messages".into(), Value::from_serialize(messages)));
         context.push((
             "add_generation_prompt".into(),
             Value::from(options.add_generation_prompt),
@@ -410,11 +410,11 @@ fn write_container<T>(
 /// A number as Python prints it: integers in full, floats by `repr` (shortest round-trip digits,
 /// `1e-05` / `1e+16` exponents, `NaN` / `Infinity`).
 fn python_number(value: &Value) -> String {
-    if let Some(i) = value.as_i64() {
-        return i.to_string();
+    if value.is_integer() {
+        // Any width (u64, i128) prints in full, as Python's int does.
+        return value.to_string();
     }
     let Ok(f) = f64::try_from(value.clone()) else {
-        // Integers beyond i64 (u64 / i128) print in full.
         return value.to_string();
     };
     if f.is_nan() {
