@@ -306,7 +306,11 @@ impl ModelConfig {
             ));
         }
         let head_dim = positive(&text, "head_dim", text.usize_or("head_dim", d.head_dim)?)?;
-        let rms_norm_eps = positive_f32(&text, "rms_norm_eps", text.opt_f64("rms_norm_eps")?.unwrap_or(1e-6))?;
+        let rms_norm_eps = positive_f32(
+            &text,
+            "rms_norm_eps",
+            text.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
+        )?;
         let max_position_embeddings = text.usize_or("max_position_embeddings", 32768)?;
         // transformers reads tie_word_embeddings from the model's own (top-level) config.
         let tie_word_embeddings = top.bool_or("tie_word_embeddings", false)?;
@@ -419,7 +423,10 @@ fn positive(f: &Fields<'_>, field: &str, value: usize) -> Result<usize, LoadErro
 
 fn positive_f32(f: &Fields<'_>, field: &str, value: f64) -> Result<f32, LoadError> {
     if !(value.is_finite() && value > 0.0 && value <= f32::MAX as f64) {
-        return Err(f.invalid(field, format!("must be a positive finite number, found {value}")));
+        return Err(f.invalid(
+            field,
+            format!("must be a positive finite number, found {value}"),
+        ));
     }
     Ok(value as f32)
 }
@@ -461,12 +468,19 @@ fn read_rope(text: &Fields<'_>, spec: &ArchSpec, d: &Defaults) -> Result<Rope, L
     if let Some((field, t)) = rope_type {
         // Qwen3.5's mrope with text-only positions (three equal rows) is plain RoPE: "default".
         if t != "default" {
-            return Err(p.unsupported(field, format!("RoPE type `{t}` (only `default` is implemented)")));
+            return Err(p.unsupported(
+                field,
+                format!("RoPE type `{t}` (only `default` is implemented)"),
+            ));
         }
     }
     let theta = match p.opt_f64("rope_theta")? {
         Some(t) => (p, "rope_theta", t),
-        None => (*text, "rope_theta", text.opt_f64("rope_theta")?.unwrap_or(10_000.0)),
+        None => (
+            *text,
+            "rope_theta",
+            text.opt_f64("rope_theta")?.unwrap_or(10_000.0),
+        ),
     };
     let theta = positive_f32(&theta.0, theta.1, theta.2)?;
 
@@ -479,7 +493,11 @@ fn read_rope(text: &Fields<'_>, spec: &ArchSpec, d: &Defaults) -> Result<Rope, L
         ),
     };
     // Qwen3's compute_default_rope_parameters rotates the whole head whatever the config says.
-    let factor = if spec.family == Family::Qwen3 { 1.0 } else { factor };
+    let factor = if spec.family == Family::Qwen3 {
+        1.0
+    } else {
+        factor
+    };
     if !(factor > 0.0 && factor <= 1.0) {
         return Err(factor_fields.invalid(
             "partial_rotary_factor",
@@ -548,7 +566,10 @@ fn read_layer_types(
 /// (`use_sliding_window` and a non-null `sliding_window`); by default layers from
 /// `max_window_layers` on are sliding. Sliding windows are not implemented, so such a layer is an
 /// error rather than a silently different model.
-fn qwen3_layer_types(text: &Fields<'_>, num_hidden_layers: usize) -> Result<Vec<LayerKind>, LoadError> {
+fn qwen3_layer_types(
+    text: &Fields<'_>,
+    num_hidden_layers: usize,
+) -> Result<Vec<LayerKind>, LoadError> {
     let use_sliding_window = text.bool_or("use_sliding_window", false)?;
     let has_window = use_sliding_window
         && match text.object.get("sliding_window") {

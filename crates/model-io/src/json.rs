@@ -12,7 +12,10 @@ use serde_json::{Map, Value};
 use crate::LoadError;
 
 /// Reads and parses `path` as a JSON object.
-pub(crate) fn read_object(path: &Path, what: &'static str) -> Result<Map<String, Value>, LoadError> {
+pub(crate) fn read_object(
+    path: &Path,
+    what: &'static str,
+) -> Result<Map<String, Value>, LoadError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| LoadError::from_io(path.to_path_buf(), e, what))?;
     match serde_json::from_str::<Value>(&text) {

@@ -175,7 +175,8 @@ impl TensorStore {
     }
 
     fn add_shard(&mut self, path: &Path) -> Result<(), LoadError> {
-        let file = File::open(path).map_err(|e| LoadError::from_io(path.to_path_buf(), e, "safetensors shard"))?;
+        let file = File::open(path)
+            .map_err(|e| LoadError::from_io(path.to_path_buf(), e, "safetensors shard"))?;
         let file_len = file
             .metadata()
             .map_err(|e| LoadError::Io {
@@ -302,10 +303,12 @@ impl TensorStore {
     }
 
     fn entry(&self, name: &str) -> Result<&Entry, LoadError> {
-        self.entries.get(name).ok_or_else(|| LoadError::MissingTensor {
-            path: self.dir.clone(),
-            tensor: name.to_string(),
-        })
+        self.entries
+            .get(name)
+            .ok_or_else(|| LoadError::MissingTensor {
+                path: self.dir.clone(),
+                tensor: name.to_string(),
+            })
     }
 
     fn shard_path(&self, entry: &Entry) -> &Path {
@@ -330,7 +333,10 @@ impl TensorStore {
             .and_then(|s| s.mmap.get(entry.begin..entry.end))
             .ok_or_else(|| LoadError::Safetensors {
                 path: self.shard_path(entry).to_path_buf(),
-                reason: format!("byte range {}..{} lies outside the file", entry.begin, entry.end),
+                reason: format!(
+                    "byte range {}..{} lies outside the file",
+                    entry.begin, entry.end
+                ),
             })
     }
 }
@@ -349,7 +355,9 @@ fn parse_header(file: &[u8]) -> Result<Vec<(String, Entry)>, String> {
     let len_bytes: [u8; 8] = file
         .get(..8)
         .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| format!("file is {file_len} bytes, shorter than the 8-byte header length"))?;
+        .ok_or_else(|| {
+            format!("file is {file_len} bytes, shorter than the 8-byte header length")
+        })?;
     let header_len = u64::from_le_bytes(len_bytes);
     let data_start = usize::try_from(header_len)
         .ok()
@@ -361,14 +369,16 @@ fn parse_header(file: &[u8]) -> Result<Vec<(String, Entry)>, String> {
             )
         })?;
     if data_start - 8 > MAX_HEADER_BYTES {
-        return Err(format!("header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit"));
+        return Err(format!(
+            "header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit"
+        ));
     }
     let header_text = file
         .get(8..data_start)
         .and_then(|b| std::str::from_utf8(b).ok())
         .ok_or_else(|| "header is not valid UTF-8".to_string())?;
-    let header: HashMap<String, serde_json::Value> =
-        serde_json::from_str(header_text).map_err(|e| format!("header is not a JSON object: {e}"))?;
+    let header: HashMap<String, serde_json::Value> = serde_json::from_str(header_text)
+        .map_err(|e| format!("header is not a JSON object: {e}"))?;
     let data_len = file_len - data_start;
 
     let mut entries = Vec::with_capacity(header.len());
@@ -382,7 +392,9 @@ fn parse_header(file: &[u8]) -> Result<Vec<(String, Entry)>, String> {
             .map_err(|_| format!("tensor `{name}`: unknown dtype `{}`", h.dtype))?;
         let (begin, end) = h.data_offsets;
         if end < begin {
-            return Err(format!("tensor `{name}`: data_offsets [{begin}, {end}] end before they begin"));
+            return Err(format!(
+                "tensor `{name}`: data_offsets [{begin}, {end}] end before they begin"
+            ));
         }
         let nbits = h
             .shape

@@ -58,8 +58,14 @@ fn qwen3_absent_fields_take_transformers_defaults() {
     let c = load(&qwen3_config()).unwrap();
     assert_eq!(c.family, Family::Qwen3);
     assert_eq!(c.architecture, "Qwen3ForCausalLM");
-    assert_eq!((c.vocab_size, c.hidden_size, c.intermediate_size), (32, 16, 24));
-    assert_eq!((c.num_attention_heads, c.num_key_value_heads, c.head_dim), (4, 2, 8));
+    assert_eq!(
+        (c.vocab_size, c.hidden_size, c.intermediate_size),
+        (32, 16, 24)
+    );
+    assert_eq!(
+        (c.num_attention_heads, c.num_key_value_heads, c.head_dim),
+        (4, 2, 8)
+    );
     assert_eq!(c.rms_norm_eps, 1e-6);
     assert_eq!(c.rope_theta, 10_000.0);
     assert_eq!(c.partial_rotary_factor, 1.0);
@@ -77,7 +83,12 @@ fn qwen3_absent_fields_take_transformers_defaults() {
 #[test]
 fn qwen3_head_dim_defaults_to_128_not_hidden_over_heads() {
     // Qwen3Config's dataclass default is 128; hidden/heads (4) would be a different model.
-    let c = load(&set(remove(qwen3_config(), "head_dim"), "hidden_size", json!(16))).unwrap();
+    let c = load(&set(
+        remove(qwen3_config(), "head_dim"),
+        "hidden_size",
+        json!(16),
+    ))
+    .unwrap();
     assert_eq!(c.head_dim, 128);
 }
 
@@ -96,17 +107,33 @@ fn qwen3_rope_ignores_partial_rotary_factor() {
 
 #[test]
 fn eos_token_id_may_be_int_list_or_null() {
-    assert_eq!(load(&set(qwen3_config(), "eos_token_id", json!([3, 9]))).unwrap().eos_token_ids, vec![3, 9]);
-    assert!(load(&set(qwen3_config(), "eos_token_id", Value::Null)).unwrap().eos_token_ids.is_empty());
+    assert_eq!(
+        load(&set(qwen3_config(), "eos_token_id", json!([3, 9])))
+            .unwrap()
+            .eos_token_ids,
+        vec![3, 9]
+    );
+    assert!(load(&set(qwen3_config(), "eos_token_id", Value::Null))
+        .unwrap()
+        .eos_token_ids
+        .is_empty());
 }
 
 #[test]
 fn rope_theta_from_new_rope_parameters_old_top_level_and_legacy_rope_scaling() {
-    let new = set(qwen3_config(), "rope_parameters", json!({"rope_type": "default", "rope_theta": 1e6}));
+    let new = set(
+        qwen3_config(),
+        "rope_parameters",
+        json!({"rope_type": "default", "rope_theta": 1e6}),
+    );
     assert_eq!(load(&new).unwrap().rope_theta, 1e6);
     let old = set(qwen3_config(), "rope_theta", json!(5e5));
     assert_eq!(load(&old).unwrap().rope_theta, 5e5);
-    let legacy = set(qwen3_config(), "rope_scaling", json!({"type": "default", "rope_theta": 2e5}));
+    let legacy = set(
+        qwen3_config(),
+        "rope_scaling",
+        json!({"type": "default", "rope_theta": 2e5}),
+    );
     assert_eq!(load(&legacy).unwrap().rope_theta, 2e5);
     // rope_parameters wins over a stale top-level value, like convert_rope_params_to_dict.
     let both = set(new, "rope_theta", json!(3.0));
@@ -123,20 +150,38 @@ fn rope_theta_from_new_rope_parameters_old_top_level_and_legacy_rope_scaling() {
 
 #[test]
 fn non_default_rope_type_is_refused_by_name() {
-    let cfg = set(qwen3_config(), "rope_parameters", json!({"rope_type": "yarn", "factor": 4.0}));
+    let cfg = set(
+        qwen3_config(),
+        "rope_parameters",
+        json!({"rope_type": "yarn", "factor": 4.0}),
+    );
     let err = load(&cfg).unwrap_err();
     let msg = message_naming(&err, "config.json");
-    assert!(matches!(err, LoadError::Unsupported { ref field, .. } if field == "rope_parameters.rope_type"), "{msg}");
+    assert!(
+        matches!(err, LoadError::Unsupported { ref field, .. } if field == "rope_parameters.rope_type"),
+        "{msg}"
+    );
     assert!(msg.contains("yarn"), "{msg}");
 }
 
 #[test]
 fn qwen3_sliding_window_layers_are_refused_but_an_unused_window_is_not() {
-    let sliding = set(set(qwen3_config(), "use_sliding_window", json!(true)), "max_window_layers", json!(1));
+    let sliding = set(
+        set(qwen3_config(), "use_sliding_window", json!(true)),
+        "max_window_layers",
+        json!(1),
+    );
     let err = load(&sliding).unwrap_err();
-    assert!(matches!(err, LoadError::Unsupported { ref field, .. } if field == "use_sliding_window"), "{err}");
+    assert!(
+        matches!(err, LoadError::Unsupported { ref field, .. } if field == "use_sliding_window"),
+        "{err}"
+    );
     // max_window_layers >= num_hidden_layers: no layer slides.
-    let unused = set(set(qwen3_config(), "use_sliding_window", json!(true)), "max_window_layers", json!(2));
+    let unused = set(
+        set(qwen3_config(), "use_sliding_window", json!(true)),
+        "max_window_layers",
+        json!(2),
+    );
     assert_eq!(load(&unused).unwrap().layer_types, vec![F, F]);
 }
 
@@ -151,7 +196,16 @@ fn qwen3_5_layer_pattern_follows_full_attention_interval() {
 
 #[test]
 fn qwen3_5_explicit_layer_types_including_legacy_names() {
-    let types = json!(["linear_attention", "full_attention", "mamba", "attention", "linear_attention", "linear_attention", "linear_attention", "full_attention"]);
+    let types = json!([
+        "linear_attention",
+        "full_attention",
+        "mamba",
+        "attention",
+        "linear_attention",
+        "linear_attention",
+        "linear_attention",
+        "full_attention"
+    ]);
     let c = load(&set(qwen3_5_config(), "layer_types", types)).unwrap();
     assert_eq!(c.layer_types, vec![L, F, L, F, L, L, L, F]);
 }
@@ -165,7 +219,13 @@ fn qwen3_5_defaults_gate_partial_rope_and_linear_sizes() {
     assert_eq!(c.rotary_dim(), 64);
     let lin = c.linear.unwrap();
     assert_eq!(
-        (lin.num_key_heads, lin.num_value_heads, lin.key_head_dim, lin.value_head_dim, lin.conv_kernel),
+        (
+            lin.num_key_heads,
+            lin.num_value_heads,
+            lin.key_head_dim,
+            lin.value_head_dim,
+            lin.conv_kernel
+        ),
         (16, 32, 128, 128, 4)
     );
     assert!(c.moe.is_none());
@@ -196,9 +256,14 @@ fn qwen3_5_conditional_generation_reads_text_config() {
 
     let broken = json!({"architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": remove(qwen3_5_config(), "hidden_size")});
     let err = load(&broken).unwrap_err();
-    assert!(matches!(err, LoadError::MissingField { ref field, .. } if field == "text_config.hidden_size"), "{err}");
+    assert!(
+        matches!(err, LoadError::MissingField { ref field, .. } if field == "text_config.hidden_size"),
+        "{err}"
+    );
     let no_text = json!({"architectures": ["Qwen3_5ForConditionalGeneration"]});
-    assert!(matches!(load(&no_text).unwrap_err(), LoadError::MissingField { ref field, .. } if field == "text_config"));
+    assert!(
+        matches!(load(&no_text).unwrap_err(), LoadError::MissingField { ref field, .. } if field == "text_config")
+    );
 }
 
 #[test]
@@ -209,14 +274,23 @@ fn qwen3_next_moe_defaults_and_sparse_step_rule() {
     assert_eq!(c.intermediate_size, 5632);
     let moe = c.moe.clone().unwrap();
     assert_eq!(
-        (moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size, moe.shared_expert_intermediate_size),
+        (
+            moe.num_experts,
+            moe.num_experts_per_tok,
+            moe.moe_intermediate_size,
+            moe.shared_expert_intermediate_size
+        ),
         (512, 10, 512, 512)
     );
     assert!(moe.norm_topk_prob);
     assert!((0..4).all(|i| c.is_moe_layer(i)));
 
     let cfg = set(
-        set(set(qwen3_next_config(), "num_hidden_layers", json!(8)), "decoder_sparse_step", json!(2)),
+        set(
+            set(qwen3_next_config(), "num_hidden_layers", json!(8)),
+            "decoder_sparse_step",
+            json!(2),
+        ),
         "mlp_only_layers",
         json!([3]),
     );
@@ -235,12 +309,27 @@ fn qwen3_next_without_experts_is_dense() {
 
 #[test]
 fn qwen3_5_moe_has_moe_in_every_layer() {
-    let cfg = set(set(remove(qwen3_5_config(), "intermediate_size"), "architectures", json!(["Qwen3_5MoeForCausalLM"])), "model_type", json!("qwen3_5_moe_text"));
+    let cfg = set(
+        set(
+            remove(qwen3_5_config(), "intermediate_size"),
+            "architectures",
+            json!(["Qwen3_5MoeForCausalLM"]),
+        ),
+        "model_type",
+        json!("qwen3_5_moe_text"),
+    );
     let c = load(&cfg).unwrap();
     assert_eq!(c.family, Family::Qwen35);
     assert_eq!(c.intermediate_size, 0);
     let moe = c.moe.clone().unwrap();
-    assert_eq!((moe.num_experts, moe.num_experts_per_tok, moe.decoder_sparse_step), (256, 8, 1));
+    assert_eq!(
+        (
+            moe.num_experts,
+            moe.num_experts_per_tok,
+            moe.decoder_sparse_step
+        ),
+        (256, 8, 1)
+    );
     assert!((0..8).all(|i| c.is_moe_layer(i)));
 }
 
@@ -252,9 +341,17 @@ fn model_type_alone_selects_the_architecture() {
 
 #[test]
 fn unknown_architecture_is_refused_by_name() {
-    let err = load(&set(qwen3_config(), "architectures", json!(["LlamaForCausalLM"]))).unwrap_err();
+    let err = load(&set(
+        qwen3_config(),
+        "architectures",
+        json!(["LlamaForCausalLM"]),
+    ))
+    .unwrap_err();
     let msg = message_naming(&err, "config.json");
-    assert!(matches!(err, LoadError::UnknownArchitecture { .. }), "{msg}");
+    assert!(
+        matches!(err, LoadError::UnknownArchitecture { .. }),
+        "{msg}"
+    );
     assert!(msg.contains("LlamaForCausalLM"), "{msg}");
     let err = load(&json!({"model_type": "llama", "hidden_size": 4})).unwrap_err();
     assert!(err.to_string().contains("llama"), "{err}");
@@ -263,18 +360,33 @@ fn unknown_architecture_is_refused_by_name() {
 #[test]
 fn model_type_of_another_family_is_an_error() {
     let err = load(&set(qwen3_config(), "model_type", json!("qwen3_next"))).unwrap_err();
-    assert!(matches!(err, LoadError::InvalidValue { ref field, .. } if field == "model_type"), "{err}");
+    assert!(
+        matches!(err, LoadError::InvalidValue { ref field, .. } if field == "model_type"),
+        "{err}"
+    );
 }
 
 #[test]
 fn missing_required_field_is_named() {
-    for field in ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"] {
+    for field in [
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+    ] {
         let err = load(&remove(qwen3_config(), field)).unwrap_err();
         let msg = message_naming(&err, "config.json");
-        assert!(matches!(err, LoadError::MissingField { field: ref f, .. } if f == field), "{msg}");
+        assert!(
+            matches!(err, LoadError::MissingField { field: ref f, .. } if f == field),
+            "{msg}"
+        );
     }
     let err = load(&json!({"hidden_size": 4})).unwrap_err();
-    assert!(matches!(err, LoadError::MissingField { ref field, .. } if field == "architectures"), "{err}");
+    assert!(
+        matches!(err, LoadError::MissingField { ref field, .. } if field == "architectures"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -293,30 +405,71 @@ fn field_of_wrong_type_is_named() {
     for (field, value) in cases {
         let err = load(&set(qwen3_config(), field, value.clone())).unwrap_err();
         let msg = message_naming(&err, "config.json");
-        assert!(matches!(err, LoadError::WrongType { field: ref f, .. } if f == field), "{field}={value}: {msg}");
+        assert!(
+            matches!(err, LoadError::WrongType { field: ref f, .. } if f == field),
+            "{field}={value}: {msg}"
+        );
     }
-    let err = load(&set(qwen3_config(), "rope_parameters", json!({"rope_theta": "big"}))).unwrap_err();
-    assert!(matches!(err, LoadError::WrongType { ref field, .. } if field == "rope_parameters.rope_theta"), "{err}");
+    let err = load(&set(
+        qwen3_config(),
+        "rope_parameters",
+        json!({"rope_theta": "big"}),
+    ))
+    .unwrap_err();
+    assert!(
+        matches!(err, LoadError::WrongType { ref field, .. } if field == "rope_parameters.rope_theta"),
+        "{err}"
+    );
 }
 
 #[test]
 fn impossible_values_are_named() {
     let cases = [
-        (set(qwen3_config(), "num_key_value_heads", json!(3)), "num_key_value_heads"),
+        (
+            set(qwen3_config(), "num_key_value_heads", json!(3)),
+            "num_key_value_heads",
+        ),
         (set(qwen3_config(), "hidden_size", json!(0)), "hidden_size"),
-        (set(qwen3_config(), "rms_norm_eps", json!(-1.0)), "rms_norm_eps"),
-        (set(qwen3_5_config(), "partial_rotary_factor", json!(1.5)), "partial_rotary_factor"),
-        (set(qwen3_5_config(), "partial_rotary_factor", json!(0.0)), "partial_rotary_factor"),
-        (set(qwen3_5_config(), "full_attention_interval", json!(0)), "full_attention_interval"),
-        (set(qwen3_5_config(), "layer_types", json!(["full_attention"])), "layer_types"),
-        (set(qwen3_5_config(), "linear_num_value_heads", json!(3)), "linear_num_value_heads"),
-        (set(qwen3_next_config(), "decoder_sparse_step", json!(0)), "decoder_sparse_step"),
-        (set(qwen3_next_config(), "num_experts_per_tok", json!(600)), "num_experts_per_tok"),
+        (
+            set(qwen3_config(), "rms_norm_eps", json!(-1.0)),
+            "rms_norm_eps",
+        ),
+        (
+            set(qwen3_5_config(), "partial_rotary_factor", json!(1.5)),
+            "partial_rotary_factor",
+        ),
+        (
+            set(qwen3_5_config(), "partial_rotary_factor", json!(0.0)),
+            "partial_rotary_factor",
+        ),
+        (
+            set(qwen3_5_config(), "full_attention_interval", json!(0)),
+            "full_attention_interval",
+        ),
+        (
+            set(qwen3_5_config(), "layer_types", json!(["full_attention"])),
+            "layer_types",
+        ),
+        (
+            set(qwen3_5_config(), "linear_num_value_heads", json!(3)),
+            "linear_num_value_heads",
+        ),
+        (
+            set(qwen3_next_config(), "decoder_sparse_step", json!(0)),
+            "decoder_sparse_step",
+        ),
+        (
+            set(qwen3_next_config(), "num_experts_per_tok", json!(600)),
+            "num_experts_per_tok",
+        ),
     ];
     for (cfg, field) in cases {
         let err = load(&cfg).unwrap_err();
         let msg = message_naming(&err, "config.json");
-        assert!(matches!(err, LoadError::InvalidValue { field: ref f, .. } if f == field), "{field}: {msg}");
+        assert!(
+            matches!(err, LoadError::InvalidValue { field: ref f, .. } if f == field),
+            "{field}: {msg}"
+        );
     }
 }
 
@@ -330,8 +483,16 @@ fn rotary_dim_truncates_like_python_int() {
 #[test]
 fn odd_rotary_dim_is_refused() {
     // head_dim 8 x 0.125 = 1 rotary dim: rotate-half needs an even count.
-    let err = load(&set(qwen3_5_config(), "partial_rotary_factor", json!(0.125))).unwrap_err();
-    assert!(matches!(err, LoadError::InvalidValue { ref field, .. } if field == "partial_rotary_factor"), "{err}");
+    let err = load(&set(
+        qwen3_5_config(),
+        "partial_rotary_factor",
+        json!(0.125),
+    ))
+    .unwrap_err();
+    assert!(
+        matches!(err, LoadError::InvalidValue { ref field, .. } if field == "partial_rotary_factor"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -343,7 +504,10 @@ fn malformed_json_names_the_file() {
     message_naming(&err, "config.json");
     assert!(matches!(err, LoadError::Json { .. }), "{err}");
     write(&path, "[1, 2]");
-    assert!(matches!(ModelConfig::from_json_file(&path).unwrap_err(), LoadError::Json { .. }));
+    assert!(matches!(
+        ModelConfig::from_json_file(&path).unwrap_err(),
+        LoadError::Json { .. }
+    ));
 }
 
 #[test]

@@ -50,7 +50,12 @@ fn bf16_tensor_converts_to_f32() {
     // 0x3F80 = 1, 0xC000 = -2, 0x3FC0 = 1.5, 0x4049 = 2 * (1 + 73/128) = 3.140625, 0x0000 = 0,
     // 0x3B80 = 2^-8.
     let bits = [0x3F80, 0xC000, 0x3FC0, 0x4049, 0x0000, 0x3B80];
-    let t = T { name: "w", dtype: Dtype::BF16, shape: vec![3, 2], bytes: u16_bytes(&bits) };
+    let t = T {
+        name: "w",
+        dtype: Dtype::BF16,
+        shape: vec![3, 2],
+        bytes: u16_bytes(&bits),
+    };
     let (_dir, store) = store_with(&[t]);
     assert_eq!(store.dtype("w").unwrap(), DType::BF16);
     let got = store.load_f32("w", &[3, 2]).unwrap();
@@ -62,20 +67,36 @@ fn f16_tensor_converts_to_f32() {
     // 0x3C00 = 1, 0xC000 = -2, 0x3E00 = 1.5, 0x3555 = 2^-2 * (1 + 341/1024) = 0.333251953125,
     // 0x0001 = smallest subnormal 2^-24, 0x7BFF = 65504 (max).
     let bits = [0x3C00, 0xC000, 0x3E00, 0x3555, 0x0001, 0x7BFF];
-    let t = T { name: "w", dtype: Dtype::F16, shape: vec![6], bytes: u16_bytes(&bits) };
+    let t = T {
+        name: "w",
+        dtype: Dtype::F16,
+        shape: vec![6],
+        bytes: u16_bytes(&bits),
+    };
     let (_dir, store) = store_with(&[t]);
     assert_eq!(store.dtype("w").unwrap(), DType::F16);
     let got = store.load_f32("w", &[6]).unwrap();
-    assert_eq!(got, [1.0, -2.0, 1.5, 0.333251953125, 5.960464477539063e-8, 65504.0]);
+    assert_eq!(
+        got,
+        [1.0, -2.0, 1.5, 1365.0 / 4096.0, 2f32.powi(-24), 65504.0]
+    );
 }
 
 #[test]
 fn raw_gives_stored_bytes_dtype_and_shape() {
     let bytes = u16_bytes(&[0x3F80, 0x4000]);
-    let t = T { name: "a.b", dtype: Dtype::BF16, shape: vec![1, 2], bytes: bytes.clone() };
+    let t = T {
+        name: "a.b",
+        dtype: Dtype::BF16,
+        shape: vec![1, 2],
+        bytes: bytes.clone(),
+    };
     let (_dir, store) = store_with(&[t, f32_tensor("c", &[1], &[4.0])]);
     let (dtype, shape, raw) = store.raw("a.b").unwrap();
-    assert_eq!((dtype, shape, raw), (DType::BF16, &[1usize, 2][..], &bytes[..]));
+    assert_eq!(
+        (dtype, shape, raw),
+        (DType::BF16, &[1usize, 2][..], &bytes[..])
+    );
     let mut names: Vec<&str> = store.names().collect();
     names.sort();
     assert_eq!(names, ["a.b", "c"]);
@@ -86,10 +107,16 @@ fn raw_gives_stored_bytes_dtype_and_shape() {
 #[test]
 fn sharded_checkpoint_loads_through_the_index() {
     let dir = tempfile::tempdir().unwrap();
-    write_safetensors(&dir.path().join("model-00001-of-00002.safetensors"), &[f32_tensor("a", &[2], &[1.0, 2.0])]);
+    write_safetensors(
+        &dir.path().join("model-00001-of-00002.safetensors"),
+        &[f32_tensor("a", &[2], &[1.0, 2.0])],
+    );
     write_safetensors(
         &dir.path().join("model-00002-of-00002.safetensors"),
-        &[f32_tensor("b", &[1], &[3.0]), f32_tensor("c", &[2, 1], &[4.0, 5.0])],
+        &[
+            f32_tensor("b", &[1], &[3.0]),
+            f32_tensor("c", &[2, 1], &[4.0, 5.0]),
+        ],
     );
     write(
         &dir.path().join("model.safetensors.index.json"),
@@ -102,7 +129,10 @@ fn sharded_checkpoint_loads_through_the_index() {
     assert_eq!(store.load_f32("a", &[2]).unwrap(), [1.0, 2.0]);
     assert_eq!(store.load_f32("b", &[1]).unwrap(), [3.0]);
     assert_eq!(store.load_f32("c", &[2, 1]).unwrap(), [4.0, 5.0]);
-    assert!(store.path_of("c").unwrap().ends_with("model-00002-of-00002.safetensors"));
+    assert!(store
+        .path_of("c")
+        .unwrap()
+        .ends_with("model-00002-of-00002.safetensors"));
     assert_eq!(store.shard_paths().count(), 2);
 }
 
@@ -112,7 +142,9 @@ fn missing_tensor_is_named() {
     let err = store.load_f32("model.norm.weight", &[1]).unwrap_err();
     assert!(matches!(err, LoadError::MissingTensor { .. }), "{err}");
     assert!(err.to_string().contains("model.norm.weight"), "{err}");
-    assert!(store.shape("nope").is_err() && store.dtype("nope").is_err() && store.raw("nope").is_err());
+    assert!(
+        store.shape("nope").is_err() && store.dtype("nope").is_err() && store.raw("nope").is_err()
+    );
 }
 
 #[test]
@@ -121,8 +153,16 @@ fn wrong_shape_names_tensor_file_expected_and_found() {
     let err = store.load_f32("w", &[3, 2]).unwrap_err();
     let msg = message_naming(&err, "model.safetensors");
     match err {
-        LoadError::ShapeMismatch { tensor, expected, found, .. } => {
-            assert_eq!((tensor.as_str(), expected, found), ("w", vec![3, 2], vec![2, 3]));
+        LoadError::ShapeMismatch {
+            tensor,
+            expected,
+            found,
+            ..
+        } => {
+            assert_eq!(
+                (tensor.as_str(), expected, found),
+                ("w", vec![3, 2], vec![2, 3])
+            );
         }
         other => panic!("{other}"),
     }
@@ -131,8 +171,18 @@ fn wrong_shape_names_tensor_file_expected_and_found() {
 
 #[test]
 fn non_float_dtypes_open_but_are_refused_as_weights() {
-    let ids = T { name: "ids", dtype: Dtype::I64, shape: vec![2], bytes: vec![0; 16] };
-    let fp8 = T { name: "w8", dtype: Dtype::F8_E4M3, shape: vec![4], bytes: vec![0; 4] };
+    let ids = T {
+        name: "ids",
+        dtype: Dtype::I64,
+        shape: vec![2],
+        bytes: vec![0; 16],
+    };
+    let fp8 = T {
+        name: "w8",
+        dtype: Dtype::F8_E4M3,
+        shape: vec![4],
+        bytes: vec![0; 4],
+    };
     let (_dir, store) = store_with(&[ids, fp8]);
     for (name, dtype_name, shape) in [("ids", "I64", [2usize]), ("w8", "F8_E4M3", [4])] {
         assert_eq!(store.stored_dtype_name(name).unwrap(), dtype_name);
@@ -156,7 +206,10 @@ fn truncated_file_is_detected() {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes.truncate(bytes.len() - 4);
     let reason = safetensors_reason(&open_bytes(&bytes));
-    assert!(reason.contains("`a`") && reason.contains("truncated"), "{reason}");
+    assert!(
+        reason.contains("`a`") && reason.contains("truncated"),
+        "{reason}"
+    );
 }
 
 #[test]
@@ -172,7 +225,10 @@ fn header_length_past_the_end_of_the_file_is_detected() {
     let mut bytes = raw_safetensors("{}", &[]);
     bytes[..8].copy_from_slice(&1000u64.to_le_bytes());
     let reason = safetensors_reason(&open_bytes(&bytes));
-    assert!(reason.contains("header length 1000") && reason.contains("past the end"), "{reason}");
+    assert!(
+        reason.contains("header length 1000") && reason.contains("past the end"),
+        "{reason}"
+    );
     // A length near u64::MAX must not overflow.
     bytes[..8].copy_from_slice(&u64::MAX.to_le_bytes());
     assert!(safetensors_reason(&open_bytes(&bytes)).contains("past the end"));
@@ -182,14 +238,20 @@ fn header_length_past_the_end_of_the_file_is_detected() {
 fn overlapping_offsets_are_detected() {
     let header = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#;
     let reason = safetensors_reason(&open_bytes(&raw_safetensors(header, &[0; 12])));
-    assert!(reason.contains("overlaps") && reason.contains("`a`") && reason.contains("`b`"), "{reason}");
+    assert!(
+        reason.contains("overlaps") && reason.contains("`a`") && reason.contains("`b`"),
+        "{reason}"
+    );
 }
 
 #[test]
 fn offsets_out_of_range_are_detected() {
     let header = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
     let reason = safetensors_reason(&open_bytes(&raw_safetensors(header, &[0; 4])));
-    assert!(reason.contains("`a`") && reason.contains("past the data section"), "{reason}");
+    assert!(
+        reason.contains("`a`") && reason.contains("past the data section"),
+        "{reason}"
+    );
     let header = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[18446744073709551612,0]}}"#;
     assert!(safetensors_reason(&open_bytes(&raw_safetensors(header, &[0; 4]))).contains("`a`"));
 }
@@ -198,9 +260,14 @@ fn offsets_out_of_range_are_detected() {
 fn offsets_disagreeing_with_shape_are_detected() {
     let header = r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#;
     let reason = safetensors_reason(&open_bytes(&raw_safetensors(header, &[0; 8])));
-    assert!(reason.contains("`a`") && reason.contains("span 8 bytes"), "{reason}");
+    assert!(
+        reason.contains("`a`") && reason.contains("span 8 bytes"),
+        "{reason}"
+    );
     let header = r#"{"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}}"#;
-    assert!(safetensors_reason(&open_bytes(&raw_safetensors(header, &[0; 8]))).contains("overflows"));
+    assert!(
+        safetensors_reason(&open_bytes(&raw_safetensors(header, &[0; 8]))).contains("overflows")
+    );
 }
 
 #[test]
@@ -217,18 +284,32 @@ fn gaps_and_trailing_bytes_are_detected() {
 fn malformed_headers_are_detected() {
     let cases = [
         ("not json", "not a JSON object"),
-        (r#"{"a":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}}"#, "unknown dtype `Q4`"),
-        (r#"{"a":{"dtype":"F32","shape":"x","data_offsets":[0,4]}}"#, "`a`: malformed header entry"),
-        (r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}}"#, "end before they begin"),
+        (
+            r#"{"a":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}}"#,
+            "unknown dtype `Q4`",
+        ),
+        (
+            r#"{"a":{"dtype":"F32","shape":"x","data_offsets":[0,4]}}"#,
+            "`a`: malformed header entry",
+        ),
+        (
+            r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}}"#,
+            "end before they begin",
+        ),
     ];
     for (header, expected) in cases {
         let reason = safetensors_reason(&open_bytes(&raw_safetensors(header, &[0; 4])));
         assert!(reason.contains(expected), "{header}: {reason}");
     }
     // __metadata__ is not a tensor.
-    let header = r#"{"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+    let header =
+        r#"{"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("model.safetensors"), raw_safetensors(header, &2.5f32.to_le_bytes())).unwrap();
+    std::fs::write(
+        dir.path().join("model.safetensors"),
+        raw_safetensors(header, &2.5f32.to_le_bytes()),
+    )
+    .unwrap();
     let store = TensorStore::open(dir.path()).unwrap();
     assert_eq!(store.names().collect::<Vec<_>>(), ["a"]);
     assert_eq!(store.load_f32("a", &[1]).unwrap(), [2.5]);
@@ -236,8 +317,14 @@ fn malformed_headers_are_detected() {
 
 fn sharded_dir(index: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    write_safetensors(&dir.path().join("s1.safetensors"), &[f32_tensor("a", &[1], &[1.0])]);
-    write_safetensors(&dir.path().join("s2.safetensors"), &[f32_tensor("b", &[1], &[2.0])]);
+    write_safetensors(
+        &dir.path().join("s1.safetensors"),
+        &[f32_tensor("a", &[1], &[1.0])],
+    );
+    write_safetensors(
+        &dir.path().join("s2.safetensors"),
+        &[f32_tensor("b", &[1], &[2.0])],
+    );
     write(&dir.path().join("model.safetensors.index.json"), index);
     dir
 }
@@ -253,32 +340,59 @@ fn index_naming_a_missing_shard_is_an_error() {
     let dir = sharded_dir(r#"{"weight_map": {"a": "s1.safetensors", "b": "s3.safetensors"}}"#);
     let err = index_error(dir.path());
     match &err {
-        LoadError::MissingShard { shard, tensor, .. } => assert_eq!((shard.as_str(), tensor.as_str()), ("s3.safetensors", "b")),
+        LoadError::MissingShard { shard, tensor, .. } => {
+            assert_eq!((shard.as_str(), tensor.as_str()), ("s3.safetensors", "b"))
+        }
         other => panic!("{other}"),
     }
 }
 
 #[test]
 fn index_disagreeing_with_its_shards_is_an_error() {
-    let dir = sharded_dir(r#"{"weight_map": {"a": "s1.safetensors", "b": "s1.safetensors", "c": "s2.safetensors"}}"#);
+    let dir = sharded_dir(
+        r#"{"weight_map": {"a": "s1.safetensors", "b": "s1.safetensors", "c": "s2.safetensors"}}"#,
+    );
     let msg = index_error(dir.path()).to_string();
     assert!(msg.contains("`b`") || msg.contains("`c`"), "{msg}");
-    for bad in [r#"{"metadata": {}}"#, r#"{"weight_map": []}"#, r#"{"weight_map": {"a": 3}}"#, r#"{"weight_map": {"a": "../s1.safetensors"}}"#] {
+    for bad in [
+        r#"{"metadata": {}}"#,
+        r#"{"weight_map": []}"#,
+        r#"{"weight_map": {"a": 3}}"#,
+        r#"{"weight_map": {"a": "../s1.safetensors"}}"#,
+    ] {
         let dir = sharded_dir(bad);
-        assert!(matches!(index_error(dir.path()), LoadError::Index { .. }), "{bad}");
+        assert!(
+            matches!(index_error(dir.path()), LoadError::Index { .. }),
+            "{bad}"
+        );
     }
 }
 
 #[test]
 fn tensor_in_two_shards_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
-    write_safetensors(&dir.path().join("s1.safetensors"), &[f32_tensor("a", &[1], &[1.0])]);
-    write_safetensors(&dir.path().join("s2.safetensors"), &[f32_tensor("a", &[1], &[2.0])]);
-    write(&dir.path().join("model.safetensors.index.json"), r#"{"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}}"#);
+    write_safetensors(
+        &dir.path().join("s1.safetensors"),
+        &[f32_tensor("a", &[1], &[1.0])],
+    );
+    write_safetensors(
+        &dir.path().join("s2.safetensors"),
+        &[f32_tensor("a", &[1], &[2.0])],
+    );
+    write(
+        &dir.path().join("model.safetensors.index.json"),
+        r#"{"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}}"#,
+    );
     let err = TensorStore::open(dir.path()).unwrap_err();
-    assert!(matches!(err, LoadError::DuplicateTensor { ref tensor, .. } if tensor == "a"), "{err}");
+    assert!(
+        matches!(err, LoadError::DuplicateTensor { ref tensor, .. } if tensor == "a"),
+        "{err}"
+    );
     let msg = err.to_string();
-    assert!(msg.contains("s1.safetensors") && msg.contains("s2.safetensors"), "{msg}");
+    assert!(
+        msg.contains("s1.safetensors") && msg.contains("s2.safetensors"),
+        "{msg}"
+    );
 }
 
 #[test]
