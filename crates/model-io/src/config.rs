@@ -241,9 +241,11 @@ impl ModelConfig {
         self.moe.as_ref().is_some_and(|m| m.is_moe_layer(layer))
     }
 
-    /// Query heads per key/value head.
+    /// Query heads per key/value head (0 only for a hand-built config with no KV heads).
     pub fn gqa_group_size(&self) -> usize {
-        self.num_attention_heads / self.num_key_value_heads
+        self.num_attention_heads
+            .checked_div(self.num_key_value_heads)
+            .unwrap_or(0)
     }
 
     fn from_object(path: &Path, root: &Map<String, Value>) -> Result<Self, LoadError> {
