@@ -29,6 +29,8 @@ pub use elementwise::{
 };
 pub use gdn::{gdn_chunked, gdn_recurrent, GDN_CHUNK};
 pub use linear::{linear, linear_acc, MATVEC_MAX_ROWS};
+#[doc(hidden)]
+pub use linear::{linear_gemm, linear_matvec};
 pub use norm::{l2_normalize_rows, rms_norm, rms_norm_inplace};
 pub use rope::{rope, rope_inv_freq, rope_with_inv_freq};
 pub use simd::simd_path;

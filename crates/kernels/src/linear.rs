@@ -2,9 +2,9 @@
 //! accumulated (`out += scale · x·w^T`).
 //!
 //! Two paths, chosen by the number of input rows `n`:
-//! - `n <= MATVEC_MAX_ROWS` (decode, short verify blocks): memory-bound. The weight rows are split into
-//!   blocks over the rayon pool; each block streams its weight rows exactly once and dots every row with all
-//!   `n` inputs (which stay in cache), with AVX2/FMA intrinsics when the CPU has them.
+//! - `n <= MATVEC_MAX_ROWS` (decode, verify blocks): memory-bound. The weight rows are split into blocks
+//!   over the rayon pool; each block streams its weight rows from memory exactly once, 4 rows at a time, and
+//!   dots them with all `n` inputs while they sit in L1/L2, with AVX2/FMA intrinsics when the CPU has them.
 //! - larger `n` (prefill): compute-bound GEMM through the `gemm` crate, which dispatches on CPU features at
 //!   run time and splits the work over the rayon pool.
 //!
@@ -16,9 +16,10 @@ use rayon::prelude::*;
 
 use crate::simd::{self, Isa};
 
-/// Largest `n` served by the matvec path. Measured with `examples/kbench.rs` on a 2-core AVX2 machine,
-/// 4096x4096 f32: see the numbers in the module doc of that example.
-pub const MATVEC_MAX_ROWS: usize = 4;
+/// Largest `n` served by the matvec path. `kbench paths` on the 2-core AVX2 development machine (4096x4096,
+/// 1 thread, GFLOP/s matvec vs gemm): n=1 14 vs 12, n=4 42 vs 12, n=8 38 vs 25, n=12 39 vs 35, n=16 38 vs 39.
+/// Verify blocks of speculative decoding (n = 1 + drafts) live in this range, so it matters.
+pub const MATVEC_MAX_ROWS: usize = 12;
 
 /// Below this many multiply-adds the matvec runs on the calling thread: rayon's fork/join costs more.
 const MATVEC_SERIAL_WORK: usize = 1 << 16;
@@ -199,7 +200,10 @@ fn matvec_rows_per_task(m: usize, k: usize, n: usize) -> usize {
 }
 
 /// res[r, i] = mode(res[r, i], w_block[r] · x[i]) for all rows r of `w_block` ([rows, k]) and the `n` rows
-/// of `x` ([n, k]); res is [rows, n]. Input rows are taken 4 at a time.
+/// of `x` ([n, k]); res is [rows, n].
+///
+/// Loop order: weight tiles of `WEIGHT_TILE_ROWS` rows outside, input groups inside, so each weight row is
+/// read from memory once and re-read from L1/L2 for every group of inputs.
 fn matvec_block(
     isa: Isa,
     x: &[f32],
@@ -211,35 +215,49 @@ fn matvec_block(
 ) {
     let rows = w_block.len() / k;
     debug_assert_eq!(res.len(), rows * n);
-    let mut first_input = 0;
-    while first_input < n {
-        let group = (n - first_input).min(4);
-        let xg = &x[first_input * k..(first_input + group) * k];
-        match group {
-            1 => tile_rows::<4, 1>(isa, xg, w_block, k, rows, n, first_input, mode, res),
-            2 => tile_rows::<4, 2>(isa, xg, w_block, k, rows, n, first_input, mode, res),
-            3 => tile_rows::<2, 3>(isa, xg, w_block, k, rows, n, first_input, mode, res),
-            _ => tile_rows::<2, 4>(isa, xg, w_block, k, rows, n, first_input, mode, res),
+    let group_size = input_group_size(n);
+    for (w_tile, res_tile) in w_block
+        .chunks(WEIGHT_TILE_ROWS * k)
+        .zip(res.chunks_mut(WEIGHT_TILE_ROWS * n))
+    {
+        let tile_rows_count = w_tile.len() / k;
+        let mut first_input = 0;
+        while first_input < n {
+            let group = (n - first_input).min(group_size);
+            let xg = &x[first_input * k..(first_input + group) * k];
+            let args = (isa, xg, w_tile, k, tile_rows_count, n, first_input, mode);
+            match group {
+                1 => tile_rows::<4, 1>(args, res_tile),
+                2 => tile_rows::<4, 2>(args, res_tile),
+                3 => tile_rows::<4, 3>(args, res_tile),
+                _ => tile_rows::<2, 4>(args, res_tile),
+            }
+            first_input += group;
         }
-        first_input += group;
     }
 }
 
+/// Weight rows kept hot while every input group passes over them (4 rows x k = 64 KiB at k = 4096).
+const WEIGHT_TILE_ROWS: usize = 4;
+
+/// Inputs per micro-kernel pass. Up to 4 inputs go in one pass; beyond that, groups of 3 use the 4x3 tile
+/// (12 accumulators + 3 inputs + 1 weight = the 16 ymm registers, no spills; 7 loads per 12 FMAs, against
+/// 6 per 8 for the 2x4 tile).
+fn input_group_size(n: usize) -> usize {
+    if n <= 4 {
+        n.max(1)
+    } else {
+        3
+    }
+}
+
+type TileArgs<'a> = (Isa, &'a [f32], &'a [f32], usize, usize, usize, usize, Mode);
+
 /// Covers all `rows` weight rows with R-row micro-tiles (then single rows for the remainder) against the N
 /// input rows in `xg`, writing columns first_input..first_input+N of res [rows, n_total].
-#[allow(clippy::too_many_arguments)]
 #[inline]
-fn tile_rows<const R: usize, const N: usize>(
-    isa: Isa,
-    xg: &[f32],
-    w_block: &[f32],
-    k: usize,
-    rows: usize,
-    n_total: usize,
-    first_input: usize,
-    mode: Mode,
-    res: &mut [f32],
-) {
+fn tile_rows<const R: usize, const N: usize>(args: TileArgs<'_>, res: &mut [f32]) {
+    let (isa, xg, w_block, k, rows, n_total, first_input, mode) = args;
     let mut write = |r0: usize, vals: &[[f32; N]]| {
         for (dr, row_vals) in vals.iter().enumerate() {
             for (i, &v) in row_vals.iter().enumerate() {
@@ -280,6 +298,27 @@ fn dot_rows<const R: usize, const N: usize>(
     }
 }
 
+/// The matvec path on the best instruction set regardless of n (for `examples/kbench.rs`).
+#[doc(hidden)]
+pub fn linear_matvec(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, out: &mut [f32]) {
+    check_len("linear_matvec: x [n, k]", x.len(), n * k);
+    check_len("linear_matvec: w [m, k]", w.len(), m * k);
+    check_len("linear_matvec: out [n, m]", out.len(), n * m);
+    if n == 0 || m == 0 || k == 0 {
+        return;
+    }
+    matvec(
+        simd::best_isa(),
+        &x[..n * k],
+        &w[..m * k],
+        n,
+        k,
+        m,
+        Mode::Overwrite,
+        &mut out[..n * m],
+    );
+}
+
 /// Test hook: the matvec path forced to a given instruction set (so both are tested on an AVX2 machine).
 #[cfg(test)]
 pub(crate) fn linear_matvec_with_isa(
@@ -294,9 +333,15 @@ pub(crate) fn linear_matvec_with_isa(
     matvec(isa, x, w, n, k, m, Mode::Overwrite, out);
 }
 
-/// Test hook: the GEMM path regardless of n.
-#[cfg(test)]
-pub(crate) fn linear_gemm(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, out: &mut [f32]) {
+/// The GEMM path regardless of n (tests, and `examples/kbench.rs` to measure the path threshold).
+#[doc(hidden)]
+pub fn linear_gemm(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, out: &mut [f32]) {
+    check_len("linear_gemm: x [n, k]", x.len(), n * k);
+    check_len("linear_gemm: w [m, k]", w.len(), m * k);
+    check_len("linear_gemm: out [n, m]", out.len(), n * m);
+    if n == 0 || m == 0 || k == 0 {
+        return;
+    }
     gemm_linear(x, w, n, k, m, Mode::Overwrite, out);
 }
 

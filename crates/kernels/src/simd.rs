@@ -8,7 +8,7 @@
 //!   8-lane array into one ymm register) and once plainly (SSE2 on x86_64, NEON on aarch64).
 //!
 //! Invariant: every path computes the same sums up to f32 reassociation; the lane order of a reduction is
-//! fixed (8 partial sums, then the tail, then a pairwise horizontal sum) so a given path is deterministic.
+//! fixed (lane-wise partial sums, a pairwise horizontal sum, then the tail) so a given path is deterministic.
 
 /// The instruction set a kernel runs with, decided once per call from the running CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,16 +49,18 @@ pub(crate) fn reduce_lanes(acc: [f32; LANES]) -> f32 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
 }
 
-/// a · b over min(len) elements with 8 independent partial sums.
+/// a · b over min(len) elements. Four 8-lane partial sums (32 in all) so a 128-long dot is a chain of 4
+/// dependent vector adds, not 16: attention's q·k and similar short dots are latency-bound otherwise.
 #[inline(always)]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const WIDE: usize = 4 * LANES;
     let len = a.len().min(b.len());
     let (a, b) = (&a[..len], &b[..len]);
-    let mut acc = [0.0f32; LANES];
-    let mut a_chunks = a.chunks_exact(LANES);
-    let mut b_chunks = b.chunks_exact(LANES);
+    let mut acc = [0.0f32; WIDE];
+    let mut a_chunks = a.chunks_exact(WIDE);
+    let mut b_chunks = b.chunks_exact(WIDE);
     for (ca, cb) in (&mut a_chunks).zip(&mut b_chunks) {
-        for l in 0..LANES {
+        for l in 0..WIDE {
             acc[l] += ca[l] * cb[l];
         }
     }
@@ -66,7 +68,11 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     for (x, y) in a_chunks.remainder().iter().zip(b_chunks.remainder()) {
         tail += x * y;
     }
-    reduce_lanes(acc) + tail
+    let mut lanes = [0.0f32; LANES];
+    for (l, v) in lanes.iter_mut().enumerate() {
+        *v = (acc[l] + acc[l + LANES]) + (acc[l + 2 * LANES] + acc[l + 3 * LANES]);
+    }
+    reduce_lanes(lanes) + tail
 }
 
 /// y += alpha * x over min(len) elements.

@@ -20,7 +20,7 @@ const ODD_SHAPES: [(usize, usize); 6] = [(1, 1), (7, 5), (8, 4), (13, 33), (67, 
 #[test]
 fn matvec_path_matches_naive_on_both_isas_and_odd_sizes() {
     let mut rng = Rng::new(1);
-    for n in 1..=MATVEC_MAX_ROWS.max(6) {
+    for n in 1..=MATVEC_MAX_ROWS.max(8) {
         for &(k, m) in &ODD_SHAPES {
             let (x, w) = (rng.vec(n * k), rng.vec(m * k));
             let expected = naive(&x, &w, n, k, m);
@@ -73,7 +73,7 @@ fn public_linear_matches_naive_across_the_path_threshold() {
 fn linear_acc_adds_the_scaled_product_on_both_paths() {
     let mut rng = Rng::new(4);
     let (k, m, scale) = (77, 91, -0.37f32);
-    for n in [1, 2, MATVEC_MAX_ROWS, MATVEC_MAX_ROWS + 1, 12] {
+    for n in [1, 2, 5, MATVEC_MAX_ROWS, MATVEC_MAX_ROWS + 1, 30] {
         let (x, w, start) = (rng.vec(n * k), rng.vec(m * k), rng.vec(n * m));
         let product = naive(&x, &w, n, k, m);
         let expected: Vec<f64> = start

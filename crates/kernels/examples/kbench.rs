@@ -1,0 +1,179 @@
+//! Throughput of the CPU kernels: `cargo run -p kernels --release --example kbench [SECTION]`, SECTION one
+//! of `linear`, `paths`, `gdn`, `attention` (default: all).
+//!
+//! - `linear`: GFLOP/s (and weight GB/s, the memory-bound figure) of `linear` on a 4096x4096 f32 weight for
+//!   n = 1 (decode matvec) and n = 128 (prefill GEMM), with 1 and 2 threads.
+//! - `paths`: both linear paths forced for small n, the numbers that set `MATVEC_MAX_ROWS`.
+//! - `gdn`: gated DeltaNet chunked vs recurrent forms on a prefill-sized input.
+//! - `attention`: one decode step over a 4096-position cache.
+//!
+//! Each figure is the best of repeated runs over ~0.4 s, which filters out noise from other processes.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use kernels::{attention, gdn_chunked, gdn_recurrent, linear, linear_gemm, linear_matvec};
+
+const BUDGET: Duration = Duration::from_millis(400);
+const THREADS: [usize; 2] = [1, 2];
+
+/// Best seconds per call over repetitions totalling at least BUDGET (and at least 3).
+fn time_best(mut f: impl FnMut()) -> f64 {
+    f(); // warm-up: page in the inputs, start the pool's threads
+    let started = Instant::now();
+    let mut best = f64::INFINITY;
+    let mut reps = 0;
+    while reps < 3 || started.elapsed() < BUDGET {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+        reps += 1;
+    }
+    best
+}
+
+/// Cheap deterministic values in [-1, 1): the kernels' speed does not depend on them.
+fn values(len: usize, seed: u32) -> Vec<f32> {
+    (0..len as u32)
+        .map(|i| ((i.wrapping_mul(2_654_435_761) ^ seed) % 2001) as f32 / 1000.0 - 1.0)
+        .collect()
+}
+
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("thread pool")
+}
+
+fn main() {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    println!("kbench: simd path {}, {cpus} CPUs", kernels::simd_path());
+    let only = std::env::args().nth(1);
+    let wanted = |section: &str| only.as_deref().is_none_or(|o| o == section);
+    let (k, m) = (4096usize, 4096usize);
+    let w = values(m * k, 1);
+    if wanted("linear") {
+        bench_linear(&w, k, m);
+    }
+    if wanted("paths") {
+        bench_paths(&w, k, m);
+    }
+    if wanted("gdn") {
+        bench_gdn();
+    }
+    if wanted("attention") {
+        bench_attention();
+    }
+}
+
+fn bench_linear(w: &[f32], k: usize, m: usize) {
+    println!("\nlinear, weight {m}x{k} f32 ({} MiB)", (m * k * 4) >> 20);
+    println!(
+        "{:>7} {:>5} {:>10} {:>9} {:>13}",
+        "threads", "n", "ms/call", "GFLOP/s", "weight GB/s"
+    );
+    for threads in THREADS {
+        let pool = pool(threads);
+        for n in [1usize, 128] {
+            let x = values(n * k, 2);
+            let mut out = vec![0.0f32; n * m];
+            let secs = pool.install(|| time_best(|| linear(black_box(&x), w, n, k, m, &mut out)));
+            let gflops = 2.0 * (n * k * m) as f64 / secs / 1e9;
+            let gbps = (m * k * 4) as f64 / secs / 1e9;
+            println!(
+                "{threads:>7} {n:>5} {:>10.3} {gflops:>9.2} {gbps:>13.2}",
+                secs * 1e3
+            );
+        }
+    }
+}
+
+fn bench_paths(w: &[f32], k: usize, m: usize) {
+    println!("\nlinear paths forced (GFLOP/s), threshold check");
+    println!("{:>7} {:>5} {:>9} {:>9}", "threads", "n", "matvec", "gemm");
+    for threads in THREADS {
+        let pool = pool(threads);
+        for n in [1usize, 2, 3, 4, 6, 8, 12, 16, 24] {
+            let x = values(n * k, 3);
+            let mut out = vec![0.0f32; n * m];
+            let gflop = 2.0 * (n * k * m) as f64 / 1e9;
+            let matvec =
+                pool.install(|| time_best(|| linear_matvec(black_box(&x), w, n, k, m, &mut out)));
+            let gemm =
+                pool.install(|| time_best(|| linear_gemm(black_box(&x), w, n, k, m, &mut out)));
+            println!(
+                "{threads:>7} {n:>5} {:>9.2} {:>9.2}",
+                gflop / matvec,
+                gflop / gemm
+            );
+        }
+    }
+}
+
+fn bench_gdn() {
+    // Prefill: 512 rows, 16 heads with a 128x128 state each.
+    let (n, h, dk, dv) = (512usize, 16usize, 128usize, 128usize);
+    let q: Vec<f32> = values(n * h * dk, 4).iter().map(|x| x * 0.01).collect();
+    let k: Vec<f32> = values(n * h * dk, 5).iter().map(|x| x * 0.08).collect();
+    let v = values(n * h * dv, 6);
+    let g = vec![-0.05f32; n * h];
+    let beta = vec![0.5f32; n * h];
+    let mut out = vec![0.0f32; n * h * dv];
+    println!("\ngated DeltaNet, n={n} h={h} dk={dk} dv={dv} (ms/call)");
+    println!("{:>7} {:>9} {:>9}", "threads", "chunked", "recurrent");
+    for threads in THREADS {
+        let pool = pool(threads);
+        let mut state = vec![0.0f32; h * dk * dv];
+        let mut run = |chunked: bool| {
+            pool.install(|| {
+                time_best(|| {
+                    let f = if chunked { gdn_chunked } else { gdn_recurrent };
+                    f(&q, &k, &v, &g, &beta, &mut state, n, h, dk, dv, &mut out)
+                })
+            })
+        };
+        let (chunked, recurrent) = (run(true), run(false));
+        println!(
+            "{threads:>7} {:>9.2} {:>9.2}",
+            chunked * 1e3,
+            recurrent * 1e3
+        );
+    }
+}
+
+fn bench_attention() {
+    // One decode step at position 4095: 16 query heads, 4 kv heads, d = 128.
+    let (ctx, hq, hkv, d) = (4096usize, 16usize, 4usize, 128usize);
+    let (q, k_cache, v_cache) = (
+        values(hq * d, 7),
+        values(ctx * hkv * d, 8),
+        values(ctx * hkv * d, 9),
+    );
+    let mut out = vec![0.0f32; hq * d];
+    println!("\nattention decode, context {ctx}, hq={hq} hkv={hkv} d={d}");
+    println!("{:>7} {:>9} {:>13}", "threads", "ms/call", "cache GB/s");
+    for threads in THREADS {
+        let pool = pool(threads);
+        let secs = pool.install(|| {
+            time_best(|| {
+                attention(
+                    &q,
+                    &k_cache,
+                    &v_cache,
+                    1,
+                    ctx - 1,
+                    hq,
+                    hkv,
+                    d,
+                    0.088,
+                    &mut out,
+                )
+            })
+        });
+        let gbps = (2 * ctx * hkv * d * 4) as f64 / secs / 1e9;
+        println!("{threads:>7} {:>9.3} {gbps:>13.2}", secs * 1e3);
+    }
+}
