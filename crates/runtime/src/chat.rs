@@ -93,7 +93,8 @@ impl ChatTemplate {
 
     /// The template of a `tokenizer_config.json` (its text), with its special tokens.
     pub fn from_tokenizer_config(json: &str, origin: &str) -> Result<Self, RuntimeError> {
-        let config: serde_json::Value = serde_json::from_str(json).map_err(|e| config_error(origin, e))?;
+        let config: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| config_error(origin, e))?;
         let source = template_source(config.get("chat_template"), origin)?;
         Self::compile(source, special_tokens_of(&config), origin.to_string())
     }
@@ -230,7 +231,10 @@ fn read(path: &Path) -> Result<String, RuntimeError> {
 
 /// `chat_template` is a string, or (older multi-template configs) a list of `{name, template}`
 /// of which transformers uses `default` when no other is asked for.
-fn template_source(value: Option<&serde_json::Value>, origin: &str) -> Result<String, RuntimeError> {
+fn template_source(
+    value: Option<&serde_json::Value>,
+    origin: &str,
+) -> Result<String, RuntimeError> {
     let bad = |reason: String| RuntimeError::Config {
         origin: origin.to_string(),
         reason,
@@ -238,7 +242,8 @@ fn template_source(value: Option<&serde_json::Value>, origin: &str) -> Result<St
     match value {
         Some(serde_json::Value::String(s)) => Ok(s.clone()),
         Some(serde_json::Value::Array(named)) => {
-            let name_of = |t: &serde_json::Value| t.get("name").and_then(|n| n.as_str()).map(str::to_string);
+            let name_of =
+                |t: &serde_json::Value| t.get("name").and_then(|n| n.as_str()).map(str::to_string);
             named
                 .iter()
                 .find(|t| name_of(t).as_deref() == Some("default"))
@@ -331,12 +336,21 @@ impl JsonOptions {
 }
 
 /// Writes `value` as Python's `json.dumps` would.
-fn python_json(value: &Value, options: &JsonOptions, depth: usize, out: &mut String) -> Result<(), Error> {
+fn python_json(
+    value: &Value,
+    options: &JsonOptions,
+    depth: usize,
+    out: &mut String,
+) -> Result<(), Error> {
     match value.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number => out.push_str(&python_number(value)),
-        ValueKind::String => python_string(value.as_str().unwrap_or_default(), options.ensure_ascii, out),
+        ValueKind::String => python_string(
+            value.as_str().unwrap_or_default(),
+            options.ensure_ascii,
+            out,
+        ),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
             write_container(out, options, depth, '[', ']', &items, |item, out| {
@@ -357,11 +371,19 @@ fn python_json(value: &Value, options: &JsonOptions, depth: usize, out: &mut Str
                 entries.sort_by(|a, b| a.0.cmp(&b.0));
             }
             let (_, key_sep) = options.separators();
-            write_container(out, options, depth, '{', '}', &entries, |(key, item), out| {
-                python_string(key, options.ensure_ascii, out);
-                out.push_str(key_sep);
-                python_json(item, options, depth + 1, out)
-            })?;
+            write_container(
+                out,
+                options,
+                depth,
+                '{',
+                '}',
+                &entries,
+                |(key, item), out| {
+                    python_string(key, options.ensure_ascii, out);
+                    out.push_str(key_sep);
+                    python_json(item, options, depth + 1, out)
+                },
+            )?;
         }
         _ => {
             return Err(Error::new(
@@ -421,7 +443,11 @@ fn python_number(value: &Value) -> String {
         return "NaN".into();
     }
     if f.is_infinite() {
-        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+        return if f > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
     }
     // Rust's `{:?}` is the shortest round-trip form and switches to exponent notation at the same
     // thresholds as Python's repr (|f| < 1e-4 or >= 1e16); only the exponent is spelt differently.

@@ -92,7 +92,9 @@ pub fn check_admission(
         ));
     }
     config.shaping.validate().map_err(|e| match e {
-        SamplingError::InvalidParameter { field, .. } => RuntimeError::request(field, e.to_string()),
+        SamplingError::InvalidParameter { field, .. } => {
+            RuntimeError::request(field, e.to_string())
+        }
         other => RuntimeError::Sampling(other),
     })
 }
@@ -305,7 +307,10 @@ mod tests {
     fn admission_names_the_field_at_fault() {
         let ok = GenerationConfig::greedy(4);
         assert_eq!(field_of(check_admission(0, &ok, 10).unwrap_err()), "prompt");
-        assert_eq!(field_of(check_admission(10, &ok, 10).unwrap_err()), "prompt");
+        assert_eq!(
+            field_of(check_admission(10, &ok, 10).unwrap_err()),
+            "prompt"
+        );
         assert_eq!(
             field_of(check_admission(7, &ok, 10).unwrap_err()),
             "max_tokens"
@@ -331,7 +336,8 @@ mod tests {
 
     #[test]
     fn admission_names_invalid_sampling_fields() {
-        let cases: [(&str, fn(&mut Shaping)); 5] = [
+        type Spoil = fn(&mut Shaping);
+        let cases: [(&str, Spoil); 5] = [
             ("temperature", |s| s.temperature = -0.5),
             ("temperature", |s| s.temperature = f64::NAN),
             ("top_p", |s| s.top_p = 0.0),
@@ -341,7 +347,10 @@ mod tests {
         for (field, spoil) in cases {
             let mut config = GenerationConfig::greedy(4);
             spoil(&mut config.shaping);
-            assert_eq!(field_of(check_admission(3, &config, 10).unwrap_err()), field);
+            assert_eq!(
+                field_of(check_admission(3, &config, 10).unwrap_err()),
+                field
+            );
         }
     }
 
@@ -356,14 +365,20 @@ mod tests {
         stats.record_round(3, 2, 1, true);
         assert_eq!(stats.per_position_offered, vec![3, 2, 1]);
         assert_eq!(stats.per_position_accepted, vec![2, 1, 1]);
-        assert_eq!(stats.per_position_rate(), vec![Some(2.0 / 3.0), Some(0.5), Some(1.0)]);
+        assert_eq!(
+            stats.per_position_rate(),
+            vec![Some(2.0 / 3.0), Some(0.5), Some(1.0)]
+        );
         assert_eq!(stats.accepted, 4);
         assert_eq!(stats.proposed, 9);
         assert_eq!(stats.rollbacks, 2);
         assert!((stats.accepted_per_round() - 4.0 / 3.0).abs() < 1e-12);
         assert!((stats.committed_per_round() - 7.0 / 3.0).abs() < 1e-12);
         let line = stats.to_string();
-        assert!(line.contains("rounds=3 accepted/round=1.33 committed/round=2.33"), "{line}");
+        assert!(
+            line.contains("rounds=3 accepted/round=1.33 committed/round=2.33"),
+            "{line}"
+        );
         assert!(line.contains("per-position=[0.67 0.50 1.00]"), "{line}");
         assert!(line.contains("rollbacks=2"), "{line}");
     }

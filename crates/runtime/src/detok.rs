@@ -32,11 +32,13 @@ impl Detokenizer for tokenizers::Tokenizer {
     fn decode(&self, ids: &[u32]) -> Result<String, RuntimeError> {
         // The inherent `decode` lives on the `TokenizerImpl` that `Tokenizer` derefs to.
         let inner = std::ops::Deref::deref(self);
-        inner.decode(ids, true).map_err(|e| RuntimeError::Detokenize {
-            count: ids.len(),
-            last: ids.last().copied(),
-            reason: e.to_string(),
-        })
+        inner
+            .decode(ids, true)
+            .map_err(|e| RuntimeError::Detokenize {
+                count: ids.len(),
+                last: ids.last().copied(),
+                reason: e.to_string(),
+            })
     }
 }
 
@@ -93,7 +95,10 @@ impl IncrementalDecoder {
     pub fn new(prompt: &[u32], detok: &dyn Detokenizer) -> Result<Self, RuntimeError> {
         let start = prompt.len().saturating_sub(CONTEXT_TOKENS);
         let mut context = prompt.get(start..).unwrap_or_default().to_vec();
-        if detok.decode(&context)?.ends_with(char::REPLACEMENT_CHARACTER) {
+        if detok
+            .decode(&context)?
+            .ends_with(char::REPLACEMENT_CHARACTER)
+        {
             context.clear();
         }
         let read = context.len();
@@ -190,19 +195,27 @@ mod tests {
         let mut pieces = Vec::new();
         let mut at = 0;
         while at < bytes.len() {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let len = (1 + (state >> 33) % 3) as usize;
             let end = (at + len).min(bytes.len());
             pieces.push(bytes[at..end].to_vec());
             at = end;
         }
         let detok = ByteDetokenizer::new(
-            pieces.iter().enumerate().map(|(i, p)| (i as u32, p.clone())),
+            pieces
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (i as u32, p.clone())),
         );
         let ids: Vec<u32> = (0..pieces.len() as u32).collect();
         let deltas = stream(&ids, &[], &detok);
         for d in &deltas {
-            assert!(!d.contains(char::REPLACEMENT_CHARACTER), "broken delta {d:?}");
+            assert!(
+                !d.contains(char::REPLACEMENT_CHARACTER),
+                "broken delta {d:?}"
+            );
         }
         assert_eq!(deltas.concat(), text);
         assert_eq!(deltas.concat(), detok.decode(&ids).unwrap());

@@ -161,10 +161,15 @@ impl DrafterAvailability {
 /// The decision, made once per run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SpeculationPlan {
-    Enabled { drafter: Drafter, block: usize },
+    Enabled {
+        drafter: Drafter,
+        block: usize,
+    },
     /// `warning` is `Some` when the caller asked for `auto` and may have expected speculation;
     /// `None` when they asked for `off`.
-    Disabled { warning: Option<String> },
+    Disabled {
+        warning: Option<String>,
+    },
 }
 
 /// Decides speculation for a run (see the module doc for the rules).
@@ -235,9 +240,9 @@ fn choose_drafter(
         ),
         DrafterRequest::Auto if availability.mtp => Ok(Drafter::Mtp),
         DrafterRequest::Auto if availability.dflash => Ok(Drafter::Dflash),
-        DrafterRequest::Auto => Err(
-            "this checkpoint has no MTP head and no DFlash drafter was found".to_string(),
-        ),
+        DrafterRequest::Auto => {
+            Err("this checkpoint has no MTP head and no DFlash drafter was found".to_string())
+        }
     }
 }
 
@@ -258,10 +263,7 @@ mod tests {
         dflash: false,
         dflash_max_block: None,
     };
-    const MTP: DrafterAvailability = DrafterAvailability {
-        mtp: true,
-        ..NONE
-    };
+    const MTP: DrafterAvailability = DrafterAvailability { mtp: true, ..NONE };
     const DFLASH8: DrafterAvailability = DrafterAvailability {
         dflash: true,
         dflash_max_block: Some(7),
@@ -300,16 +302,32 @@ mod tests {
             let err = bad.parse::<Speculation>().unwrap_err().to_string();
             assert!(err.contains("--speculative"), "{err}");
         }
-        assert_eq!("mtp".parse::<DrafterRequest>().unwrap(), DrafterRequest::Mtp);
-        assert_eq!("DFlash".parse::<DrafterRequest>().unwrap(), DrafterRequest::Dflash);
-        assert_eq!("auto".parse::<DrafterRequest>().unwrap(), DrafterRequest::Auto);
+        assert_eq!(
+            "mtp".parse::<DrafterRequest>().unwrap(),
+            DrafterRequest::Mtp
+        );
+        assert_eq!(
+            "DFlash".parse::<DrafterRequest>().unwrap(),
+            DrafterRequest::Dflash
+        );
+        assert_eq!(
+            "auto".parse::<DrafterRequest>().unwrap(),
+            DrafterRequest::Auto
+        );
         let err = "eagle".parse::<DrafterRequest>().unwrap_err().to_string();
-        assert!(err.contains("--speculative-drafter") && err.contains("eagle"), "{err}");
+        assert!(
+            err.contains("--speculative-drafter") && err.contains("eagle"),
+            "{err}"
+        );
     }
 
     #[test]
     fn off_never_speculates_even_with_drafters_present() {
-        for request in [DrafterRequest::Auto, DrafterRequest::Mtp, DrafterRequest::Dflash] {
+        for request in [
+            DrafterRequest::Auto,
+            DrafterRequest::Mtp,
+            DrafterRequest::Dflash,
+        ] {
             let plan = resolve(Speculation::Off, request, &BOTH, Some("blocked".into())).unwrap();
             assert_eq!(plan, SpeculationPlan::Disabled { warning: None });
         }
@@ -364,11 +382,29 @@ mod tests {
 
     #[test]
     fn a_named_block_that_cannot_be_served_is_an_error_naming_the_reason() {
-        let e = refusal(resolve(Speculation::Block(2), DrafterRequest::Auto, &NONE, None));
-        assert!(e.contains("--speculative 2") && e.contains("no MTP head and no DFlash"), "{e}");
-        let e = refusal(resolve(Speculation::Block(2), DrafterRequest::Mtp, &DFLASH8, None));
+        let e = refusal(resolve(
+            Speculation::Block(2),
+            DrafterRequest::Auto,
+            &NONE,
+            None,
+        ));
+        assert!(
+            e.contains("--speculative 2") && e.contains("no MTP head and no DFlash"),
+            "{e}"
+        );
+        let e = refusal(resolve(
+            Speculation::Block(2),
+            DrafterRequest::Mtp,
+            &DFLASH8,
+            None,
+        ));
         assert!(e.contains("no MTP head"), "{e}");
-        let e = refusal(resolve(Speculation::Block(2), DrafterRequest::Dflash, &MTP, None));
+        let e = refusal(resolve(
+            Speculation::Block(2),
+            DrafterRequest::Dflash,
+            &MTP,
+            None,
+        ));
         assert!(e.contains("no DFlash drafter"), "{e}");
         let e = refusal(resolve(
             Speculation::Block(2),
@@ -387,7 +423,10 @@ mod tests {
             &NONE,
             Some("model blocker X".into()),
         ));
-        assert!(e.contains("model blocker X") && !e.contains("MTP head"), "{e}");
+        assert!(
+            e.contains("model blocker X") && !e.contains("MTP head"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -396,16 +435,37 @@ mod tests {
             resolve(Speculation::Block(16), DrafterRequest::Mtp, &MTP, None).unwrap(),
             enabled(Drafter::Mtp, 16)
         );
-        let e = refusal(resolve(Speculation::Block(17), DrafterRequest::Mtp, &MTP, None));
-        assert!(e.contains("outside the mtp drafter's allowed range 1..=16"), "{e}");
+        let e = refusal(resolve(
+            Speculation::Block(17),
+            DrafterRequest::Mtp,
+            &MTP,
+            None,
+        ));
+        assert!(
+            e.contains("outside the mtp drafter's allowed range 1..=16"),
+            "{e}"
+        );
         assert_eq!(
             resolve(Speculation::Block(7), DrafterRequest::Auto, &DFLASH8, None).unwrap(),
             enabled(Drafter::Dflash, 7)
         );
-        let e = refusal(resolve(Speculation::Block(8), DrafterRequest::Auto, &DFLASH8, None));
-        assert!(e.contains("outside the dflash drafter's allowed range 1..=7"), "{e}");
+        let e = refusal(resolve(
+            Speculation::Block(8),
+            DrafterRequest::Auto,
+            &DFLASH8,
+            None,
+        ));
+        assert!(
+            e.contains("outside the dflash drafter's allowed range 1..=7"),
+            "{e}"
+        );
         // Block 0 cannot come from the parser, but the API is public: it is refused, not run.
-        let e = refusal(resolve(Speculation::Block(0), DrafterRequest::Mtp, &MTP, None));
+        let e = refusal(resolve(
+            Speculation::Block(0),
+            DrafterRequest::Mtp,
+            &MTP,
+            None,
+        ));
         assert!(e.contains("block 0"), "{e}");
     }
 }

@@ -155,7 +155,12 @@ impl<'a> TokenSink<'a> {
             cancel,
             on_event,
             stop_ids,
-            longest_stop: config.stop_strings.iter().map(String::len).max().unwrap_or(0),
+            longest_stop: config
+                .stop_strings
+                .iter()
+                .map(String::len)
+                .max()
+                .unwrap_or(0),
             stop_strings: config.stop_strings.clone(),
             max_new_tokens: config.max_new_tokens,
             context_len,
@@ -182,8 +187,7 @@ impl<'a> TokenSink<'a> {
         } else {
             let piece = self.decoder.push(token, self.detok)?;
             self.text.push_str(&piece);
-            if let Some((index, start)) = find_stop(&self.text, self.emitted, &self.stop_strings)
-            {
+            if let Some((index, start)) = find_stop(&self.text, self.emitted, &self.stop_strings) {
                 self.text.truncate(start);
                 Some(StopReason::StopString(index))
             } else if self.generated() >= self.max_new_tokens {
@@ -196,7 +200,12 @@ impl<'a> TokenSink<'a> {
         };
         match reason {
             None => {
-                let hold = hold_start(&self.text, self.emitted, &self.stop_strings, self.longest_stop);
+                let hold = hold_start(
+                    &self.text,
+                    self.emitted,
+                    &self.stop_strings,
+                    self.longest_stop,
+                );
                 self.emit_until(hold);
             }
             Some(reason) => {

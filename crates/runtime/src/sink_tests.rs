@@ -166,7 +166,10 @@ impl Run {
         assert!(!deltas.contains("<eos>") && !deltas.contains("STOP"));
         if let StopReason::StopString(_) = self.reason() {
             for stop in stops {
-                assert!(!deltas.contains(stop), "stop string {stop:?} leaked: {deltas:?}");
+                assert!(
+                    !deltas.contains(stop),
+                    "stop string {stop:?} leaked: {deltas:?}"
+                );
             }
         }
         // One Decode event per committed token, numbered 1.., each after that token's deltas.
@@ -179,7 +182,10 @@ impl Run {
             })
             .collect();
         assert_eq!(decodes, (1..=self.out.token_ids.len()).collect::<Vec<_>>());
-        assert_eq!(self.out.history.len(), PROMPT.len() + self.out.token_ids.len());
+        assert_eq!(
+            self.out.history.len(),
+            PROMPT.len() + self.out.token_ids.len()
+        );
         assert_eq!(self.out.history[..PROMPT.len()], PROMPT);
     }
 }
@@ -214,7 +220,10 @@ fn cancel_beats_max_tokens() {
 
 #[test]
 fn cancel_beats_context_full() {
-    let run = Script::new(&[1, 2]).context(PROMPT.len() + 2).cancel_before(1).run();
+    let run = Script::new(&[1, 2])
+        .context(PROMPT.len() + 2)
+        .cancel_before(1)
+        .run();
     assert_eq!(run.reason(), StopReason::Cancelled);
     assert_eq!(run.out.token_ids, [1]);
 }
@@ -259,14 +268,21 @@ fn stop_string_beats_max_tokens() {
 
 #[test]
 fn stop_string_beats_context_full() {
-    let run = Script::new(&[1, 2]).stops(&["ab"]).context(PROMPT.len() + 2).run();
+    let run = Script::new(&[1, 2])
+        .stops(&["ab"])
+        .context(PROMPT.len() + 2)
+        .run();
     assert_eq!(run.reason(), StopReason::StopString(0));
     assert_eq!(run.out.text, "");
 }
 
 #[test]
 fn max_tokens_beats_context_full_and_flushes_the_withheld_tail() {
-    let run = Script::new(&[3, 1, 2]).stops(&["ab"]).max(2).context(PROMPT.len() + 2).run();
+    let run = Script::new(&[3, 1, 2])
+        .stops(&["ab"])
+        .max(2)
+        .context(PROMPT.len() + 2)
+        .run();
     assert_eq!(run.reason(), StopReason::MaxTokens);
     assert_eq!(run.out.text, "ca");
 }
@@ -285,7 +301,11 @@ fn stop_string_spanning_three_tokens_emits_only_the_text_before_it() {
     let run = Script::new(&[4, 5, 1, 2, 3, 4]).stops(&["abc"]).run();
     assert_eq!(run.reason(), StopReason::StopString(0));
     assert_eq!(run.out.text, "d ");
-    assert_eq!(run.returns.len(), 5, "stops on the token that completes the match");
+    assert_eq!(
+        run.returns.len(),
+        5,
+        "stops on the token that completes the match"
+    );
 }
 
 #[test]
@@ -302,7 +322,10 @@ fn stop_string_inside_a_multibyte_character_split_over_tokens() {
 
 #[test]
 fn emoji_split_into_four_byte_tokens_is_released_whole_once_disambiguated() {
-    let run = Script::new(&[20, 21, 22, 23, 2, 7]).stops(&["😀!"]).max(6).run();
+    let run = Script::new(&[20, 21, 22, 23, 2, 7])
+        .stops(&["😀!"])
+        .max(6)
+        .run();
     assert_eq!(run.reason(), StopReason::MaxTokens);
     assert_eq!(run.out.text, "😀b!");
     // The emoji is withheld through its bytes and as a stop prefix, then released with "b".
@@ -388,7 +411,9 @@ fn random_streams_match_a_brute_force_reference() {
     for _ in 0..400 {
         let mut tokens = Vec::new();
         for _ in 0..8 {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             tokens.extend_from_slice(units[((state >> 33) % units.len() as u64) as usize]);
         }
         // Reference: the first prefix whose complete-character text contains a stop string.
@@ -411,9 +436,7 @@ fn random_streams_match_a_brute_force_reference() {
         let run = Script::new(&tokens).stops(&stops).max(tokens.len()).run();
         assert_eq!(run.reason(), expected.0, "tokens {tokens:?}");
         assert_eq!(run.out.token_ids.len(), expected.2, "tokens {tokens:?}");
-        let text = expected
-            .1
-            .unwrap_or_else(|| detok.decode(&tokens).unwrap());
+        let text = expected.1.unwrap_or_else(|| detok.decode(&tokens).unwrap());
         assert_eq!(run.out.text, text, "tokens {tokens:?}");
     }
 }
@@ -432,15 +455,28 @@ fn poll_prefill_reports_progress_and_stops_on_cancel() {
         }
     };
     let prompt = [1, 2, 3, 4];
-    let mut sink =
-        TokenSink::new(&prompt, &config, &[EOS], 100, &detok, cancel.clone(), &mut record)
-            .unwrap();
+    let mut sink = TokenSink::new(
+        &prompt,
+        &config,
+        &[EOS],
+        100,
+        &detok,
+        cancel.clone(),
+        &mut record,
+    )
+    .unwrap();
     assert_eq!(sink.poll_prefill(2, 4).unwrap(), None);
     cancel.cancel();
-    assert_eq!(sink.poll_prefill(4, 4).unwrap(), Some(StopReason::Cancelled));
+    assert_eq!(
+        sink.poll_prefill(4, 4).unwrap(),
+        Some(StopReason::Cancelled)
+    );
     assert!(matches!(
         sink.commit(1),
-        Err(RuntimeError::CommitAfterStop { token: 1, reason: StopReason::Cancelled })
+        Err(RuntimeError::CommitAfterStop {
+            token: 1,
+            reason: StopReason::Cancelled
+        })
     ));
     let out = sink.finish().unwrap();
     assert_eq!(out.reason, StopReason::Cancelled);
@@ -463,9 +499,16 @@ fn finish_before_any_stop_is_an_error() {
     let detok = vocab();
     let config = GenerationConfig::greedy(4);
     let mut ignore = |_: Event<'_>| {};
-    let sink =
-        TokenSink::new(&PROMPT, &config, &[EOS], 100, &detok, CancelFlag::new(), &mut ignore)
-            .unwrap();
+    let sink = TokenSink::new(
+        &PROMPT,
+        &config,
+        &[EOS],
+        100,
+        &detok,
+        CancelFlag::new(),
+        &mut ignore,
+    )
+    .unwrap();
     assert!(matches!(sink.finish(), Err(RuntimeError::NotStopped)));
 }
 
@@ -480,13 +523,30 @@ fn explicit_stop_keeps_the_first_reason_and_flushes() {
             text.push_str(d);
         }
     };
-    let mut sink =
-        TokenSink::new(&PROMPT, &config, &[EOS], 100, &detok, CancelFlag::new(), &mut record)
-            .unwrap();
+    let mut sink = TokenSink::new(
+        &PROMPT,
+        &config,
+        &[EOS],
+        100,
+        &detok,
+        CancelFlag::new(),
+        &mut record,
+    )
+    .unwrap();
     assert_eq!(sink.commit(1).unwrap(), None);
-    assert_eq!(sink.text(), "", "'a' is withheld as a possible start of 'ab'");
-    assert_eq!(sink.stop(StopReason::ContextFull).unwrap(), StopReason::ContextFull);
-    assert_eq!(sink.stop(StopReason::MaxTokens).unwrap(), StopReason::ContextFull);
+    assert_eq!(
+        sink.text(),
+        "",
+        "'a' is withheld as a possible start of 'ab'"
+    );
+    assert_eq!(
+        sink.stop(StopReason::ContextFull).unwrap(),
+        StopReason::ContextFull
+    );
+    assert_eq!(
+        sink.stop(StopReason::MaxTokens).unwrap(),
+        StopReason::ContextFull
+    );
     assert_eq!(sink.text(), "a");
     drop(sink);
     assert_eq!(text, "a");
@@ -497,9 +557,16 @@ fn budget_left_is_the_tighter_of_tokens_and_context() {
     let detok = vocab();
     let config = GenerationConfig::greedy(5);
     let mut ignore = |_: Event<'_>| {};
-    let mut sink =
-        TokenSink::new(&PROMPT, &config, &[EOS], 4, &detok, CancelFlag::new(), &mut ignore)
-            .unwrap();
+    let mut sink = TokenSink::new(
+        &PROMPT,
+        &config,
+        &[EOS],
+        4,
+        &detok,
+        CancelFlag::new(),
+        &mut ignore,
+    )
+    .unwrap();
     assert_eq!(sink.budget_left(), 3); // context 4 - prompt 1
     sink.commit(1).unwrap();
     assert_eq!(sink.budget_left(), 2);

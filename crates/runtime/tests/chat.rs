@@ -60,7 +60,8 @@ fn qwen3_renders_reasoning_after_the_last_user_turn() {
     answer.reasoning_content = Some("\nGermany's capital.\n".into());
     messages.push(answer);
     let rendered = qwen3().render(&messages, &options(false)).unwrap();
-    let tail = "<|im_start|>assistant\n<think>\nGermany's capital.\n</think>\n\nBerlin.<|im_end|>\n";
+    let tail =
+        "<|im_start|>assistant\n<think>\nGermany's capital.\n</think>\n\nBerlin.<|im_end|>\n";
     assert!(rendered.ends_with(tail), "{rendered}");
 }
 
@@ -80,14 +81,20 @@ fn qwen3_tool_definitions_are_rendered_with_python_json() {
         tools: Some(tools),
         ..RenderOptions::default()
     };
-    let rendered = qwen3().render(&[ChatMessage::new("user", "Weather?")], &opts).unwrap();
+    let rendered = qwen3()
+        .render(&[ChatMessage::new("user", "Weather?")], &opts)
+        .unwrap();
     let line = r#"{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}"#;
-    assert!(rendered.contains(&format!("<tools>\n{line}\n</tools>")), "{rendered}");
+    assert!(
+        rendered.contains(&format!("<tools>\n{line}\n</tools>")),
+        "{rendered}"
+    );
 }
 
 /// Renders `{{ x | tojson(...) }}` with `x` given as JSON.
 fn tojson(value: serde_json::Value, args: &str) -> String {
-    let template = ChatTemplate::new(format!("{{{{ x | tojson{args} }}}}"), vec![], "test").unwrap();
+    let template =
+        ChatTemplate::new(format!("{{{{ x | tojson{args} }}}}"), vec![], "test").unwrap();
     let mut opts = RenderOptions::default();
     opts.extra.insert("x".into(), value);
     template
@@ -128,8 +135,14 @@ fn trim_and_lstrip_blocks_match_transformers_environment() {
     // jinja2 with trim_blocks=True, lstrip_blocks=True renders this as '<s>\n  [hi]\nend'.
     let source = "<s>\n{% for m in messages %}\n    {% if m.role == \"user\" %}\n  [{{ m.content | trim }}]\n    {% endif %}\n{% endfor %}\nend\n";
     let template = ChatTemplate::new(source, vec![], "test").unwrap();
-    let messages = [ChatMessage::new("user", " hi "), ChatMessage::new("bot", "x")];
-    assert_eq!(template.render(&messages, &options(false)).unwrap(), "<s>\n  [hi]\nend");
+    let messages = [
+        ChatMessage::new("user", " hi "),
+        ChatMessage::new("bot", "x"),
+    ];
+    assert_eq!(
+        template.render(&messages, &options(false)).unwrap(),
+        "<s>\n  [hi]\nend"
+    );
 }
 
 #[test]
@@ -141,9 +154,14 @@ fn raise_exception_surfaces_the_templates_message() {
         .unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("Conversation must start with user"), "{msg}");
-    assert!(msg.contains("strict.jinja") && msg.contains("render"), "{msg}");
+    assert!(
+        msg.contains("strict.jinja") && msg.contains("render"),
+        "{msg}"
+    );
     assert_eq!(
-        template.render(&[ChatMessage::new("user", "hi")], &options(false)).unwrap(),
+        template
+            .render(&[ChatMessage::new("user", "hi")], &options(false))
+            .unwrap(),
         "ok"
     );
 }
@@ -154,7 +172,9 @@ fn special_tokens_given_as_added_token_objects_are_read() {
                      "chat_template": "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}"}"#;
     let template = ChatTemplate::from_tokenizer_config(config, "cfg").unwrap();
     assert_eq!(template.bos_token(), Some("<s>"));
-    let out = template.render(&[ChatMessage::new("user", "hi")], &options(false)).unwrap();
+    let out = template
+        .render(&[ChatMessage::new("user", "hi")], &options(false))
+        .unwrap();
     assert_eq!(out, "<s>hi</s>");
 }
 
@@ -171,12 +191,19 @@ fn named_template_lists_use_the_default_one() {
 
 #[test]
 fn config_errors_name_the_origin() {
-    let err = ChatTemplate::from_tokenizer_config(r#"{"eos_token": "x"}"#, "base/tokenizer_config.json")
-        .unwrap_err();
+    let err =
+        ChatTemplate::from_tokenizer_config(r#"{"eos_token": "x"}"#, "base/tokenizer_config.json")
+            .unwrap_err();
     assert!(matches!(err, RuntimeError::Config { .. }));
-    assert!(err.to_string().contains("base/tokenizer_config.json"), "{err}");
+    assert!(
+        err.to_string().contains("base/tokenizer_config.json"),
+        "{err}"
+    );
     let err = ChatTemplate::new("{% if %}", vec![], "broken.jinja").unwrap_err();
-    assert!(err.to_string().contains("broken.jinja") && err.to_string().contains("compile"), "{err}");
+    assert!(
+        err.to_string().contains("broken.jinja") && err.to_string().contains("compile"),
+        "{err}"
+    );
     let err = ChatTemplate::from_model_dir(&fixtures().join("does-not-exist")).unwrap_err();
     assert!(matches!(err, RuntimeError::Io { .. }), "{err}");
 }
