@@ -384,6 +384,36 @@ mod tests {
     }
 
     #[test]
+    fn result_line_reports_rates_over_prefilled_and_committed_tokens() {
+        let mut spec = SpecStats::new(2);
+        spec.record_round(2, 2, 2, false);
+        let result = GenerationResult {
+            reason: StopReason::MaxTokens,
+            prompt_tokens: 30,
+            new_tokens: 8,
+            reused_tokens: 10,
+            prefill_seconds: 0.5,
+            decode_seconds: 2.0,
+            kv_position: 37,
+            token_ids: vec![0; 8],
+            text: String::new(),
+            spec: Some(spec),
+        };
+        // 20 prefilled tokens in 0.5 s; 8 committed tokens in 2 s.
+        assert_eq!(result.prefill_tokens_per_second(), 40.0);
+        assert_eq!(result.decode_tokens_per_second(), 4.0);
+        let line = result.to_string();
+        assert!(
+            line.starts_with("max tokens: prompt=30 (reused 10) new=8"),
+            "{line}"
+        );
+        assert!(
+            line.contains("(40.0 tok/s)") && line.contains("| rounds=1"),
+            "{line}"
+        );
+    }
+
+    #[test]
     fn spec_stats_clamp_inconsistent_counts_and_mark_unreached_positions() {
         let mut stats = SpecStats::new(3);
         stats.record_round(2, 5, 9, false); // judged and accepted clamp to 2
