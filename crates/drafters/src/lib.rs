@@ -30,8 +30,18 @@ pub trait Drafter {
     fn rewind(&mut self, position: usize) -> Result<(), ModelError>;
     /// Appends verified target rows at positions `position()..position()+n`: `taps[i]` is [n, width] for
     /// `taps()[i]`, and `next_tokens[j]` is the committed token that follows row j.
-    fn observe(&mut self, taps: &[Vec<f32>], n: usize, next_tokens: &[u32]) -> Result<(), ModelError>;
+    fn observe(
+        &mut self,
+        taps: &[Vec<f32>],
+        n: usize,
+        next_tokens: &[u32],
+    ) -> Result<(), ModelError>;
     /// Proposes up to `k` tokens following `history` (all committed tokens, the last of which the target has
     /// not yet run). Requires that `observe` has covered every row before the last committed token.
-    fn propose(&mut self, history: &[u32], k: usize, chooser: &mut dyn Chooser) -> Result<Vec<u32>, ModelError>;
+    fn propose(
+        &mut self,
+        history: &[u32],
+        k: usize,
+        chooser: &mut dyn Chooser,
+    ) -> Result<Vec<u32>, ModelError>;
 }

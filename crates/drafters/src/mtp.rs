@@ -77,31 +77,45 @@ impl MtpHead {
             return Err(ModelError::EmptyInput);
         }
         if !self.state.rewind(start) && self.state.position() != start {
-            return Err(ModelError::PositionMismatch { expected: self.state.position(), got: start });
+            return Err(ModelError::PositionMismatch {
+                expected: self.state.position(),
+                got: start,
+            });
         }
         // u = fc([norm_e(embed(x_{t+1})); norm_h(h_t)])  [n, 2H] -> [n, H]
         let mut cat = vec![0.0; n * 2 * hd];
         let mut e = vec![0.0; hd];
         let mut hn = vec![0.0; hd];
         for (j, &tok) in next_tokens.iter().enumerate() {
-            let row = self.target.embed_row(tok).ok_or(ModelError::TokenOutOfRange {
-                token: tok,
-                index: j,
-                vocab: self.target.vocab,
-            })?;
+            let row = self
+                .target
+                .embed_row(tok)
+                .ok_or(ModelError::TokenOutOfRange {
+                    token: tok,
+                    index: j,
+                    vocab: self.target.vocab,
+                })?;
             self.pre_fc_norm_embedding.apply(row, &mut e);
-            self.pre_fc_norm_hidden.apply(&hidden[j * hd..(j + 1) * hd], &mut hn);
+            self.pre_fc_norm_hidden
+                .apply(&hidden[j * hd..(j + 1) * hd], &mut hn);
             cat[j * 2 * hd..j * 2 * hd + hd].copy_from_slice(&e);
             cat[j * 2 * hd + hd..(j + 1) * 2 * hd].copy_from_slice(&hn);
         }
         let mut x = self.fc.forward(&cat, n);
         for (i, layer) in self.layers.iter().enumerate() {
-            let st = self.state.layer_mut(i).ok_or_else(|| ModelError::StateMismatch("mtp".into()))?;
+            let st = self
+                .state
+                .layer_mut(i)
+                .ok_or_else(|| ModelError::StateMismatch("mtp".into()))?;
             layer.forward(&mut x, n, start, st, None)?;
         }
         self.state.set_position(start + n);
         self.norm.apply_inplace(&mut x);
-        let lg = if logits { self.target.lm_head(&x[(n - 1) * hd..], 1) } else { Vec::new() };
+        let lg = if logits {
+            self.target.lm_head(&x[(n - 1) * hd..], 1)
+        } else {
+            Vec::new()
+        };
         Ok((x, lg))
     }
 }
@@ -128,7 +142,10 @@ impl Drafter for MtpHead {
 
     fn rewind(&mut self, position: usize) -> Result<(), ModelError> {
         if position > self.committed {
-            return Err(ModelError::PositionMismatch { expected: self.committed, got: position });
+            return Err(ModelError::PositionMismatch {
+                expected: self.committed,
+                got: position,
+            });
         }
         self.state.rewind(position);
         self.committed = position;
@@ -138,7 +155,12 @@ impl Drafter for MtpHead {
         Ok(())
     }
 
-    fn observe(&mut self, taps: &[Vec<f32>], n: usize, next_tokens: &[u32]) -> Result<(), ModelError> {
+    fn observe(
+        &mut self,
+        taps: &[Vec<f32>],
+        n: usize,
+        next_tokens: &[u32],
+    ) -> Result<(), ModelError> {
         let hidden = taps.first().ok_or(ModelError::EmptyInput)?;
         let hd = self.target.hidden;
         if hidden.len() < n * hd || next_tokens.len() != n {
@@ -151,7 +173,12 @@ impl Drafter for MtpHead {
         Ok(())
     }
 
-    fn propose(&mut self, history: &[u32], k: usize, chooser: &mut dyn Chooser) -> Result<Vec<u32>, ModelError> {
+    fn propose(
+        &mut self,
+        history: &[u32],
+        k: usize,
+        chooser: &mut dyn Chooser,
+    ) -> Result<Vec<u32>, ModelError> {
         // The head's last committed row predicts the token after history's last: valid only when observe
         // covered every row before it.
         if self.last_logits.is_empty() || self.committed + 1 != history.len() {

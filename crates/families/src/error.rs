@@ -10,9 +10,17 @@ pub enum ModelError {
     #[error("{dir}: unsupported model feature: {what}")]
     Unsupported { dir: String, what: String },
     #[error("token id {token} at prompt index {index} is outside the vocabulary (size {vocab})")]
-    TokenOutOfRange { token: u32, index: usize, vocab: usize },
+    TokenOutOfRange {
+        token: u32,
+        index: usize,
+        vocab: usize,
+    },
     #[error("forward at position {start} with {n} tokens exceeds the context length {context}")]
-    ContextOverflow { start: usize, n: usize, context: usize },
+    ContextOverflow {
+        start: usize,
+        n: usize,
+        context: usize,
+    },
     #[error("forward must start at the state's position {expected} (recurrent state cannot rewind), got {got}")]
     PositionMismatch { expected: usize, got: usize },
     #[error("forward called with no tokens")]

@@ -12,13 +12,22 @@ use crate::model::{Layer, Mixer};
 use model_io::{LayerKind, ModelConfig};
 
 pub(crate) fn load_layer(t: &Tensors<'_>, c: &ModelConfig, i: usize) -> Result<Layer, ModelError> {
-    let kind = c.layer_types.get(i).copied().unwrap_or(LayerKind::FullAttention);
+    let kind = c
+        .layer_types
+        .get(i)
+        .copied()
+        .unwrap_or(LayerKind::FullAttention);
     let moe = c.moe.as_ref().is_some_and(|m| m.is_moe_layer(i));
     load_decoder_layer(&t.sub(&format!("layers.{i}.")), c, kind, moe)
 }
 
 /// One hybrid decoder layer under `lt` (`model.layers.{i}.` or `mtp.layers.{j}.`).
-pub fn load_decoder_layer(lt: &Tensors<'_>, c: &ModelConfig, kind: LayerKind, moe: bool) -> Result<Layer, ModelError> {
+pub fn load_decoder_layer(
+    lt: &Tensors<'_>,
+    c: &ModelConfig,
+    kind: LayerKind,
+    moe: bool,
+) -> Result<Layer, ModelError> {
     let eps = c.rms_norm_eps;
     let mixer = match kind {
         LayerKind::LinearAttention => {
@@ -33,12 +42,22 @@ pub fn load_decoder_layer(lt: &Tensors<'_>, c: &ModelConfig, kind: LayerKind, mo
     };
     let ffn = match &c.moe {
         Some(m) if moe => Ffn::Moe(Box::new(Moe::load(&lt.sub("mlp."), c, m)?)),
-        _ => Ffn::Dense(Mlp::load(&lt.sub("mlp."), c.hidden_size, c.intermediate_size)?),
+        _ => Ffn::Dense(Mlp::load(
+            &lt.sub("mlp."),
+            c.hidden_size,
+            c.intermediate_size,
+        )?),
     };
     Ok(Layer {
-        input_norm: Norm::load(&lt, "input_layernorm.weight", c.hidden_size, eps, true)?,
+        input_norm: Norm::load(lt, "input_layernorm.weight", c.hidden_size, eps, true)?,
         mixer,
-        post_norm: Norm::load(&lt, "post_attention_layernorm.weight", c.hidden_size, eps, true)?,
+        post_norm: Norm::load(
+            lt,
+            "post_attention_layernorm.weight",
+            c.hidden_size,
+            eps,
+            true,
+        )?,
         ffn,
     })
 }

@@ -23,7 +23,10 @@ use model_io::{Checkpoint, Family};
 pub fn load(ck: &Checkpoint) -> Result<Transformer, ModelError> {
     let c = &ck.config;
     if c.attention_bias {
-        return Err(ModelError::Unsupported { dir: ck.dir.display().to_string(), what: "attention_bias = true".into() });
+        return Err(ModelError::Unsupported {
+            dir: ck.dir.display().to_string(),
+            what: "attention_bias = true".into(),
+        });
     }
     let t = Tensors::new(&ck.tensors, c.tensor_prefix.clone());
     let zero_centred = !matches!(c.family, Family::Qwen3);
@@ -41,13 +44,24 @@ pub fn load(ck: &Checkpoint) -> Result<Transformer, ModelError> {
     let lm_head = if c.tie_word_embeddings {
         None
     } else {
-        Some(Linear::load(&root, "lm_head.weight", c.vocab_size, c.hidden_size)?)
+        Some(Linear::load(
+            &root,
+            "lm_head.weight",
+            c.vocab_size,
+            c.hidden_size,
+        )?)
     };
     Ok(Transformer {
         family: c.family,
         embed,
         layers,
-        final_norm: Norm::load(&t, "norm.weight", c.hidden_size, c.rms_norm_eps, zero_centred)?,
+        final_norm: Norm::load(
+            &t,
+            "norm.weight",
+            c.hidden_size,
+            c.rms_norm_eps,
+            zero_centred,
+        )?,
         lm_head,
         vocab: c.vocab_size,
         hidden: c.hidden_size,

@@ -43,7 +43,11 @@ impl Layer {
         let mixed = match (&self.mixer, state) {
             (Mixer::Attention(a), LayerState::Attention(kv)) => a.forward(&h, n, start, kv),
             (Mixer::Linear(g), LayerState::Recurrent(r)) => g.forward(&h, n, r, tape),
-            _ => return Err(ModelError::StateMismatch("layer kind differs from its state".into())),
+            _ => {
+                return Err(ModelError::StateMismatch(
+                    "layer kind differs from its state".into(),
+                ))
+            }
         };
         kernels::add_inplace(x, &mixed);
         self.post_norm.apply(x, &mut h);
@@ -80,13 +84,22 @@ pub struct Wanted {
 
 impl Wanted {
     pub fn last() -> Self {
-        Wanted { logits: Rows::Last, taps: Vec::new() }
+        Wanted {
+            logits: Rows::Last,
+            taps: Vec::new(),
+        }
     }
     pub fn all() -> Self {
-        Wanted { logits: Rows::All, taps: Vec::new() }
+        Wanted {
+            logits: Rows::All,
+            taps: Vec::new(),
+        }
     }
     pub fn none() -> Self {
-        Wanted { logits: Rows::None, taps: Vec::new() }
+        Wanted {
+            logits: Rows::None,
+            taps: Vec::new(),
+        }
     }
 }
 
@@ -129,8 +142,17 @@ impl Transformer {
     }
 
     fn signature(&self) -> String {
-        let kinds: String =
-            self.layers.iter().map(|l| if matches!(l.mixer, Mixer::Attention(_)) { 'A' } else { 'L' }).collect();
+        let kinds: String = self
+            .layers
+            .iter()
+            .map(|l| {
+                if matches!(l.mixer, Mixer::Attention(_)) {
+                    'A'
+                } else {
+                    'L'
+                }
+            })
+            .collect();
         format!("{:?}/{}/{}/{}", self.family, self.hidden, self.vocab, kinds)
     }
 
@@ -151,7 +173,9 @@ impl Transformer {
     }
 
     pub fn is_hybrid(&self) -> bool {
-        self.layers.iter().any(|l| matches!(l.mixer, Mixer::Linear(_)))
+        self.layers
+            .iter()
+            .any(|l| matches!(l.mixer, Mixer::Linear(_)))
     }
 
     pub fn embed_row(&self, token: u32) -> Option<&[f32]> {
@@ -188,27 +212,45 @@ impl Transformer {
             return Err(ModelError::StateMismatch(state.signature.clone()));
         }
         if start + n > self.context {
-            return Err(ModelError::ContextOverflow { start, n, context: self.context });
+            return Err(ModelError::ContextOverflow {
+                start,
+                n,
+                context: self.context,
+            });
         }
         if start != state.position && !(start < state.position && state.rewind(start)) {
-            return Err(ModelError::PositionMismatch { expected: state.position, got: start });
+            return Err(ModelError::PositionMismatch {
+                expected: state.position,
+                got: start,
+            });
         }
         for tap in &wanted.taps {
             if let Tap::LayerOutput(i) = tap {
                 if *i >= self.layers.len() {
-                    return Err(ModelError::TapOutOfRange { layer: *i, layers: self.layers.len() });
+                    return Err(ModelError::TapOutOfRange {
+                        layer: *i,
+                        layers: self.layers.len(),
+                    });
                 }
             }
         }
         let hd = self.hidden;
         let mut x = Vec::with_capacity(n * hd); // [n, hidden]
         for (index, &token) in tokens.iter().enumerate() {
-            let row = self.embed_row(token).ok_or(ModelError::TokenOutOfRange { token, index, vocab: self.vocab })?;
+            let row = self.embed_row(token).ok_or(ModelError::TokenOutOfRange {
+                token,
+                index,
+                vocab: self.vocab,
+            })?;
             x.extend_from_slice(row);
         }
         let mut taps: Vec<Vec<f32>> = vec![Vec::new(); wanted.taps.len()];
         for (i, layer) in self.layers.iter().enumerate() {
-            let tape = state.tape.as_mut().and_then(|t| t.layers.get_mut(i)).and_then(|t| t.as_mut());
+            let tape = state
+                .tape
+                .as_mut()
+                .and_then(|t| t.layers.get_mut(i))
+                .and_then(|t| t.as_mut());
             layer.forward(&mut x, n, start, &mut state.layers[i], tape)?;
             for (slot, tap) in taps.iter_mut().zip(&wanted.taps) {
                 if *tap == Tap::LayerOutput(i) {
@@ -225,10 +267,18 @@ impl Transformer {
             Rows::From(f) => f.min(n),
         };
         let need_final = first < n || wanted.taps.contains(&Tap::FinalHidden);
-        let mut out = ForwardOut { first_row: first, rows: n - first, ..Default::default() };
+        let mut out = ForwardOut {
+            first_row: first,
+            rows: n - first,
+            ..Default::default()
+        };
         if need_final {
             // Only the rows that need it are normed when no FinalHidden tap asks for all of them.
-            let from = if wanted.taps.contains(&Tap::FinalHidden) { 0 } else { first };
+            let from = if wanted.taps.contains(&Tap::FinalHidden) {
+                0
+            } else {
+                first
+            };
             let mut normed = vec![0.0; (n - from) * hd];
             self.final_norm.apply(&x[from * hd..], &mut normed);
             if first < n {
@@ -258,6 +308,9 @@ impl Transformer {
                     }
             })
             .sum();
-        self.embed.len() + layers + self.final_norm.weight.len() + self.lm_head.as_ref().map_or(0, Linear::params)
+        self.embed.len()
+            + layers
+            + self.final_norm.weight.len()
+            + self.lm_head.as_ref().map_or(0, Linear::params)
     }
 }

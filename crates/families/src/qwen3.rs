@@ -14,7 +14,17 @@ pub(crate) fn load_layer(t: &Tensors<'_>, c: &ModelConfig, i: usize) -> Result<L
     Ok(Layer {
         input_norm: Norm::load(&lt, "input_layernorm.weight", c.hidden_size, eps, false)?,
         mixer: Mixer::Attention(Attention::load(&lt.sub("self_attn."), c, false)?),
-        post_norm: Norm::load(&lt, "post_attention_layernorm.weight", c.hidden_size, eps, false)?,
-        ffn: Ffn::Dense(Mlp::load(&lt.sub("mlp."), c.hidden_size, c.intermediate_size)?),
+        post_norm: Norm::load(
+            &lt,
+            "post_attention_layernorm.weight",
+            c.hidden_size,
+            eps,
+            false,
+        )?,
+        ffn: Ffn::Dense(Mlp::load(
+            &lt.sub("mlp."),
+            c.hidden_size,
+            c.intermediate_size,
+        )?),
     })
 }

@@ -54,7 +54,12 @@ impl State {
                 Mixer::Linear(g) => LayerState::Recurrent(g.new_state()),
             })
             .collect();
-        State { position: 0, layers, tape: None, signature }
+        State {
+            position: 0,
+            layers,
+            tape: None,
+            signature,
+        }
     }
 
     /// Advances the cursor after the caller ran `layers` itself (drafter heads that reuse decoder layers).
@@ -74,7 +79,9 @@ impl State {
 
     /// Whether the state contains recurrent layers (and so cannot rewind by moving a cursor).
     pub fn is_recurrent(&self) -> bool {
-        self.layers.iter().any(|l| matches!(l, LayerState::Recurrent(_)))
+        self.layers
+            .iter()
+            .any(|l| matches!(l, LayerState::Recurrent(_)))
     }
 
     /// Rewinds an attention-only state to `position` (KV rows past it are dropped). Returns false, leaving the

@@ -112,7 +112,10 @@ pub struct Tape {
 impl State {
     /// Starts recording (replacing any previous tape). Returns the position the tape starts at.
     pub fn begin_tape(&mut self, layers: Vec<Option<LayerTape>>) -> usize {
-        self.tape = Some(Tape { start_position: self.position, layers });
+        self.tape = Some(Tape {
+            start_position: self.position,
+            layers,
+        });
         self.position
     }
 
@@ -125,7 +128,9 @@ impl State {
     /// every recurrent layer is rebuilt by replaying its tape. Ends the tape. Returns false (state
     /// untouched) if there is no tape or `keep` exceeds what was recorded.
     pub fn rollback_retaining(&mut self, keep: usize) -> bool {
-        let Some(tape) = self.tape.take() else { return false };
+        let Some(tape) = self.tape.take() else {
+            return false;
+        };
         let recorded = self.position - tape.start_position;
         if keep > recorded {
             self.tape = Some(tape);

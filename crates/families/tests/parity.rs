@@ -9,7 +9,9 @@ use std::path::PathBuf;
 const TOLERANCE: f32 = 1e-3;
 
 fn fixture_dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(name)
 }
 
 struct Reference {
@@ -22,22 +24,38 @@ struct Reference {
 }
 
 fn f32s(st: &SafeTensors<'_>, name: &str) -> Vec<f32> {
-    let t = st.tensor(name).unwrap_or_else(|e| panic!("reference tensor {name}: {e}"));
+    let t = st
+        .tensor(name)
+        .unwrap_or_else(|e| panic!("reference tensor {name}: {e}"));
     assert_eq!(t.dtype(), safetensors::Dtype::F32, "{name} must be f32");
-    t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    t.data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
 }
 
 fn ids(st: &SafeTensors<'_>, name: &str) -> Vec<u32> {
-    let t = st.tensor(name).unwrap_or_else(|e| panic!("reference tensor {name}: {e}"));
+    let t = st
+        .tensor(name)
+        .unwrap_or_else(|e| panic!("reference tensor {name}: {e}"));
     match t.dtype() {
-        safetensors::Dtype::I64 => t.data().chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect(),
-        safetensors::Dtype::I32 => t.data().chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap()) as u32).collect(),
+        safetensors::Dtype::I64 => t
+            .data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+            .collect(),
+        safetensors::Dtype::I32 => t
+            .data()
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().unwrap()) as u32)
+            .collect(),
         d => panic!("{name}: unexpected dtype {d:?}"),
     }
 }
 
 fn reference(name: &str) -> Reference {
-    let bytes = std::fs::read(fixture_dir(name).join("reference.safetensors")).expect("reference.safetensors");
+    let bytes = std::fs::read(fixture_dir(name).join("reference.safetensors"))
+        .expect("reference.safetensors");
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let prompt = ids(&st, "prompt_ids");
     let full = f32s(&st, "logits_full");
@@ -58,7 +76,10 @@ fn load(name: &str) -> Transformer {
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn run_chunks(m: &Transformer, prompt: &[u32], chunk: usize) -> Vec<f32> {
@@ -79,7 +100,9 @@ fn greedy(m: &Transformer, prompt: &[u32], n: usize) -> Vec<u32> {
     for _ in 0..n {
         let next = kernels::argmax(out.row(0)) as u32;
         ids.push(next);
-        out = m.forward(&[next], state.position(), &mut state, &Wanted::last()).unwrap();
+        out = m
+            .forward(&[next], state.position(), &mut state, &Wanted::last())
+            .unwrap();
     }
     ids
 }
@@ -98,7 +121,10 @@ fn check_family(name: &str) {
     let d = max_abs_diff(&chunked, &r.chunked);
     assert!(d <= TOLERANCE, "{name}: chunks of 7 max |Δlogit| = {d}");
     let ids = greedy(&m, &r.prompt, r.greedy.len());
-    assert_eq!(ids, r.greedy, "{name}: greedy continuation differs from transformers");
+    assert_eq!(
+        ids, r.greedy,
+        "{name}: greedy continuation differs from transformers"
+    );
 }
 
 #[test]
@@ -116,7 +142,45 @@ fn qwen3_next_matches_transformers() {
     check_family("qwen3_next");
 }
 
+/// The real-vocabulary fixture stores the last row in full and the top-8 logits of every row (a full
+/// [89, 151936] table would be 54 MB).
 #[test]
 fn qwen3_real_tokenizer_model_matches_transformers() {
-    check_family("qwen3_realtok");
+    let bytes = std::fs::read(fixture_dir("qwen3_realtok").join("reference.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let prompt = ids(&st, "prompt_ids");
+    let m = load("qwen3_realtok");
+    let logits = run_chunks(&m, &prompt, prompt.len());
+    let v = m.vocab;
+    let last = &logits[(prompt.len() - 1) * v..];
+    let d = max_abs_diff(last, &f32s(&st, "logits_last"));
+    assert!(d <= TOLERANCE, "last row max |Δlogit| = {d}");
+    let top_ids = ids(&st, "topk8_ids");
+    let top_logits = f32s(&st, "topk8_logits");
+    for (row, (tid, tl)) in top_ids.chunks(8).zip(top_logits.chunks(8)).enumerate() {
+        for (&t, &l) in tid.iter().zip(tl) {
+            let ours = logits[row * v + t as usize];
+            assert!(
+                (ours - l).abs() <= TOLERANCE,
+                "row {row} token {t}: {ours} vs {l}"
+            );
+        }
+    }
+    assert_eq!(greedy(&m, &prompt, 32), ids(&st, "greedy_ids"));
+}
+
+/// `Qwen3_5ForConditionalGeneration` layout (text tower under `model.language_model.`, vision ignored);
+/// its reference holds the one-pass logits and the greedy continuation.
+#[test]
+fn qwen3_5_conditional_generation_layout_matches_transformers() {
+    let bytes = std::fs::read(fixture_dir("qwen3_5_vl").join("reference.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let prompt = ids(&st, "prompt_ids");
+    let m = load("qwen3_5_vl");
+    let d = max_abs_diff(
+        &run_chunks(&m, &prompt, prompt.len()),
+        &f32s(&st, "logits_full"),
+    );
+    assert!(d <= TOLERANCE, "one pass max |Δlogit| = {d}");
+    assert_eq!(greedy(&m, &prompt, 32), ids(&st, "greedy_ids"));
 }

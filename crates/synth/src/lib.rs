@@ -159,7 +159,7 @@ impl Shape {
     }
 
     fn full_attention(&self, layer: usize) -> bool {
-        !self.is_hybrid() || (layer + 1) % 4 == 0
+        !self.is_hybrid() || (layer + 1).is_multiple_of(4)
     }
 
     fn tensors(&self) -> Vec<TensorSpec> {
@@ -422,7 +422,7 @@ pub fn write(
             weight_map.insert(t.name.clone(), file.clone().into());
         }
         let mut h = serde_json::Value::Object(header).to_string().into_bytes();
-        while h.len() % 8 != 0 {
+        while !h.len().is_multiple_of(8) {
             h.push(b' ');
         }
         let mut w = BufWriter::with_capacity(1 << 20, File::create(&path).map_err(io(&path))?);

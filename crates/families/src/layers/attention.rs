@@ -29,7 +29,12 @@ pub struct Attention {
 impl Attention {
     /// Loads `{prefix}q_proj.weight` etc. `zero_centred` selects the norm flavour of q_norm/k_norm.
     pub fn load(t: &Tensors<'_>, c: &ModelConfig, zero_centred: bool) -> Result<Self, LoadError> {
-        let (h, kvh, d, hidden) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size);
+        let (h, kvh, d, hidden) = (
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.hidden_size,
+        );
         let gated = c.attn_output_gate;
         let q_rows = h * d * if gated { 2 } else { 1 };
         Ok(Attention {
@@ -49,7 +54,11 @@ impl Attention {
     }
 
     pub fn new_cache(&self) -> KvCache {
-        KvCache { k: Vec::new(), v: Vec::new(), row: self.kv_heads * self.head_dim }
+        KvCache {
+            k: Vec::new(),
+            v: Vec::new(),
+            row: self.kv_heads * self.head_dim,
+        }
     }
 
     /// x: [n, hidden] (already normed), rows at positions start..start+n. Returns [n, hidden].
@@ -82,7 +91,9 @@ impl Attention {
 
         let mut attn = vec![0.0; n * h * d]; // [n, h, d]
         let scale = 1.0 / (d as f32).sqrt();
-        kernels::attention(&q, &cache.k, &cache.v, n, start, h, kvh, d, scale, &mut attn);
+        kernels::attention(
+            &q, &cache.k, &cache.v, n, start, h, kvh, d, scale, &mut attn,
+        );
         if let Some(gate) = gate {
             for (a, g) in attn.iter_mut().zip(&gate) {
                 *a *= kernels::sigmoid(*g);
@@ -92,6 +103,10 @@ impl Attention {
     }
 
     pub fn params(&self) -> usize {
-        self.q_proj.params() + self.k_proj.params() + self.v_proj.params() + self.o_proj.params() + 2 * self.head_dim
+        self.q_proj.params()
+            + self.k_proj.params()
+            + self.v_proj.params()
+            + self.o_proj.params()
+            + 2 * self.head_dim
     }
 }

@@ -62,7 +62,11 @@ impl Moe {
                 experts.push(Mlp {
                     gate_proj: Linear::from_rows(gu[..inter * h].to_vec(), inter, h),
                     up_proj: Linear::from_rows(gu[inter * h..].to_vec(), inter, h),
-                    down_proj: Linear::from_rows(down[x * h * inter..(x + 1) * h * inter].to_vec(), h, inter),
+                    down_proj: Linear::from_rows(
+                        down[x * h * inter..(x + 1) * h * inter].to_vec(),
+                        h,
+                        inter,
+                    ),
                 });
             }
         } else {
@@ -72,13 +76,24 @@ impl Moe {
         }
         let (shared, shared_gate) = if m.shared_expert_intermediate_size > 0 {
             (
-                Some(Mlp::load(&t.sub("shared_expert."), h, m.shared_expert_intermediate_size)?),
+                Some(Mlp::load(
+                    &t.sub("shared_expert."),
+                    h,
+                    m.shared_expert_intermediate_size,
+                )?),
                 Some(Linear::load(t, "shared_expert_gate.weight", 1, h)?),
             )
         } else {
             (None, None)
         };
-        Ok(Moe { router, experts, shared, shared_gate, top_k: m.num_experts_per_tok, norm_topk_prob: m.norm_topk_prob })
+        Ok(Moe {
+            router,
+            experts,
+            shared,
+            shared_gate,
+            top_k: m.num_experts_per_tok,
+            norm_topk_prob: m.norm_topk_prob,
+        })
     }
 
     /// x: [n, hidden] -> [n, hidden]
@@ -98,7 +113,11 @@ impl Moe {
             let chosen = &order[..self.top_k.min(e)];
             let sum: f32 = chosen.iter().map(|&i| p[i]).sum();
             for &i in chosen {
-                let w = if self.norm_topk_prob { p[i] / sum } else { p[i] };
+                let w = if self.norm_topk_prob {
+                    p[i] / sum
+                } else {
+                    p[i]
+                };
                 rows_of[i].push((row, w));
             }
         }
@@ -112,7 +131,10 @@ impl Moe {
             }
             let y = expert.forward(&xs, rows.len());
             for (j, &(row, w)) in rows.iter().enumerate() {
-                for (o, &v) in out[row * h..(row + 1) * h].iter_mut().zip(&y[j * h..(j + 1) * h]) {
+                for (o, &v) in out[row * h..(row + 1) * h]
+                    .iter_mut()
+                    .zip(&y[j * h..(j + 1) * h])
+                {
                     *o += w * v;
                 }
             }
@@ -122,7 +144,10 @@ impl Moe {
             let g = gate.forward(x, n); // [n, 1]
             for row in 0..n {
                 let s = kernels::sigmoid(g[row]);
-                for (o, &v) in out[row * h..(row + 1) * h].iter_mut().zip(&y[row * h..(row + 1) * h]) {
+                for (o, &v) in out[row * h..(row + 1) * h]
+                    .iter_mut()
+                    .zip(&y[row * h..(row + 1) * h])
+                {
                     *o += s * v;
                 }
             }

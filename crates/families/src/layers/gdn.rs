@@ -10,9 +10,9 @@
 //! Qwen3.5 split layout, so one forward serves both.
 
 use super::{Linear, Tensors};
+use crate::error::ModelError;
 use crate::state::RecurrentState;
 use crate::tape::LayerTape;
-use crate::error::ModelError;
 use model_io::ModelConfig;
 
 /// Rows above which prefill uses the chunked form. Verify blocks (≤ 17 rows) stay on the step form so
@@ -21,13 +21,13 @@ pub const CHUNKED_MIN_ROWS: usize = 32;
 
 #[derive(Clone, Debug)]
 pub struct GatedDeltaNet {
-    pub in_proj_qkv: Linear, // [2*Hk*dk + Hv*dv, hidden]
-    pub in_proj_z: Linear,   // [Hv*dv, hidden]
-    pub in_proj_b: Linear,   // [Hv, hidden]
-    pub in_proj_a: Linear,   // [Hv, hidden]
+    pub in_proj_qkv: Linear,   // [2*Hk*dk + Hv*dv, hidden]
+    pub in_proj_z: Linear,     // [Hv*dv, hidden]
+    pub in_proj_b: Linear,     // [Hv, hidden]
+    pub in_proj_a: Linear,     // [Hv, hidden]
     pub conv_weight: Vec<f32>, // [conv_dim, K]
-    pub a_log: Vec<f32>,     // [Hv]
-    pub dt_bias: Vec<f32>,   // [Hv]
+    pub a_log: Vec<f32>,       // [Hv]
+    pub dt_bias: Vec<f32>,     // [Hv]
     pub norm_weight: Vec<f32>, // [dv] plain (not zero-centred)
     pub norm_eps: f32,
     pub out_proj: Linear, // [hidden, Hv*dv]
@@ -44,7 +44,13 @@ impl GatedDeltaNet {
             dir: "config.json".into(),
             what: "linear-attention layer without linear_* config fields".into(),
         })?;
-        Ok((l.num_key_heads, l.num_value_heads, l.key_head_dim, l.value_head_dim, l.conv_kernel))
+        Ok((
+            l.num_key_heads,
+            l.num_value_heads,
+            l.key_head_dim,
+            l.value_head_dim,
+            l.conv_kernel,
+        ))
     }
 
     fn finish(
@@ -96,7 +102,8 @@ impl GatedDeltaNet {
         let group = 2 * dk + 2 * r * dv;
         let qkvz = t.get("in_proj_qkvz.weight", &[hk * group, h])?;
         let ba = t.get("in_proj_ba.weight", &[hk * 2 * r, h])?;
-        let rows = |w: &[f32], first: usize, count: usize| w[first * h..(first + count) * h].to_vec();
+        let rows =
+            |w: &[f32], first: usize, count: usize| w[first * h..(first + count) * h].to_vec();
         let (mut q, mut k, mut v, mut z) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut b, mut a) = (Vec::new(), Vec::new());
         for g in 0..hk {
@@ -134,7 +141,13 @@ impl GatedDeltaNet {
 
     /// x: [n, hidden] (already normed). Returns [n, hidden]. When `tape` is given, records the rows'
     /// recurrence inputs so the state can later be rebuilt for any prefix of them.
-    pub fn forward(&self, x: &[f32], n: usize, st: &mut RecurrentState, tape: Option<&mut LayerTape>) -> Vec<f32> {
+    pub fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        st: &mut RecurrentState,
+        tape: Option<&mut LayerTape>,
+    ) -> Vec<f32> {
         let (hv, dk, dv) = (self.hv, self.dk, self.dv);
         let conv_dim = self.conv_dim();
         let qkv_in = self.in_proj_qkv.forward(x, n); // [n, conv_dim]
@@ -147,7 +160,15 @@ impl GatedDeltaNet {
         }
         let conv_before = tape.as_ref().map(|_| st.conv.clone());
         let mut mixed = vec![0.0; n * conv_dim];
-        kernels::causal_conv1d_silu(&qkv_in, &self.conv_weight, &mut st.conv, n, conv_dim, self.kernel, &mut mixed);
+        kernels::causal_conv1d_silu(
+            &qkv_in,
+            &self.conv_weight,
+            &mut st.conv,
+            n,
+            conv_dim,
+            self.kernel,
+            &mut mixed,
+        );
 
         let (q, k, v) = self.split_heads(&mixed, n);
         let mut beta = vec![0.0; n * hv];
@@ -162,7 +183,17 @@ impl GatedDeltaNet {
 
         let mut o = vec![0.0; n * hv * dv]; // [n, hv, dv]
         if let Some(tape) = tape {
-            tape.record(conv_before.unwrap_or_default(), &st.s, &qkv_in, &q, &k, &v, &g, &beta, n);
+            tape.record(
+                conv_before.unwrap_or_default(),
+                &st.s,
+                &qkv_in,
+                &q,
+                &k,
+                &v,
+                &g,
+                &beta,
+                n,
+            );
         }
         if n >= CHUNKED_MIN_ROWS {
             kernels::gdn_chunked(&q, &k, &v, &g, &beta, &mut st.s, n, hv, dk, dv, &mut o);

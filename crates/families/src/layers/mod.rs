@@ -16,8 +16,18 @@ pub struct Norm {
 }
 
 impl Norm {
-    pub fn load(t: &Tensors<'_>, name: &str, dim: usize, eps: f32, zero_centred: bool) -> Result<Self, LoadError> {
-        Ok(Norm { weight: t.get(name, &[dim])?, eps, zero_centred })
+    pub fn load(
+        t: &Tensors<'_>,
+        name: &str,
+        dim: usize,
+        eps: f32,
+        zero_centred: bool,
+    ) -> Result<Self, LoadError> {
+        Ok(Norm {
+            weight: t.get(name, &[dim])?,
+            eps,
+            zero_centred,
+        })
     }
 
     pub fn apply(&self, x: &[f32], out: &mut [f32]) {
@@ -38,8 +48,17 @@ pub struct Linear {
 }
 
 impl Linear {
-    pub fn load(t: &Tensors<'_>, name: &str, out_dim: usize, in_dim: usize) -> Result<Self, LoadError> {
-        Ok(Linear { w: t.get(name, &[out_dim, in_dim])?, out_dim, in_dim })
+    pub fn load(
+        t: &Tensors<'_>,
+        name: &str,
+        out_dim: usize,
+        in_dim: usize,
+    ) -> Result<Self, LoadError> {
+        Ok(Linear {
+            w: t.get(name, &[out_dim, in_dim])?,
+            out_dim,
+            in_dim,
+        })
     }
 
     pub fn from_rows(w: Vec<f32>, out_dim: usize, in_dim: usize) -> Self {
@@ -66,11 +85,17 @@ pub struct Tensors<'a> {
 
 impl<'a> Tensors<'a> {
     pub fn new(store: &'a TensorStore, prefix: impl Into<String>) -> Self {
-        Tensors { store, prefix: prefix.into() }
+        Tensors {
+            store,
+            prefix: prefix.into(),
+        }
     }
 
     pub fn sub(&self, more: &str) -> Tensors<'a> {
-        Tensors { store: self.store, prefix: format!("{}{}", self.prefix, more) }
+        Tensors {
+            store: self.store,
+            prefix: format!("{}{}", self.prefix, more),
+        }
     }
 
     pub fn full_name(&self, name: &str) -> String {
