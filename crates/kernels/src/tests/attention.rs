@@ -1,5 +1,5 @@
-use super::{assert_close, isas, Rng};
-use crate::attention::attention_with_isa;
+use super::{assert_close, Rng};
+use crate::attention;
 
 /// Definition: for query row i (position start + i), head h, kv head h / (hq / hkv):
 /// p = softmax_t<=start+i(q·k_t * scale), out = sum_t p_t v_t, in f64.
@@ -64,16 +64,10 @@ fn attention_matches_naive_with_gqa_and_offset_start() {
         k[rows * hkv * d..].iter_mut().for_each(|x| *x = f32::NAN);
         v[rows * hkv * d..].iter_mut().for_each(|x| *x = f32::NAN);
         let expected = naive(&q, &k, &v, n, start, hq, hkv, d, scale);
-        for isa in isas() {
-            let mut out = vec![f32::NAN; n * hq * d];
-            attention_with_isa(isa, &q, &k, &v, n, start, hq, hkv, d, scale, &mut out);
-            assert_close(
-                &out,
-                &expected,
-                1e-5,
-                &format!("{isa:?} n={n} start={start} hq={hq} hkv={hkv} d={d}"),
-            );
-        }
+        let mut out = vec![f32::NAN; n * hq * d];
+        attention(&q, &k, &v, n, start, hq, hkv, d, scale, &mut out);
+        let what = format!("n={n} start={start} hq={hq} hkv={hkv} d={d}");
+        assert_close(&out, &expected, 1e-5, &what);
     }
 }
 
@@ -86,10 +80,10 @@ fn public_attention_is_causal_within_the_block() {
     let k = rng.vec((start + n) * hkv * d);
     let mut v = rng.vec((start + n) * hkv * d);
     let mut before = vec![0.0f32; n * hq * d];
-    crate::attention(&q, &k, &v, n, start, hq, hkv, d, 0.3, &mut before);
+    attention(&q, &k, &v, n, start, hq, hkv, d, 0.3, &mut before);
     v[(start + n - 1) * hkv * d] += 10.0;
     let mut after = vec![0.0f32; n * hq * d];
-    crate::attention(&q, &k, &v, n, start, hq, hkv, d, 0.3, &mut after);
+    attention(&q, &k, &v, n, start, hq, hkv, d, 0.3, &mut after);
     let row = hq * d;
     assert_eq!(&before[..(n - 1) * row], &after[..(n - 1) * row]);
     assert_ne!(&before[(n - 1) * row..], &after[(n - 1) * row..]);
