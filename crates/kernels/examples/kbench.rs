@@ -8,6 +8,11 @@
 //! - `attention`: one decode step over a 4096-position cache.
 //!
 //! Each figure is the best of repeated runs over ~0.4 s, which filters out noise from other processes.
+//!
+//! On the 2-core AVX2 development machine (Xeon, 260 MiB L3, so the 64 MiB weight is L3-resident), quiet:
+//! linear n=1: 13.7 GFLOP/s (27 GB/s) with 1 thread, 27.7 (55 GB/s) with 2; n=128: 67 / 102 GFLOP/s.
+//! gated DeltaNet n=512, h=16, 128x128: chunked 27.5 / 15.0 ms, recurrent 60 / 30 ms (1 / 2 threads).
+//! attention decode over 4096 positions (16 q heads, 4 kv heads, d=128): 2.35 / 1.30 ms.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -14,6 +14,7 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {
     /// x86_64 with AVX2 and FMA.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx2Fma,
     /// Baseline code for the target (SSE2 on x86_64, NEON on aarch64, scalar elsewhere).
     Portable,
