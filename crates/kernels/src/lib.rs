@@ -56,8 +56,3 @@ pub fn set_threads(threads: usize) -> Result<(), KernelError> {
         .build_global()
         .map_err(|source| KernelError::ThreadPool { threads, source })
 }
-
-/// Number of threads the kernels use when called from the current context.
-pub fn current_threads() -> usize {
-    rayon::current_num_threads()
-}

@@ -8,6 +8,7 @@ mod gdn;
 mod linear;
 mod norm;
 mod rope;
+mod threads;
 
 use crate::simd::Isa;
 
