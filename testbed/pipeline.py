@@ -30,7 +30,7 @@ from tokenizers import Tokenizer  # noqa: E402
 from tb import data as tbdata  # noqa: E402
 from tb.export import dir_bytes, export_dflash, export_target  # noqa: E402
 from tb.model import DFlashDrafter, MtpHead, make_target, make_target_config, param_count  # noqa: E402
-from tb.reference import make_reference  # noqa: E402
+from tb.reference import load_mtp, make_reference  # noqa: E402
 from tb.spec_eval import distinct_ngram_ratio, greedy_continue, simulate_dflash, simulate_mtp  # noqa: E402
 from tb.train import evaluate_lm, lm_losses, pretrain, train_drafters  # noqa: E402
 
@@ -76,7 +76,7 @@ def autotune_batch(model, mtp, sampler, seq_len, candidates, log):
     best, best_rate, rates = candidates[0], 0.0, {}
     for b in candidates:
         try:
-            for i in range(3):
+            for i in range(2):
                 if i == 1:
                     torch.cuda.synchronize()
                     t = time.time()
@@ -85,7 +85,7 @@ def autotune_batch(model, mtp, sampler, seq_len, candidates, log):
                     loss, mloss = lm_losses(model, mtp, x)
                 (loss + mloss).backward()
             torch.cuda.synchronize()
-            rate = 2 * b * seq_len / (time.time() - t)
+            rate = b * seq_len / (time.time() - t)
         except torch.OutOfMemoryError:
             rate = 0.0
         model.zero_grad(set_to_none=True)
@@ -107,6 +107,7 @@ def main() -> None:
     ap.add_argument("--gen-s", type=float, default=25)
     ap.add_argument("--draft-s", type=float, default=85)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--resume", default=None, help="exported target dir: skip pretraining")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     run = Run(args.out)
@@ -133,24 +134,36 @@ def main() -> None:
     run.results["data"] = stats
     run.save()
 
-    cfg = make_target_config(**(SMOKE_CONFIG if smoke else {}))
-    model = make_target(cfg).to(dev)
-    mtp = MtpHead(cfg).to(dev)
+    if args.resume:  # a previous run's exported target + MTP (bf16 shards, config, index)
+        from transformers import Qwen3_5ForCausalLM
+
+        model = Qwen3_5ForCausalLM.from_pretrained(args.resume, dtype=torch.float32,
+                                                   attn_implementation="sdpa").to(dev)
+        cfg = model.config
+        mtp = load_mtp(args.resume, cfg).to(dev)
+        log(f"resumed target and MTP from {args.resume}")
+    else:
+        cfg = make_target_config(**(SMOKE_CONFIG if smoke else {}))
+        model = make_target(cfg).to(dev)
+        mtp = MtpHead(cfg).to(dev)
     run.results["params"] = {"target": param_count(model), "target_without_embedding": param_count(model)
                              - model.model.embed_tokens.weight.numel(), "mtp": param_count(mtp)}
     log(f"params {run.results['params']}")
     sampler = tbdata.Sampler(train, MIX, dev)
     seq_len = 256 if smoke else 1024
 
-    if dev.type == "cuda":
-        batch, rates = autotune_batch(model, mtp, sampler, seq_len, [32, 64, 128], log)
-        run.results["autotune_tok_per_s"] = rates
+    if args.resume:
+        run.results["pretrain"] = {"resumed_from": args.resume}
     else:
-        batch = 4
-    pre_s = run.left(args.total_s) - args.reserve_s if not smoke else 20
-    log(f"pretrain batch={batch} seq={seq_len} for {pre_s:.0f}s")
-    run.results["pretrain"] = pretrain(model, mtp, sampler, seq_len, batch, pre_s, args.lr, log)
-    run.save()
+        if dev.type == "cuda":
+            batch, rates = autotune_batch(model, mtp, sampler, seq_len, [32, 64, 128], log)
+            run.results["autotune_tok_per_s"] = rates
+        else:
+            batch = 4
+        pre_s = run.left(args.total_s) - args.reserve_s if not smoke else 20
+        log(f"pretrain batch={batch} seq={seq_len} for {pre_s:.0f}s")
+        run.results["pretrain"] = pretrain(model, mtp, sampler, seq_len, batch, pre_s, args.lr, log)
+        run.save()
 
     # ---- held-out evaluation of the target (and the jointly trained MTP) ----
     table = token_byte_table(tok, dev)
