@@ -4,8 +4,9 @@
 //! h / (hq / hkv): `out = softmax(q·k^T * scale) · v`, softmax with the row maximum subtracted, probabilities
 //! normalised before the weighted sum of values (torch's order: scores, softmax, then matmul).
 //!
-//! Work split: one task per (kv head, block of query rows), on the rayon pool. A task gathers the queries
-//! of all heads of its group for its rows into Q [queries, d] and computes two small GEMMs through `gemm`
+//! Work split: one task per (kv head, block of query rows), on the rayon pool (a kv head's query heads are
+//! split over several tasks only when there are fewer tasks than threads). A task gathers the queries of
+//! its heads for its rows into Q [queries, d] and computes two small GEMMs through `gemm`
 //! (runtime CPU dispatch), reading the cache in place through strided views:
 //!   S = Q · K[0..keys]^T * scale   [queries, keys]    (keys = the block's last visible position + 1)
 //!   O = softmax_causal(S) · V[0..keys]                 [queries, d]
@@ -32,6 +33,7 @@ struct Dims {
     hkv: usize,
     d: usize,
     group: usize,
+    heads_per_task: usize,
     rows_per_block: usize,
     scale: f32,
 }
@@ -75,6 +77,8 @@ pub fn attention(
     check_len("attention: out [n, hq, d]", out.len(), n * hq * d);
     let group = hq / hkv;
     let rows_per_block = (QUERIES_PER_TASK / group).clamp(1, n);
+    let blocks = n.div_ceil(rows_per_block);
+    let heads_per_task = group / head_parts(group, hkv * blocks, rayon::current_num_threads());
     let dims = Dims {
         n,
         start,
@@ -82,35 +86,52 @@ pub fn attention(
         hkv,
         d,
         group,
+        heads_per_task,
         rows_per_block,
         scale,
     };
-    let blocks = n.div_ceil(rows_per_block);
-    let tasks = hkv * blocks;
+    // Task t covers query heads [head_set * heads_per_task, +heads_per_task) for query-row block `block`.
+    let head_sets = hq / heads_per_task;
+    let tasks = head_sets * blocks;
     let run = |task: usize| attend_block(&dims, q, k_cache, v_cache, task / blocks, task % blocks);
     let results: Vec<Vec<f32>> = if tasks == 1 {
         vec![run(0)]
     } else {
         (0..tasks).into_par_iter().map(run).collect()
     };
-    // Scatter each task's [rows, group, d] result into out [n, hq, d].
+    // Scatter each task's [rows, heads_per_task, d] result into out [n, hq, d].
+    let width = heads_per_task * d;
     for (task, result) in results.iter().enumerate() {
-        let (kv_head, block) = (task / blocks, task % blocks);
+        let (head_set, block) = (task / blocks, task % blocks);
         let first_row = block * rows_per_block;
-        for (r, row_result) in result.chunks_exact(group * d).enumerate() {
-            let at = ((first_row + r) * hq + kv_head * group) * d;
-            out[at..at + group * d].copy_from_slice(row_result);
+        for (r, row_result) in result.chunks_exact(width).enumerate() {
+            let at = (first_row + r) * hq * d + head_set * width;
+            out[at..at + width].copy_from_slice(row_result);
         }
     }
 }
 
-/// One task: query rows of `block` for the heads of `kv_head`'s group. Returns [rows, group, d].
+/// Into how many parts each kv head's group of query heads is split: 1 (each cached row read once per
+/// group) unless that leaves threads idle, as in decode with few kv heads (Qwen3-Next: 2); then the
+/// smallest divisor of `group` that gives every thread a task. Parts re-read the same rows, from cache.
+fn head_parts(group: usize, tasks: usize, threads: usize) -> usize {
+    if tasks >= threads {
+        return 1;
+    }
+    let wanted = threads.div_ceil(tasks.max(1));
+    (1..=group)
+        .find(|p| group % p == 0 && *p >= wanted)
+        .unwrap_or(group)
+}
+
+/// One task: query rows of `block` for query heads [head_set * heads_per_task, +heads_per_task), all of one
+/// kv head. Returns [rows, heads_per_task, d].
 fn attend_block(
     dims: &Dims,
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    kv_head: usize,
+    head_set: usize,
     block: usize,
 ) -> Vec<f32> {
     let Dims {
@@ -120,19 +141,23 @@ fn attend_block(
         hkv,
         d,
         group,
+        heads_per_task,
         rows_per_block,
         scale,
     } = *dims;
+    let first_head = head_set * heads_per_task;
+    let kv_head = first_head / group;
     let first_row = block * rows_per_block;
     let rows = rows_per_block.min(n - first_row);
-    let queries = rows * group;
-    // Query vector r = (row first_row + r / group, head kv_head * group + r % group) sees keys 0..visible.
-    let visible = |r: usize| start + first_row + r / group + 1;
+    let queries = rows * heads_per_task;
+    // Query vector r = (row first_row + r / heads_per_task, head first_head + r % heads_per_task) sees keys
+    // 0..visible(r).
+    let visible = |r: usize| start + first_row + r / heads_per_task + 1;
     let keys = start + first_row + rows; // visible() of the block's last row
-    let mut query_buf = Vec::with_capacity(queries * d); // [rows, group, d] = [queries, d]
+    let mut query_buf = Vec::with_capacity(queries * d); // [rows, heads_per_task, d] = [queries, d]
     for row in first_row..first_row + rows {
-        let at = (row * hq + kv_head * group) * d;
-        query_buf.extend_from_slice(&q[at..at + group * d]);
+        let at = (row * hq + first_head) * d;
+        query_buf.extend_from_slice(&q[at..at + heads_per_task * d]);
     }
     // The kv head's rows 0..keys of the cache, read in place: row t starts at (t * hkv + kv_head) * d.
     let head_offset = kv_head * d;

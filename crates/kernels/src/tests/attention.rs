@@ -46,13 +46,15 @@ fn naive(
 #[test]
 fn attention_matches_naive_with_gqa_and_offset_start() {
     let mut rng = Rng::new(7);
-    // (n, start, hq, hkv, d): decode, short verify block, GQA with several query blocks, MHA, MQA.
+    // (n, start, hq, hkv, d): decode, short verify block, GQA with several query blocks, MHA, MQA, and a
+    // shape whose query heads split in pairs with 8 threads.
     let cases = [
         (1, 9, 4, 2, 16),
         (5, 7, 6, 2, 13),
         (70, 3, 6, 2, 13),
         (70, 0, 2, 2, 8),
         (3, 30, 8, 1, 32),
+        (2, 5, 16, 4, 8),
     ];
     for (n, start, hq, hkv, d) in cases {
         let scale = 1.0 / (d as f32).sqrt();
@@ -64,10 +66,17 @@ fn attention_matches_naive_with_gqa_and_offset_start() {
         k[rows * hkv * d..].iter_mut().for_each(|x| *x = f32::NAN);
         v[rows * hkv * d..].iter_mut().for_each(|x| *x = f32::NAN);
         let expected = naive(&q, &k, &v, n, start, hq, hkv, d, scale);
-        let mut out = vec![f32::NAN; n * hq * d];
-        attention(&q, &k, &v, n, start, hq, hkv, d, scale, &mut out);
-        let what = format!("n={n} start={start} hq={hq} hkv={hkv} d={d}");
-        assert_close(&out, &expected, 1e-5, &what);
+        // 1 thread: one task per kv head; 8 threads: query heads split over tasks (decode-like shapes).
+        for threads in [1, 8] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut out = vec![f32::NAN; n * hq * d];
+            pool.install(|| attention(&q, &k, &v, n, start, hq, hkv, d, scale, &mut out));
+            let what = format!("threads={threads} n={n} start={start} hq={hq} hkv={hkv} d={d}");
+            assert_close(&out, &expected, 1e-5, &what);
+        }
     }
 }
 
