@@ -1,3 +1,5 @@
+//! Causal GQA attention against an f64 softmax reference, with start > 0, several query blocks and thread counts.
+
 use super::{assert_close, Rng};
 use crate::attention;
 

@@ -1,3 +1,5 @@
+//! Causal conv1d + SiLU against its definition, and invariance of outputs and window under any chunking.
+
 use super::{assert_close, Rng};
 use crate::{causal_conv1d_silu, silu};
 

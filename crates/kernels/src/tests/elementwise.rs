@@ -1,3 +1,5 @@
+//! Activations, softmax, argmax and add against hand-computed values (torch's formulas and thresholds).
+
 use crate::{
     add_inplace, argmax, sigmoid, silu, silu_inplace, silu_mul, softmax_inplace, softplus,
 };

@@ -1,3 +1,6 @@
+//! Gated DeltaNet: the step form against an f64 definition; the chunked form equal to both, across chunk
+//! boundaries and across calls.
+
 use super::{assert_close, isas, rel_err, widen, Rng};
 use crate::gdn::gdn_recurrent_with_isa;
 use crate::{gdn_chunked, gdn_recurrent, l2_normalize_rows, sigmoid, softplus};

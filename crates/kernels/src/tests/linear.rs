@@ -1,3 +1,5 @@
+//! `linear` / `linear_acc` against the f64 triple loop, on both paths (matvec on each ISA, gemm) and odd sizes.
+
 use super::{assert_close, isas, Rng};
 use crate::linear::{linear_gemm, linear_matvec_with_isa};
 use crate::{linear, linear_acc, MATVEC_MAX_ROWS};

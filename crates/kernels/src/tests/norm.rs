@@ -1,3 +1,5 @@
+//! RMSNorm (plain and zero-centred) and L2 normalisation against hand-computed values and an f64 reference.
+
 use super::{assert_close, Rng};
 use crate::{l2_normalize_rows, rms_norm, rms_norm_inplace};
 

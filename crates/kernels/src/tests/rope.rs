@@ -1,3 +1,5 @@
+//! Rotate-half RoPE against hand-computed values and the direct cos/sin formula, incl. partial rotary_dim.
+
 use super::{assert_close, Rng};
 use crate::{rope, rope_inv_freq};
 

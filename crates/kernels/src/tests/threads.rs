@@ -1,3 +1,5 @@
+//! Sizing the global pool.
+
 use crate::{set_threads, KernelError};
 
 #[test]
