@@ -121,6 +121,53 @@ impl State {
         self.position = position;
     }
 
+    /// The same layout at position 0: empty KV caches, zeroed recurrent states.
+    pub fn zeroed(&self) -> State {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Attention(kv) => LayerState::Attention(KvCache {
+                    k: Vec::new(),
+                    v: Vec::new(),
+                    row: kv.row,
+                }),
+                LayerState::Recurrent(r) => LayerState::Recurrent(RecurrentState {
+                    s: vec![0.0; r.s.len()],
+                    conv: vec![0.0; r.conv.len()],
+                }),
+            })
+            .collect();
+        State {
+            position: 0,
+            layers,
+            tape: None,
+            signature: self.signature.clone(),
+        }
+    }
+
+    /// Bit-for-bit equality of position, KV caches and recurrent states (the tape is ignored).
+    pub fn bitwise_eq(&self, other: &State) -> bool {
+        let same = |a: &[f32], b: &[f32]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+        };
+        self.position == other.position
+            && self.layers.len() == other.layers.len()
+            && self
+                .layers
+                .iter()
+                .zip(&other.layers)
+                .all(|pair| match pair {
+                    (LayerState::Attention(a), LayerState::Attention(b)) => {
+                        same(&a.k, &b.k) && same(&a.v, &b.v)
+                    }
+                    (LayerState::Recurrent(a), LayerState::Recurrent(b)) => {
+                        same(&a.s, &b.s) && same(&a.conv, &b.conv)
+                    }
+                    _ => false,
+                })
+    }
+
     /// Bytes held by the caches and recurrent states (for stats and memory planning).
     pub fn bytes(&self) -> usize {
         self.layers

@@ -75,6 +75,10 @@ pub fn attention(
         (start + n) * hkv * d,
     );
     check_len("attention: out [n, hq, d]", out.len(), n * hq * d);
+    if n <= ROW_PATH_MAX_ROWS {
+        attention_rows(q, k_cache, v_cache, n, start, hq, hkv, d, scale, out);
+        return;
+    }
     let group = hq / hkv;
     let rows_per_block = (QUERIES_PER_TASK / group).clamp(1, n);
     let blocks = n.div_ceil(rows_per_block);
@@ -108,6 +112,61 @@ pub fn attention(
             let at = (first_row + r) * hq * d + head_set * width;
             out[at..at + width].copy_from_slice(row_result);
         }
+    }
+}
+
+/// Decode and verify blocks (≤ this many rows) take the per-query path, whose result for a row does not
+/// depend on how many rows share the call: the GEMM path's blocking does, and a verify row must equal the
+/// sequential step bit for bit for greedy speculative decoding to equal sequential decoding.
+pub const ROW_PATH_MAX_ROWS: usize = crate::MATVEC_MAX_ROWS;
+
+/// One task per (query row, head): scores, max-subtracted softmax, then the weighted sum of values, each
+/// in a fixed order over cache positions.
+#[allow(clippy::too_many_arguments)]
+fn attention_rows(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    n: usize,
+    start: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let group = hq / hkv;
+    let work = |(idx, o): (usize, &mut [f32])| {
+        let (row, head) = (idx / hq, idx % hq);
+        let kvh = head / group;
+        let qv = &q[idx * d..(idx + 1) * d];
+        let keys = start + row + 1;
+        let mut p: Vec<f32> = (0..keys)
+            .map(|t| {
+                let kv = &k_cache[(t * hkv + kvh) * d..(t * hkv + kvh + 1) * d];
+                qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
+            })
+            .collect();
+        let max = p.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f32;
+        for x in p.iter_mut() {
+            *x = (*x - max).exp();
+            sum += *x;
+        }
+        o.iter_mut().for_each(|x| *x = 0.0);
+        for (t, &pt) in p.iter().enumerate() {
+            let w = pt / sum;
+            let vv = &v_cache[(t * hkv + kvh) * d..(t * hkv + kvh + 1) * d];
+            for (x, &v) in o.iter_mut().zip(vv) {
+                *x += w * v;
+            }
+        }
+    };
+    let out = &mut out[..n * hq * d];
+    if (start + n) * hq * d < (1 << 15) {
+        out.chunks_mut(d).enumerate().for_each(work);
+    } else {
+        out.par_chunks_mut(d).enumerate().for_each(work);
     }
 }
 

@@ -44,6 +44,14 @@ pub enum RuntimeError {
     #[error("the generation has not stopped yet: call `TokenSink::stop` before `finish`")]
     NotStopped,
 
+    /// The model could not run a forward (bad token id, context overflow, state mismatch, ...).
+    #[error(transparent)]
+    Model(#[from] families::ModelError),
+
+    /// The checkpoint could not be loaded.
+    #[error(transparent)]
+    Load(#[from] model_io::LoadError),
+
     /// Shaping or selection failed for a reason other than a bad request parameter
     /// (e.g. a non-finite logit from the model).
     #[error("sampling failed: {0}")]

@@ -15,15 +15,21 @@
 pub mod chat;
 pub mod config;
 pub mod detok;
+pub mod engine;
 pub mod error;
+pub mod generate;
 pub mod policy;
+pub mod session;
 pub mod sink;
 
 pub use chat::{ChatMessage, ChatTemplate, RenderOptions};
 pub use config::{check_admission, GenerationConfig, GenerationResult, SpecStats};
 pub use detok::{ByteDetokenizer, Detokenizer, IncrementalDecoder};
+pub use engine::Engine;
 pub use error::RuntimeError;
+pub use generate::{generate, Acceptance, Request, Rollback, Speculative, PREFILL_CHUNK};
 pub use policy::{
     resolve, Drafter, DrafterAvailability, DrafterRequest, Speculation, SpeculationPlan,
 };
+pub use session::Session;
 pub use sink::{CancelFlag, Event, SinkOutput, StopReason, TokenSink};

@@ -105,3 +105,36 @@ fn short_weight_buffer_is_a_clear_panic() {
     let mut out = vec![0.0f32; 4];
     linear(&[1.0; 6], &[1.0; 5], 2, 3, 2, &mut out);
 }
+
+/// Verify blocks (n ≤ MATVEC_MAX_ROWS rows) must give every row exactly what a single-row call gives.
+#[test]
+fn matvec_rows_are_bitwise_independent_of_n() {
+    let (k, m) = (67, 45);
+    let w: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 700.0)
+        .collect();
+    let x: Vec<f32> = (0..16 * k)
+        .map(|i| ((i * 104729 % 997) as f32 - 498.0) / 300.0)
+        .collect();
+    let single: Vec<Vec<f32>> = (0..16)
+        .map(|r| {
+            let mut o = vec![0.0; m];
+            crate::linear(&x[r * k..(r + 1) * k], &w, 1, k, m, &mut o);
+            o
+        })
+        .collect();
+    for n in 1..=crate::MATVEC_MAX_ROWS {
+        let mut o = vec![0.0; n * m];
+        crate::linear(&x[..n * k], &w, n, k, m, &mut o);
+        for (r, want) in single.iter().take(n).enumerate() {
+            let same = o[r * m..(r + 1) * m]
+                .iter()
+                .zip(want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "row {r} of an {n}-row linear differs from the single-row call"
+            );
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! An opened checkpoint ready to generate: the target model, its tokenizer, EOS ids, chat template, and
+//! which drafters it carries. Front ends (CLI, server, C ABI) all go through this and `policy::resolve`.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use drafters::MtpHead;
+use families::Transformer;
+use model_io::Checkpoint;
+
+use crate::chat::ChatTemplate;
+use crate::error::RuntimeError;
+use crate::policy::{
+    self, Drafter, DrafterAvailability, DrafterRequest, Speculation, SpeculationPlan,
+};
+use crate::session::Session;
+
+pub struct Engine {
+    pub checkpoint: Checkpoint,
+    pub model: Arc<Transformer>,
+    pub tokenizer: tokenizers::Tokenizer,
+    pub eos: Vec<u32>,
+    pub chat: Option<ChatTemplate>,
+}
+
+impl Engine {
+    /// Opens `dir` (config, weights, tokenizer); a missing chat template is not an error until `--chat`.
+    pub fn open(dir: &Path) -> Result<Self, RuntimeError> {
+        let checkpoint = Checkpoint::open(dir)?;
+        let model = Arc::new(families::load(&checkpoint)?);
+        let tokenizer = checkpoint.tokenizer()?;
+        let eos = checkpoint.eos_token_ids();
+        let chat = ChatTemplate::from_model_dir(dir).ok();
+        Ok(Engine {
+            checkpoint,
+            model,
+            tokenizer,
+            eos,
+            chat,
+        })
+    }
+
+    /// Drafters this checkpoint carries (detection only).
+    pub fn availability(&self) -> DrafterAvailability {
+        DrafterAvailability {
+            mtp: self.checkpoint.has_mtp,
+            dflash: false,
+            dflash_max_block: None,
+        }
+    }
+
+    /// Why speculation cannot run on this model at all, if anything. The DFlash drafter files may be
+    /// present, but this engine does not run them yet, so they are not reported as available.
+    pub fn speculation_blocker(&self) -> Option<String> {
+        None
+    }
+
+    /// Resolves the request against what the checkpoint carries (errors for a named block that cannot be
+    /// served; `auto` comes back Disabled with a warning).
+    pub fn plan(
+        &self,
+        spec: Speculation,
+        drafter: DrafterRequest,
+    ) -> Result<SpeculationPlan, RuntimeError> {
+        let mut avail = self.availability();
+        if self.checkpoint.has_dflash && drafter == DrafterRequest::Dflash {
+            // Detected on disk, but not runnable here: say so rather than pretend it is absent.
+            avail.dflash = false;
+            if matches!(spec, Speculation::Block(_)) {
+                return Err(RuntimeError::SpeculationUnavailable {
+                    request: "--drafter dflash".into(),
+                    reason: "this checkpoint carries a DFlash drafter, but this build cannot run DFlash drafters yet"
+                        .into(),
+                });
+            }
+        }
+        policy::resolve(spec, drafter, &avail, self.speculation_blocker())
+    }
+
+    /// A new session; with the drafter the plan enabled attached.
+    pub fn session(&self, plan: &SpeculationPlan) -> Result<Session, RuntimeError> {
+        let session = Session::new(&self.model);
+        Ok(match plan {
+            SpeculationPlan::Enabled {
+                drafter: Drafter::Mtp,
+                ..
+            } => match MtpHead::load(&self.checkpoint, self.model.clone())? {
+                Some(head) => session.with_drafter(Box::new(head)),
+                None => {
+                    return Err(RuntimeError::SpeculationUnavailable {
+                        request: "--drafter mtp".into(),
+                        reason: "this checkpoint carries no MTP head (mtp.* tensors)".into(),
+                    })
+                }
+            },
+            SpeculationPlan::Enabled {
+                drafter: Drafter::Dflash,
+                ..
+            } => {
+                return Err(RuntimeError::SpeculationUnavailable {
+                    request: "--drafter dflash".into(),
+                    reason: "this build cannot run DFlash drafters yet".into(),
+                })
+            }
+            SpeculationPlan::Disabled { .. } => session,
+        })
+    }
+
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, RuntimeError> {
+        let enc = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| RuntimeError::InvalidRequest {
+                field: "prompt",
+                reason: format!("tokenizer could not encode it: {e}"),
+            })?;
+        Ok(enc.get_ids().to_vec())
+    }
+}

@@ -1,0 +1,395 @@
+//! The decode loop: chunked prefill, then rounds of draft → verify → accept → roll back → bonus token.
+//! Sequential decoding is the same loop with zero drafts per round (DESIGN.md §1), so both commit through
+//! one `TokenSink` and share every stop rule.
+//!
+//! A round starts by committing `next` (chosen but not yet run). The drafter proposes d₁..d_k; one target
+//! forward over [next, d₁..d_k] gives k+1 logits rows. Row i judges d_{i+1} against the target's shaped
+//! distribution p_i built from the history *with every earlier accepted token committed*: at temperature 0
+//! accept iff d_{i+1} = argmax p_i; when sampled accept iff r·q(d) ≤ p(d), else commit a draw from
+//! normalize(max(p − q, 0)) (`sampling::verify_step`). If all k pass, row k gives the bonus token.
+//! The state then keeps exactly the rows whose successors were committed — by tape replay (GDN), a KV
+//! cursor move (attention), or restoring a snapshot and re-running the kept rows.
+//! Invariant after every round: `state.position() == history.len() - 1` (only `next` is unrun).
+
+use std::time::Instant;
+
+use drafters::Chooser;
+use families::{Rows, Tap, Transformer, Wanted};
+use sampling::{Draft, DrawCounter, ShapedDistribution, Shaping, Verdict};
+
+use crate::config::{check_admission, GenerationConfig, GenerationResult, SpecStats};
+use crate::detok::Detokenizer;
+use crate::error::RuntimeError;
+use crate::session::Session;
+use crate::sink::{CancelFlag, Event, StopReason, TokenSink};
+
+/// Prompt tokens per prefill forward: large enough for GEMM efficiency, small enough that cancellation
+/// and progress are polled often.
+pub const PREFILL_CHUNK: usize = 256;
+
+/// How a rejected suffix is removed from recurrent state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rollback {
+    /// Replay the recorded GDN inputs of the kept rows from the round's start state (no forward pass).
+    Tape,
+    /// Restore the round's start state and re-run the kept rows through the model.
+    Snapshot,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Speculative {
+    /// Proposals per round (≥ 1).
+    pub block: usize,
+    pub rollback: Rollback,
+    pub acceptance: Acceptance,
+}
+
+impl Speculative {
+    pub fn new(block: usize) -> Self {
+        Speculative {
+            block,
+            rollback: Rollback::Tape,
+            acceptance: Acceptance::Exact,
+        }
+    }
+}
+
+/// The rule that judges a sampled proposal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acceptance {
+    /// Rejection sampling with residual correction: exact in distribution (DESIGN.md §3).
+    Exact,
+    /// WRONG on purpose: on rejection, redraw from p instead of the residual, which over-weights the
+    /// drafter's tokens. Exists only as the negative control of the distribution test, which must fail it.
+    ResampleTargetOnReject,
+}
+
+/// Everything a generation needs besides the session.
+pub struct Request<'a> {
+    pub prompt: &'a [u32],
+    pub config: &'a GenerationConfig,
+    /// The model's end-of-sequence ids (generation_config.json).
+    pub eos: &'a [u32],
+    pub detok: &'a dyn Detokenizer,
+    /// `None`, or a session without a drafter: sequential decoding.
+    pub speculative: Option<Speculative>,
+    pub cancel: CancelFlag,
+}
+
+/// Chooses tokens from logits with the request's shaping: argmax at temperature 0, else a draw with the
+/// next counter value; remembers the distribution of every draw so the verifier can ratio against it.
+struct Selector<'a> {
+    shaping: &'a Shaping,
+    draws: DrawCounter,
+    prompt_len: usize,
+    /// q of each proposal of the current round (sampled only).
+    drafted: Vec<ShapedDistribution>,
+    error: Option<RuntimeError>,
+}
+
+impl Selector<'_> {
+    fn distribution(
+        &self,
+        logits: &[f32],
+        history: &[u32],
+    ) -> Result<ShapedDistribution, RuntimeError> {
+        let generated = history.len().saturating_sub(self.prompt_len);
+        Ok(ShapedDistribution::new(
+            logits,
+            self.shaping,
+            sampling::History::new(history, generated)?,
+        )?)
+    }
+
+    fn pick(&mut self, dist: &ShapedDistribution) -> u32 {
+        match dist.as_point_mass() {
+            Some(t) => t,
+            None => dist.draw(self.draws.next()),
+        }
+    }
+}
+
+impl Chooser for Selector<'_> {
+    fn choose(&mut self, logits: &[f32], context: &[u32]) -> u32 {
+        match self.distribution(logits, context) {
+            Ok(q) => {
+                let t = self.pick(&q);
+                if q.as_point_mass().is_none() {
+                    self.drafted.push(q);
+                }
+                t
+            }
+            Err(e) => {
+                self.error.get_or_insert(e);
+                0
+            }
+        }
+    }
+}
+
+/// Runs one generation on `session` (reusing what it covers of the prompt) and reports what happened.
+pub fn generate(
+    model: &Transformer,
+    session: &mut Session,
+    req: &Request<'_>,
+    on_event: &mut dyn FnMut(Event<'_>),
+) -> Result<GenerationResult, RuntimeError> {
+    let cfg = req.config;
+    check_admission(req.prompt.len(), cfg, model.context)?;
+    let speculative = req
+        .speculative
+        .filter(|s| s.block > 0 && session.drafter.is_some());
+    let prompt = req.prompt;
+    let mut sink = TokenSink::new(
+        prompt,
+        cfg,
+        req.eos,
+        model.context,
+        req.detok,
+        req.cancel.clone(),
+        on_event,
+    )?;
+    let mut sel = Selector {
+        shaping: &cfg.shaping,
+        draws: DrawCounter::new(cfg.seed),
+        prompt_len: prompt.len(),
+        drafted: Vec::new(),
+        error: None,
+    };
+
+    // -- Prefill, in chunks; the drafter sees every row's taps.
+    let prefill_start = Instant::now();
+    let reused = session.reuse(prompt);
+    let taps: Vec<Tap> = match (&speculative, &session.drafter) {
+        (Some(_), Some(d)) => d.taps(),
+        _ => Vec::new(),
+    };
+    let hybrid_fork = model.is_hybrid() && prompt.len() - reused > 1;
+    let mut logits = Vec::new();
+    let mut pending_taps: Option<(Vec<Vec<f32>>, usize, usize)> = None; // last chunk's taps, rows, start
+    let mut pos = reused;
+    while pos < prompt.len() {
+        // Hybrids split off the last prompt token so the state before it can be kept as the fork point.
+        let end_limit = if hybrid_fork && pos < prompt.len() - 1 {
+            prompt.len() - 1
+        } else {
+            prompt.len()
+        };
+        let end = (pos + PREFILL_CHUNK).min(end_limit);
+        let last = end == prompt.len();
+        let wanted = Wanted {
+            logits: if last { Rows::Last } else { Rows::None },
+            taps: taps.clone(),
+        };
+        let out = model.forward(&prompt[pos..end], pos, &mut session.state, &wanted)?;
+        session.tokens.extend_from_slice(&prompt[pos..end]);
+        if let Some(d) = session.drafter.as_mut().filter(|_| !taps.is_empty()) {
+            if last {
+                pending_taps = Some((out.taps, end - pos, pos));
+            } else {
+                d.observe(&out.taps, end - pos, &prompt[pos + 1..=end])?;
+            }
+        }
+        if last {
+            logits = out.logits;
+        } else if end == prompt.len() - 1 && hybrid_fork {
+            session.save_checkpoint();
+        }
+        pos = end;
+        if sink.poll_prefill(pos, prompt.len())?.is_some() {
+            return finish(
+                sink,
+                session,
+                reused,
+                prefill_start.elapsed().as_secs_f64(),
+                0.0,
+                None,
+            );
+        }
+    }
+    let prefill_seconds = prefill_start.elapsed().as_secs_f64();
+
+    // -- Decode.
+    let decode_start = Instant::now();
+    let mut next = {
+        let p = sel.distribution(&logits, sink.history())?;
+        sel.pick(&p)
+    };
+    if let (Some(d), Some((t, n, _))) = (session.drafter.as_mut(), pending_taps.take()) {
+        let mut follow = prompt[prompt.len() - n + 1..].to_vec();
+        follow.push(next);
+        d.observe(&t, n, &follow)?;
+    }
+    let mut stats = speculative.map(|s| SpecStats::new(s.block));
+    loop {
+        if sink.commit(next)?.is_some() {
+            break;
+        }
+        let base = session.state.position(); // where `next` goes
+                                             // Never propose past max tokens or the context window.
+        let room = sink
+            .budget_left()
+            .min(model.context.saturating_sub(base + 1));
+        let k = speculative.map_or(0, |s| s.block.min(room));
+        let draft_start = Instant::now();
+        sel.drafted.clear();
+        let proposals = match (k, session.drafter.as_mut()) {
+            (0, _) | (_, None) => Vec::new(),
+            (k, Some(d)) => d.propose(sink.history(), k, &mut sel)?,
+        };
+        if let Some(e) = sel.error.take() {
+            return Err(e);
+        }
+        let draft_seconds = draft_start.elapsed().as_secs_f64();
+
+        // Verify [next, proposals] in one forward.
+        let verify_start = Instant::now();
+        let mut feed = Vec::with_capacity(proposals.len() + 1);
+        feed.push(next);
+        feed.extend_from_slice(&proposals);
+        let rollback = speculative.map_or(Rollback::Tape, |s| s.rollback);
+        let snapshot = (!proposals.is_empty()
+            && rollback == Rollback::Snapshot
+            && session.state.is_recurrent())
+        .then(|| session.state.snapshot());
+        if !proposals.is_empty() && rollback == Rollback::Tape {
+            model.begin_tape(&mut session.state);
+        }
+        let wanted = Wanted {
+            logits: Rows::All,
+            taps: taps.clone(),
+        };
+        let out = model.forward(&feed, base, &mut session.state, &wanted)?;
+        session.tokens.extend_from_slice(&feed);
+        let verify_seconds = verify_start.elapsed().as_secs_f64();
+
+        // Judge the proposals in order, committing each accepted one before judging the next.
+        let mut accepted = 0;
+        let mut judged = 0;
+        let mut stopped = false;
+        let mut chosen = None;
+        for (i, &d) in proposals.iter().enumerate() {
+            let p = sel.distribution(out.row(i), sink.history())?;
+            judged += 1;
+            let draft = match sel.drafted.get(i) {
+                Some(q) => Draft::Distribution(q),
+                None => Draft::PointMass,
+            };
+            let (r, u) = (sel.draws.next(), sel.draws.next());
+            match sampling::verify_step(&p, draft, d, r, u)? {
+                Verdict::Accepted => {
+                    accepted += 1;
+                    if sink.commit(d)?.is_some() {
+                        stopped = true;
+                        break;
+                    }
+                }
+                Verdict::Rejected { replacement } => {
+                    chosen = Some(match speculative.map(|s| s.acceptance) {
+                        Some(Acceptance::ResampleTargetOnReject) => sel.pick(&p),
+                        _ => replacement,
+                    });
+                    break;
+                }
+            }
+        }
+        if !stopped && chosen.is_none() {
+            // Every proposal passed: the bonus token comes from the last row.
+            let p = sel.distribution(out.row(proposals.len()), sink.history())?;
+            chosen = Some(sel.pick(&p));
+        }
+
+        // Keep the rows whose successor is committed: `next` and the accepted proposals, less the last
+        // one if a stop fell on it (it is committed but, like every final token, never run).
+        let keep = if stopped { accepted } else { accepted + 1 };
+        let rollback_start = Instant::now();
+        let rolled_back = keep < feed.len();
+        if rolled_back {
+            match &snapshot {
+                Some(snap) => {
+                    session.state = snap.snapshot();
+                    model.forward(&feed[..keep], base, &mut session.state, &Wanted::none())?;
+                }
+                None if session.state.has_tape() => {
+                    session.state.rollback_retaining(keep);
+                }
+                None => {
+                    session.state.rewind(base + keep);
+                }
+            }
+            session.tokens.truncate(base + keep);
+        }
+        session.state.end_tape();
+        if let Some(d) = session
+            .drafter
+            .as_mut()
+            .filter(|_| !out.taps.is_empty() && keep > 0)
+        {
+            let hd = out.taps.first().map_or(0, |t| t.len() / feed.len());
+            let kept: Vec<Vec<f32>> = out.taps.iter().map(|t| t[..keep * hd].to_vec()).collect();
+            let history = sink.history();
+            // Row j's successor: the committed token after it (the last kept row's is `chosen`).
+            let follow: Vec<u32> = if stopped {
+                history[history.len() - keep..].to_vec()
+            } else {
+                let mut f = history[history.len() - (keep - 1)..].to_vec();
+                f.extend(chosen);
+                f
+            };
+            d.observe(&kept, keep, &follow)?;
+        }
+        if let Some(s) = stats.as_mut() {
+            if !proposals.is_empty() {
+                s.record_round(proposals.len(), judged, accepted, rolled_back);
+                s.draft_seconds += draft_seconds;
+                s.verify_seconds += verify_seconds;
+                s.rollback_seconds += rollback_start.elapsed().as_secs_f64();
+            }
+        }
+        match (stopped, chosen) {
+            (false, Some(t)) => next = t,
+            _ => break,
+        }
+    }
+    let decode_seconds = decode_start.elapsed().as_secs_f64();
+    if std::env::var("TURBOSPARK_SPEC_STATS").as_deref() == Ok("1") {
+        if let Some(s) = &stats {
+            eprintln!("turbospark spec: {s}");
+        }
+    }
+    finish(
+        sink,
+        session,
+        reused,
+        prefill_seconds,
+        decode_seconds,
+        stats,
+    )
+}
+
+fn finish(
+    sink: TokenSink<'_>,
+    session: &mut Session,
+    reused: usize,
+    prefill_seconds: f64,
+    decode_seconds: f64,
+    spec: Option<SpecStats>,
+) -> Result<GenerationResult, RuntimeError> {
+    let mut sink = sink;
+    if sink.stopped().is_none() {
+        sink.stop(StopReason::Cancelled)?;
+    }
+    let out = sink.finish()?;
+    Ok(GenerationResult {
+        reason: out.reason,
+        prompt_tokens: out.prompt_len,
+        new_tokens: out.token_ids.len(),
+        reused_tokens: reused,
+        prefill_seconds,
+        decode_seconds,
+        kv_position: session.state.position(),
+        token_ids: out.token_ids,
+        text: out.text,
+        spec,
+    })
+}
