@@ -1,0 +1,447 @@
+//! `turbospark bench`: throughput of one checkpoint (or of a random one of a named shape), printed as
+//! tables; nothing is asserted about the numbers.
+//!
+//! 1. Throughput, per thread count of `--threads-list` (each in its own rayon pool, which the kernels
+//!    use when called inside it): one greedy generation of `--gen-tokens` from a prompt of
+//!    `--prompt-tokens` random ids (seeded), from an empty session; prefill tok/s = prompt tokens /
+//!    prefill seconds, decode tok/s = committed tokens / decode seconds, each the median of `--runs`.
+//!    No stop token can end a run early (the EOS list is empty), so every run does the same work.
+//! 2. Speculative (when the checkpoint has an MTP head, or `--speculative` names blocks): with the
+//!    largest thread count, sequential vs MTP greedy decoding from the same prompt (`--prompt` text, or
+//!    a built-in text when the checkpoint has a tokenizer, else the random ids), per block: tok/s, the
+//!    ratio to sequential, accepted proposals per round, per-position conditional acceptance, and
+//!    whether the tokens equal the sequential ones (greedy speculative decoding is lossless, so they
+//!    should, up to float ties).
+//!
+//! Timing covers `runtime::generate` only (model load and session allocation excluded); text is not
+//! detokenized, so the numbers are the model's.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use drafters::MtpHead;
+use families::Transformer;
+use model_io::Checkpoint;
+use runtime::{
+    Detokenizer, DrafterAvailability, DrafterRequest, GenerationConfig, GenerationResult, Request,
+    RuntimeError, Session, SpecStats, Speculation, Speculative,
+};
+
+use crate::progress;
+
+/// `println!` that returns a closed stdout as an error instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout(), $($arg)*)?
+    };
+}
+
+/// Used when the checkpoint has a tokenizer and no `--prompt` is given: text in the testbed's
+/// training domains (code and prose), so acceptance reflects real use rather than random ids.
+const DEFAULT_PROMPT: &str = "def read_config(path):\n    \"\"\"Read a JSON configuration file and return it as a dict.\"\"\"\n    import json\n    with open(path) as f:\n";
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Checkpoint directory. Default: $TURBOSPARK_MODEL, else the embedded testbed. Ignored with --shape.
+    #[arg(long, value_name = "DIR", env = "TURBOSPARK_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Benchmark a random checkpoint of this synth shape (written to a temporary directory).
+    #[arg(long, value_name = "NAME")]
+    pub shape: Option<String>,
+    /// Seed of the synth weights and of the random prompt.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Thread counts to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub threads_list: Vec<usize>,
+    /// Length of the random prompt.
+    #[arg(long, default_value_t = 128)]
+    pub prompt_tokens: usize,
+    /// Greedy tokens generated per run.
+    #[arg(long, default_value_t = 64)]
+    pub gen_tokens: usize,
+    /// Runs per measurement (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// MTP blocks to compare with sequential decoding, comma-separated, or `off`
+    /// (default: 1,2,3,4 when the checkpoint has an MTP head).
+    #[arg(long, value_name = "N,N,..|off")]
+    pub speculative: Option<String>,
+    /// Prompt text for the speculative comparison (needs the checkpoint's tokenizer).
+    #[arg(long, value_name = "TEXT")]
+    pub prompt: Option<String>,
+}
+
+/// A detokenizer that produces no text: the benchmark measures the model, not the decoder.
+struct NoText;
+
+impl Detokenizer for NoText {
+    fn decode(&self, _ids: &[u32]) -> Result<String, RuntimeError> {
+        Ok(String::new())
+    }
+}
+
+/// SplitMix64: seeded prompt ids, reproducible across machines.
+fn random_ids(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            (z % vocab.max(1) as u64) as u32
+        })
+        .collect()
+}
+
+/// The median (mean of the two middle values for an even count); 0 for no values.
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Which MTP blocks to compare, from `--speculative` and whether the head exists.
+fn speculative_blocks(flag: Option<&str>, has_mtp: bool) -> Result<Vec<usize>> {
+    let Some(flag) = flag else {
+        return Ok(if has_mtp {
+            vec![1, 2, 3, 4]
+        } else {
+            Vec::new()
+        });
+    };
+    if flag.trim().eq_ignore_ascii_case("off") {
+        return Ok(Vec::new());
+    }
+    let availability = DrafterAvailability {
+        mtp: has_mtp,
+        dflash: false,
+        dflash_max_block: None,
+    };
+    let mut blocks = Vec::new();
+    for part in flag.split(',') {
+        let speculation: Speculation = part.parse()?;
+        let Speculation::Block(block) = speculation else {
+            bail!(
+                "invalid value {flag:?} for --speculative: expected `off` or blocks such as 1,2,4"
+            );
+        };
+        runtime::resolve(speculation, DrafterRequest::Mtp, &availability, None)?;
+        blocks.push(block);
+    }
+    Ok(blocks)
+}
+
+struct Bench {
+    model: Arc<Transformer>,
+    checkpoint: Checkpoint,
+    config: GenerationConfig,
+}
+
+impl Bench {
+    /// One generation from an empty session (`session` is reset first).
+    fn once(
+        &self,
+        session: &mut Session,
+        prompt: &[u32],
+        speculative: Option<Speculative>,
+    ) -> Result<GenerationResult> {
+        session.reset_all();
+        let request = Request {
+            prompt,
+            config: &self.config,
+            eos: &[],
+            detok: &NoText,
+            speculative,
+            cancel: runtime::CancelFlag::new(),
+        };
+        Ok(runtime::generate(
+            &self.model,
+            session,
+            &request,
+            &mut |_| {},
+        )?)
+    }
+
+    fn runs(
+        &self,
+        runs: usize,
+        session: &mut Session,
+        prompt: &[u32],
+        speculative: Option<Speculative>,
+    ) -> Result<Vec<GenerationResult>> {
+        (0..runs)
+            .map(|_| self.once(session, prompt, speculative))
+            .collect()
+    }
+}
+
+fn pool(threads: usize) -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .with_context(|| format!("building a pool of {threads} threads"))
+}
+
+fn check_args(args: &BenchArgs, context: usize) -> Result<()> {
+    if let Some(&bad) = args.threads_list.iter().find(|&&t| t == 0) {
+        bail!("invalid value {bad} in --threads-list: at least one thread is needed");
+    }
+    if args.threads_list.is_empty() {
+        bail!("--threads-list is empty");
+    }
+    for (flag, value) in [
+        ("--prompt-tokens", args.prompt_tokens),
+        ("--gen-tokens", args.gen_tokens),
+        ("--runs", args.runs),
+    ] {
+        if value == 0 {
+            bail!("invalid value 0 for {flag}: must be at least 1");
+        }
+    }
+    if args.prompt_tokens.saturating_add(args.gen_tokens) > context {
+        bail!(
+            "--prompt-tokens {} + --gen-tokens {} exceed the model's context of {context} tokens",
+            args.prompt_tokens,
+            args.gen_tokens
+        );
+    }
+    Ok(())
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    // The temporary directory lives until the end of the run (the weights are memory-mapped).
+    let mut _synth_dir = None;
+    let (dir, label) = match &args.shape {
+        Some(name) => {
+            let shape = synth::shape(name).context("--shape")?;
+            let tmp = tempfile::tempdir().context("creating a temporary directory")?;
+            let spinner = progress::spinner(format!("writing a random {name} checkpoint"));
+            let written = synth::write(shape, tmp.path(), args.seed, 2 << 30);
+            spinner.finish_and_clear();
+            written.with_context(|| format!("writing the {name} checkpoint"))?;
+            let dir = tmp.path().to_path_buf();
+            _synth_dir = Some(tmp);
+            (dir, format!("synth {name} (seed {})", args.seed))
+        }
+        None => {
+            let dir = match &args.model {
+                Some(dir) => dir.clone(),
+                None => crate::embedded_model()?,
+            };
+            let label = dir.display().to_string();
+            (dir, label)
+        }
+    };
+    let spinner = progress::spinner(format!("loading {label}"));
+    let loaded = (|| -> Result<(Checkpoint, Transformer)> {
+        let checkpoint = Checkpoint::open(&dir)?;
+        let model = families::load(&checkpoint)?;
+        Ok((checkpoint, model))
+    })();
+    spinner.finish_and_clear();
+    let (checkpoint, model) = loaded.context("cannot load the model")?;
+    let model = Arc::new(model);
+    check_args(args, model.context)?;
+    let blocks = speculative_blocks(args.speculative.as_deref(), checkpoint.has_mtp)?;
+    let bench = Bench {
+        model,
+        checkpoint,
+        config: GenerationConfig::greedy(args.gen_tokens),
+    };
+    let c = &bench.checkpoint.config;
+    out!(
+        "model: {label}\n  {} ({:?}), {} parameters, MTP head: {}",
+        c.architecture,
+        c.family,
+        crate::info::human_count(bench.checkpoint.parameter_count()),
+        if bench.checkpoint.has_mtp {
+            "yes"
+        } else {
+            "no"
+        }
+    );
+    let random = random_ids(args.seed, args.prompt_tokens, bench.model.vocab);
+    throughput(&bench, args, &random)?;
+    if !blocks.is_empty() {
+        let prompt = speculative_prompt(&bench, args, random)?;
+        speculative(&bench, args, &prompt, &blocks)?;
+    }
+    Ok(())
+}
+
+fn throughput(bench: &Bench, args: &BenchArgs, prompt: &[u32]) -> Result<()> {
+    out!(
+        "\nthroughput: prompt {} random ids, {} greedy tokens, median of {} run(s)",
+        args.prompt_tokens,
+        args.gen_tokens,
+        args.runs
+    );
+    out!(
+        "{:>8} | {:>14} | {:>13}",
+        "threads",
+        "prefill tok/s",
+        "decode tok/s"
+    );
+    out!("{:->8}-+-{:->14}-+-{:->13}", "", "", "");
+    for &threads in &args.threads_list {
+        let results = pool(threads)?.install(|| {
+            let mut session = Session::new(&bench.model);
+            bench.runs(args.runs, &mut session, prompt, None)
+        })?;
+        let prefill: Vec<f64> = results
+            .iter()
+            .map(|r| r.prefill_tokens_per_second())
+            .collect();
+        let decode: Vec<f64> = results
+            .iter()
+            .map(|r| r.decode_tokens_per_second())
+            .collect();
+        out!(
+            "{threads:>8} | {:>14.1} | {:>13.2}",
+            median(&prefill),
+            median(&decode)
+        );
+    }
+    Ok(())
+}
+
+/// `--prompt` text, else the built-in text when there is a tokenizer, else the random ids.
+fn speculative_prompt(bench: &Bench, args: &BenchArgs, random: Vec<u32>) -> Result<Vec<u32>> {
+    let has_tokenizer = bench.checkpoint.dir.join("tokenizer.json").is_file();
+    let text = match (&args.prompt, has_tokenizer) {
+        (Some(text), true) => text.as_str(),
+        (Some(_), false) => bail!(
+            "--prompt needs the checkpoint's tokenizer.json, which {} does not have",
+            bench.checkpoint.dir.display()
+        ),
+        (None, true) => DEFAULT_PROMPT,
+        (None, false) => return Ok(random),
+    };
+    let tokenizer = bench.checkpoint.tokenizer()?;
+    let ids = tokenizer
+        .encode(text, false)
+        .map_err(|e| anyhow::anyhow!("--prompt: the tokenizer could not encode it: {e}"))?
+        .get_ids()
+        .to_vec();
+    if ids.is_empty() {
+        bail!("--prompt is empty after tokenization");
+    }
+    if ids.len() + args.gen_tokens > bench.model.context {
+        bail!(
+            "--prompt has {} tokens; with --gen-tokens {} that exceeds the context of {}",
+            ids.len(),
+            args.gen_tokens,
+            bench.model.context
+        );
+    }
+    Ok(ids)
+}
+
+/// "0.81 0.64 -" : conditional acceptance per position.
+fn per_position(spec: &SpecStats) -> String {
+    spec.per_position_rate()
+        .iter()
+        .map(|r| r.map_or("-".to_string(), |r| format!("{r:.2}")))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn speculative(bench: &Bench, args: &BenchArgs, prompt: &[u32], blocks: &[usize]) -> Result<()> {
+    let threads = args.threads_list.iter().copied().max().unwrap_or(1);
+    let head = MtpHead::load(&bench.checkpoint, bench.model.clone())?
+        .context("the checkpoint has no MTP head")?;
+    pool(threads)?.install(|| -> Result<()> {
+        let mut plain = Session::new(&bench.model);
+        let sequential = bench.runs(args.runs, &mut plain, prompt, None)?;
+        let seq_rate = median(
+            &sequential
+                .iter()
+                .map(GenerationResult::decode_tokens_per_second)
+                .collect::<Vec<_>>(),
+        );
+        let seq_ids = sequential.first().map(|r| r.token_ids.clone()).unwrap_or_default();
+        out!(
+            "\nspeculative (MTP, greedy, {threads} thread(s)): prompt {} tokens, {} tokens, median of {} run(s)",
+            prompt.len(),
+            args.gen_tokens,
+            args.runs
+        );
+        out!(
+            "{:>10} | {:>12} | {:>7} | {:>14} | {:>22} | {:>11}",
+            "decoding", "decode tok/s", "ratio", "accepted/round", "per-position accepted", "same tokens"
+        );
+        out!(
+            "{:->10}-+-{:->12}-+-{:->7}-+-{:->14}-+-{:->22}-+-{:->11}",
+            "", "", "", "", "", ""
+        );
+        out!(
+            "{:>10} | {seq_rate:>12.2} | {:>7} | {:>14} | {:>22} | {:>11}",
+            "sequential", "1.00x", "-", "-", "-"
+        );
+        let mut session = Session::new(&bench.model).with_drafter(Box::new(head));
+        for &block in blocks {
+            let results = bench.runs(args.runs, &mut session, prompt, Some(Speculative::new(block)))?;
+            let rate = median(
+                &results
+                    .iter()
+                    .map(GenerationResult::decode_tokens_per_second)
+                    .collect::<Vec<_>>(),
+            );
+            let ratio = if seq_rate > 0.0 { rate / seq_rate } else { 0.0 };
+            let spec = results.first().and_then(|r| r.spec.clone()).unwrap_or_default();
+            let same = results.iter().all(|r| r.token_ids == seq_ids);
+            out!(
+                "{:>10} | {rate:>12.2} | {:>7} | {:>14.2} | {:>22} | {:>11}",
+                format!("mtp {block}"),
+                format!("{ratio:.2}x"),
+                spec.accepted_per_round(),
+                per_position(&spec),
+                if same { "yes" } else { "NO" }
+            );
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+    }
+
+    #[test]
+    fn random_ids_are_seeded_and_inside_the_vocabulary() {
+        let a = random_ids(7, 100, 50);
+        assert_eq!(a, random_ids(7, 100, 50));
+        assert_ne!(a, random_ids(8, 100, 50));
+        assert!(a.iter().all(|&t| t < 50));
+    }
+
+    #[test]
+    fn speculative_blocks_follow_the_policy() {
+        assert_eq!(speculative_blocks(None, true).unwrap(), vec![1, 2, 3, 4]);
+        assert!(speculative_blocks(None, false).unwrap().is_empty());
+        assert!(speculative_blocks(Some("off"), true).unwrap().is_empty());
+        assert_eq!(speculative_blocks(Some("2,3"), true).unwrap(), vec![2, 3]);
+        let no_head = format!("{:#}", speculative_blocks(Some("2"), false).unwrap_err());
+        assert!(no_head.contains("MTP head"), "{no_head}");
+        let bad = format!("{:#}", speculative_blocks(Some("x"), true).unwrap_err());
+        assert!(bad.contains("--speculative"), "{bad}");
+        assert!(speculative_blocks(Some("auto"), true).is_err());
+        assert!(speculative_blocks(Some("99"), true).is_err()); // beyond the MTP maximum
+    }
+}

@@ -1,0 +1,376 @@
+//! `turbospark generate`: one prompt in, its continuation streamed to stdout.
+//!
+//! Flow: resolve the model directory → refuse an unservable named `--speculative N` before the
+//! (slow) load ([`preflight`]) → load ([`load`]: engine, speculation plan, session) → render the
+//! chat template when `--chat` → [`stream`] the generation, writing each committed delta to stdout
+//! and flushing it → the stats lines on stderr with `--stats`.
+//!
+//! The plan is decided once by `Engine::plan` (the one policy the server and C API share): a named
+//! block it cannot serve is the error exit; `auto` that cannot speculate prints `warning: ...` once
+//! and decodes sequentially. Output: the generated text followed by one newline.
+
+use std::io::{self, Read, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use anyhow::{bail, Context, Result};
+use model_io::Checkpoint;
+use runtime::{
+    ChatMessage, DrafterAvailability, DrafterRequest, Engine, Event, GenerationConfig,
+    GenerationResult, RenderOptions, RuntimeError, Session, Speculation, SpeculationPlan,
+    Speculative,
+};
+use sampling::Shaping;
+
+use crate::progress::{self, PREFILL_BAR_MIN_TOKENS};
+use crate::ModelArgs;
+
+/// Sampling, stopping and speculation flags, shared by `generate` and `chat`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Most tokens to generate (a stop token counts).
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// 0 is greedy decoding.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Keep the K most likely tokens; 0 = off.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: u32,
+    /// Nucleus sampling mass in (0, 1]; 1 = off.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
+    /// Drop tokens below MIN_P times the most likely one; 0 = off.
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f64,
+    /// transformers' repetition penalty (> 0); 1 = off.
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f64,
+    /// OpenAI presence penalty in [-2, 2].
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f64,
+    /// OpenAI frequency penalty in [-2, 2].
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f64,
+    /// Seed of the sampler (a seeded sampled run reproduces exactly).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop string (repeatable); the match and what follows are not printed.
+    #[arg(long, value_name = "TEXT")]
+    pub stop: Vec<String>,
+    /// Speculative decoding: auto, off, or N proposals per round.
+    #[arg(long, value_name = "auto|off|N", default_value = "auto", value_parser = parse_speculation)]
+    pub speculative: Speculation,
+    /// Which drafter speculative decoding uses.
+    #[arg(long, value_name = "auto|mtp|dflash", default_value = "auto", value_parser = parse_drafter)]
+    pub drafter: DrafterRequest,
+    /// Print the result line (and speculative statistics) to stderr.
+    #[arg(long)]
+    pub stats: bool,
+}
+
+/// The reason of a flag error, without repeating the flag (clap names it).
+fn flag_reason(err: RuntimeError) -> String {
+    match err {
+        RuntimeError::InvalidFlag { reason, .. } => reason,
+        other => other.to_string(),
+    }
+}
+
+fn parse_speculation(value: &str) -> Result<Speculation, String> {
+    value.parse().map_err(flag_reason)
+}
+
+fn parse_drafter(value: &str) -> Result<DrafterRequest, String> {
+    value.parse().map_err(flag_reason)
+}
+
+impl SamplingArgs {
+    pub fn config(&self) -> GenerationConfig {
+        GenerationConfig {
+            max_new_tokens: self.max_tokens,
+            stop_token_ids: Vec::new(),
+            stop_strings: self.stop.clone(),
+            shaping: Shaping {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repetition_penalty: self.repeat_penalty,
+                presence_penalty: self.presence_penalty,
+                frequency_penalty: self.frequency_penalty,
+            },
+            seed: self.seed,
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    /// The prompt; read from stdin when absent.
+    pub prompt: Option<String>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Wrap the prompt as a user turn with the model's chat template (add_generation_prompt).
+    #[arg(long)]
+    pub chat: bool,
+    /// A system message for --chat.
+    #[arg(long, value_name = "TEXT", requires = "chat")]
+    pub system: Option<String>,
+}
+
+/// A loaded model ready to generate: the engine, a session with the plan's drafter attached, and
+/// the speculative setting to pass with each request (`None`: sequential).
+pub struct Loaded {
+    pub engine: Engine,
+    pub session: Session,
+    pub speculative: Option<Speculative>,
+    /// "mtp, block 2" or "sequential", for the stats line.
+    pub mode: String,
+}
+
+/// Refuses a named `--speculative N` the checkpoint cannot serve before the model is loaded, so the
+/// user does not wait for a load that ends in a refusal (and so the refusal names the missing
+/// drafter even when another file, such as the tokenizer, is also missing). Mirrors
+/// `Engine::availability`; the engine's own plan after loading stays authoritative.
+fn preflight(dir: &Path, speculation: Speculation, drafter: DrafterRequest) -> Result<()> {
+    if !matches!(speculation, Speculation::Block(_)) {
+        return Ok(());
+    }
+    let checkpoint = Checkpoint::open(dir).context("cannot load the model")?;
+    if checkpoint.has_dflash && drafter == DrafterRequest::Dflash {
+        return Ok(()); // The engine explains what it can and cannot do with the DFlash files.
+    }
+    let availability = DrafterAvailability {
+        mtp: checkpoint.has_mtp,
+        dflash: false,
+        dflash_max_block: None,
+    };
+    runtime::resolve(speculation, drafter, &availability, None)?;
+    Ok(())
+}
+
+/// Loads the model of `model` and plans speculation for `sampling`; prints the plan's warning.
+pub fn load(model: &ModelArgs, sampling: &SamplingArgs) -> Result<Loaded> {
+    model.apply_threads()?;
+    let dir = model.model_dir()?;
+    preflight(&dir, sampling.speculative, sampling.drafter)?;
+    let spinner = progress::spinner(format!("loading {}", dir.display()));
+    let engine = Engine::open(&dir).context("cannot load the model");
+    spinner.finish_and_clear();
+    let engine = engine?;
+    let plan = engine.plan(sampling.speculative, sampling.drafter)?;
+    let (speculative, mode) = match &plan {
+        SpeculationPlan::Enabled { drafter, block } => (
+            // Tape rollback, exact acceptance.
+            Some(Speculative::new(*block)),
+            format!("{drafter}, block {block}"),
+        ),
+        SpeculationPlan::Disabled { warning } => {
+            if let Some(warning) = warning {
+                eprintln!("warning: {warning}");
+            }
+            (None, "sequential".to_string())
+        }
+    };
+    let session = engine.session(&plan)?;
+    Ok(Loaded {
+        engine,
+        session,
+        speculative,
+        mode,
+    })
+}
+
+/// Runs one generation on the loaded session, streaming deltas to stdout (flushed each) and a
+/// prefill bar to stderr for long prompts. A stdout failure cancels the run and is returned.
+pub fn stream(
+    loaded: &mut Loaded,
+    prompt: &[u32],
+    config: &GenerationConfig,
+    cancel: runtime::CancelFlag,
+) -> Result<GenerationResult> {
+    let mut out = io::stdout().lock();
+    let mut write_error: Option<io::Error> = None;
+    let mut bar: Option<indicatif::ProgressBar> = None;
+    let watch = cancel.clone();
+    let request = runtime::Request {
+        prompt,
+        config,
+        eos: &loaded.engine.eos,
+        detok: &loaded.engine.tokenizer,
+        speculative: loaded.speculative,
+        cancel,
+    };
+    let mut on_event = |event: Event<'_>| match event {
+        Event::Delta(text) => {
+            if write_error.is_none() {
+                if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+                    write_error = Some(e);
+                    watch.cancel();
+                }
+            }
+        }
+        Event::Prefill { done, total } => {
+            if total > PREFILL_BAR_MIN_TOKENS {
+                let b = bar.get_or_insert_with(|| progress::bar(total, "prefill"));
+                b.set_position(done as u64);
+                if done >= total {
+                    b.finish_and_clear();
+                }
+            }
+        }
+        Event::Decode { .. } => {}
+    };
+    let result = runtime::generate(
+        &loaded.engine.model,
+        &mut loaded.session,
+        &request,
+        &mut on_event,
+    );
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    if let Some(e) = write_error {
+        return Err(anyhow::Error::new(e).context("writing to stdout"));
+    }
+    let result = result?;
+    if !result.text.ends_with('\n') {
+        out.write_all(b"\n").context("writing to stdout")?;
+    }
+    out.flush().context("writing to stdout")?;
+    Ok(result)
+}
+
+/// `--stats`: the result line, then for a speculative run the counters and a per-position table of
+/// conditional acceptance (P(accept i | position i reached)).
+pub fn print_stats(result: &GenerationResult, mode: &str) {
+    let plain = GenerationResult {
+        spec: None,
+        token_ids: Vec::new(),
+        text: String::new(),
+        ..result.clone()
+    };
+    eprintln!("stats ({mode}): {plain}");
+    if let Some(spec) = &result.spec {
+        eprintln!("speculative: {spec}");
+        let positions: Vec<String> = spec
+            .per_position_offered
+            .iter()
+            .zip(&spec.per_position_accepted)
+            .enumerate()
+            .map(|(i, (offered, accepted))| format!("{}: {accepted}/{offered}", i + 1))
+            .collect();
+        eprintln!("accepted/reached per position: {}", positions.join("  "));
+    }
+}
+
+/// What Ctrl-C does: cancel the reply being generated if there is one; with none running, exit
+/// after `idle_presses_to_exit` presses (chat: the second press at the prompt; generate: the first).
+pub struct Interrupt {
+    current: Mutex<Option<runtime::CancelFlag>>,
+    idle_presses: AtomicUsize,
+    idle_presses_to_exit: usize,
+}
+
+impl Interrupt {
+    pub fn install(idle_presses_to_exit: usize) -> Result<Arc<Interrupt>> {
+        let interrupt = Arc::new(Interrupt {
+            current: Mutex::new(None),
+            idle_presses: AtomicUsize::new(0),
+            idle_presses_to_exit,
+        });
+        let handler = interrupt.clone();
+        ctrlc::set_handler(move || handler.pressed()).context("installing the Ctrl-C handler")?;
+        Ok(interrupt)
+    }
+
+    fn pressed(&self) {
+        let running = self
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(flag) = running {
+            flag.cancel();
+            return;
+        }
+        let presses = self.idle_presses.fetch_add(1, Ordering::SeqCst) + 1;
+        if presses >= self.idle_presses_to_exit {
+            std::process::exit(130);
+        }
+        eprintln!("\n(press Ctrl-C again to exit, or Ctrl-D)");
+    }
+
+    /// A fresh flag for the next reply, which Ctrl-C now cancels.
+    pub fn begin(&self) -> runtime::CancelFlag {
+        let flag = runtime::CancelFlag::new();
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(flag.clone());
+        self.idle_presses.store(0, Ordering::SeqCst);
+        flag
+    }
+
+    /// The reply ended: Ctrl-C counts towards exiting again.
+    pub fn end(&self) {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+    }
+
+    /// The user typed something at the prompt: a later Ctrl-C starts counting afresh.
+    pub fn typed(&self) {
+        self.idle_presses.store(0, Ordering::SeqCst);
+    }
+}
+
+fn read_prompt(args: &GenerateArgs) -> Result<String> {
+    match &args.prompt {
+        Some(prompt) => Ok(prompt.clone()),
+        None => {
+            let mut text = String::new();
+            io::stdin()
+                .read_to_string(&mut text)
+                .context("reading the prompt from stdin")?;
+            Ok(text)
+        }
+    }
+}
+
+pub fn run(args: &GenerateArgs) -> Result<()> {
+    let text = read_prompt(args)?;
+    let config = args.sampling.config();
+    let mut loaded = load(&args.model, &args.sampling)?;
+    let text = if args.chat {
+        let Some(template) = &loaded.engine.chat else {
+            bail!(
+                "--chat: the model has no chat template (chat_template.jinja or tokenizer_config.json's chat_template)"
+            );
+        };
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(ChatMessage::new("system", system.clone()));
+        }
+        messages.push(ChatMessage::new("user", text));
+        let options = RenderOptions {
+            add_generation_prompt: true,
+            ..RenderOptions::default()
+        };
+        template.render(&messages, &options)?
+    } else {
+        text
+    };
+    let prompt = loaded.engine.encode(&text)?;
+    let interrupt = Interrupt::install(1)?;
+    let cancel = interrupt.begin();
+    let result = stream(&mut loaded, &prompt, &config, cancel);
+    interrupt.end();
+    let result = result?;
+    if args.sampling.stats {
+        print_stats(&result, &loaded.mode);
+    }
+    Ok(())
+}

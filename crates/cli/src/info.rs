@@ -1,0 +1,227 @@
+//! `turbospark info [DIR]`: what a checkpoint is, read from its files alone (config, safetensors
+//! headers, tokenizer/template presence, drafter files) — the weights are not converted, so this is
+//! fast on any size and works on checkpoints without a tokenizer.
+//!
+//! The layer pattern is reported by its shortest period: Qwen3.5's `[linear ×3, full]` repeated
+//! reads "3 linear : 1 full, repeating every 4 layers (LLLF)".
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{self, Write};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use model_io::{Checkpoint, DType, Family, LayerKind};
+
+#[derive(clap::Args, Debug)]
+pub struct InfoArgs {
+    /// Checkpoint directory. Default: $TURBOSPARK_MODEL, else the embedded testbed.
+    #[arg(value_name = "DIR", env = "TURBOSPARK_MODEL")]
+    pub dir: Option<PathBuf>,
+}
+
+pub fn run(args: &InfoArgs) -> Result<()> {
+    let dir = match &args.dir {
+        Some(dir) => dir.clone(),
+        None => crate::embedded_model()?,
+    };
+    let checkpoint = Checkpoint::open(&dir).context("cannot open the checkpoint")?;
+    let text = describe(&checkpoint);
+    io::stdout().lock().write_all(text.as_bytes())?;
+    Ok(())
+}
+
+fn family_name(family: Family) -> &'static str {
+    match family {
+        Family::Qwen3 => "Qwen3 (dense attention)",
+        Family::Qwen35 => "Qwen3.5 (hybrid: Gated DeltaNet + gated full attention)",
+        Family::Qwen3Next => "Qwen3-Next (hybrid: Gated DeltaNet + gated full attention, MoE)",
+    }
+}
+
+fn dtype_name(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+    }
+}
+
+/// `1234567` → `"1.23M"`.
+pub fn human_count(n: usize) -> String {
+    let n = n as f64;
+    if n >= 1e9 {
+        format!("{:.2}B", n / 1e9)
+    } else if n >= 1e6 {
+        format!("{:.2}M", n / 1e6)
+    } else if n >= 1e3 {
+        format!("{:.1}K", n / 1e3)
+    } else {
+        format!("{n}")
+    }
+}
+
+/// The layer pattern by its shortest period, e.g. "3 linear : 1 full, repeating every 4 layers
+/// (LLLF)" (L = linear attention, F = full attention), or "28 full attention" for a dense model.
+pub fn layer_pattern(kinds: &[LayerKind]) -> String {
+    let n = kinds.len();
+    if n == 0 {
+        return "no layers".into();
+    }
+    let period = (1..=n)
+        .find(|&p| n % p == 0 && kinds.iter().enumerate().all(|(i, k)| *k == kinds[i % p]))
+        .unwrap_or(n);
+    let linear = kinds[..period]
+        .iter()
+        .filter(|k| **k == LayerKind::LinearAttention)
+        .count();
+    let full = period - linear;
+    let letters: String = kinds[..period]
+        .iter()
+        .map(|k| match k {
+            LayerKind::LinearAttention => 'L',
+            LayerKind::FullAttention => 'F',
+        })
+        .collect();
+    match (linear, full) {
+        (0, _) => format!("{n} full attention"),
+        (_, 0) => format!("{n} linear attention"),
+        _ if period == n => format!("{linear} linear : {full} full ({letters})"),
+        _ => format!("{linear} linear : {full} full, repeating every {period} layers ({letters})"),
+    }
+}
+
+/// The whole report, one `key: value` line per fact.
+pub fn describe(checkpoint: &Checkpoint) -> String {
+    let c = &checkpoint.config;
+    let tensors = &checkpoint.tensors;
+    let mut dtypes: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut mtp_params = 0usize;
+    for name in tensors.names() {
+        if let Ok(dtype) = tensors.dtype(name) {
+            *dtypes.entry(dtype_name(dtype)).or_default() += 1;
+        }
+        if name.starts_with("mtp.") {
+            mtp_params += tensors.numel(name).unwrap_or(0);
+        }
+    }
+    let dtype = match dtypes.len() {
+        0 => "none (no tensors)".to_string(),
+        1 => dtypes.keys().map(|k| k.to_string()).collect(),
+        _ => {
+            let parts: Vec<String> = dtypes
+                .iter()
+                .map(|(k, count)| format!("{k} ×{count}"))
+                .collect();
+            format!("mixed ({} tensors)", parts.join(", "))
+        }
+    };
+    let total = checkpoint.parameter_count();
+    let mut s = String::new();
+    let mut line = |key: &str, value: String| {
+        let _ = writeln!(s, "{:<16}{value}", format!("{key}:"));
+    };
+    line("model", checkpoint.dir.display().to_string());
+    line("architecture", c.architecture.clone());
+    line("family", family_name(c.family).to_string());
+    line(
+        "parameters",
+        format!(
+            "{} ({total}), of which MTP head {}",
+            human_count(total),
+            human_count(mtp_params)
+        ),
+    );
+    line("weights dtype", dtype);
+    line("context", format!("{} tokens", c.max_position_embeddings));
+    line(
+        "layers",
+        format!("{}: {}", c.num_hidden_layers, layer_pattern(&c.layer_types)),
+    );
+    line(
+        "dimensions",
+        format!(
+            "hidden {}, vocab {}, {} heads / {} kv heads × head_dim {}, intermediate {}",
+            c.hidden_size,
+            c.vocab_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.intermediate_size
+        ),
+    );
+    if let Some(l) = &c.linear {
+        line(
+            "linear attn",
+            format!(
+                "{} key heads / {} value heads, dk {}, dv {}, conv kernel {}",
+                l.num_key_heads, l.num_value_heads, l.key_head_dim, l.value_head_dim, l.conv_kernel
+            ),
+        );
+    }
+    if let Some(m) = &c.moe {
+        line(
+            "MoE",
+            format!(
+                "{} experts, top {}, expert width {}, shared expert {}",
+                m.num_experts,
+                m.num_experts_per_tok,
+                m.moe_intermediate_size,
+                m.shared_expert_intermediate_size
+            ),
+        );
+    }
+    line(
+        "MTP head",
+        if checkpoint.has_mtp {
+            format!("yes ({} layer(s), mtp.* tensors)", c.mtp_num_hidden_layers)
+        } else {
+            "no".into()
+        },
+    );
+    line(
+        "DFlash drafter",
+        if checkpoint.has_dflash {
+            "yes (dflash/ directory)".into()
+        } else {
+            "no".into()
+        },
+    );
+    let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
+    line(
+        "tokenizer",
+        yes_no(checkpoint.dir.join("tokenizer.json").is_file()),
+    );
+    line("chat template", yes_no(checkpoint.chat_template.is_some()));
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use LayerKind::{FullAttention as F, LinearAttention as L};
+
+    #[test]
+    fn layer_pattern_reports_the_shortest_period() {
+        assert_eq!(
+            layer_pattern(&[L, L, L, F, L, L, L, F]),
+            "3 linear : 1 full, repeating every 4 layers (LLLF)"
+        );
+        assert_eq!(layer_pattern(&[L, L, L, F]), "3 linear : 1 full (LLLF)");
+        assert_eq!(layer_pattern(&[F, F, F]), "3 full attention");
+        assert_eq!(layer_pattern(&[L, F, F]), "1 linear : 2 full (LFF)");
+        assert_eq!(
+            layer_pattern(&[L, F, L, F, L, F]),
+            "1 linear : 1 full, repeating every 2 layers (LF)"
+        );
+        assert_eq!(layer_pattern(&[]), "no layers");
+    }
+
+    #[test]
+    fn human_count_uses_three_significant_units() {
+        assert_eq!(human_count(999), "999");
+        assert_eq!(human_count(1_500), "1.5K");
+        assert_eq!(human_count(1_234_567), "1.23M");
+        assert_eq!(human_count(3_960_000_000), "3.96B");
+    }
+}

@@ -1,0 +1,181 @@
+//! `turbospark`: the command line over the runtime — `generate`, `chat`, `info`, `perplexity`,
+//! `bench`, `synth`.
+//!
+//! Error contract: every failure (bad flag, unreadable model, refused request) ends as one line
+//! `error: ...` on stderr and a non-zero exit; nothing reachable from arguments or files panics.
+//! Clap reports flag errors itself (exit 2); everything after parsing goes through `anyhow` and
+//! [`report`] (exit 1). A closed stdout (`turbospark generate ... | head`) ends the run quietly.
+//!
+//! Model resolution (every subcommand that takes `--model`): the flag, else `TURBOSPARK_MODEL`, else
+//! the embedded testbed `models/testbed` of the repository this binary was built from.
+
+mod bench;
+mod chat;
+mod generate;
+mod info;
+mod perplexity;
+mod progress;
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+/// The embedded default model, resolved at compile time against this crate's directory.
+const EMBEDDED_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/testbed");
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "turbospark",
+    version,
+    about = "Lossless speculative decoding for Qwen3 / Qwen3.5 / Qwen3-Next checkpoints"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Generate a continuation of PROMPT (or of stdin), streamed to stdout.
+    Generate(generate::GenerateArgs),
+    /// Multi-turn chat on stdin/stdout with the model's chat template; Ctrl-C stops a reply.
+    Chat(chat::ChatArgs),
+    /// Describe a checkpoint: architecture, size, dtype, layer pattern, drafters, template.
+    Info(info::InfoArgs),
+    /// Perplexity of a text file, llama.cpp-style (second half of each window scored).
+    Perplexity(perplexity::PerplexityArgs),
+    /// Prefill/decode tokens per second per thread count, and sequential vs MTP speculative.
+    Bench(bench::BenchArgs),
+    /// Write a random-weight checkpoint of a named shape.
+    Synth(SynthArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct SynthArgs {
+    /// Shape name (e.g. tiny-hybrid, qwen35-100m); a bad name lists the known ones.
+    #[arg(long)]
+    shape: String,
+    /// Output directory (created if absent).
+    #[arg(long)]
+    out: PathBuf,
+    /// Seed of the weights.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Largest shard in bytes.
+    #[arg(long, default_value_t = 2 << 30)]
+    shard_bytes: usize,
+}
+
+/// `--model` and `--threads`, shared by the subcommands that run one model.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Checkpoint directory (Hugging Face layout). Default: $TURBOSPARK_MODEL, else the embedded
+    /// testbed `models/testbed`.
+    #[arg(long, value_name = "DIR", env = "TURBOSPARK_MODEL")]
+    pub model: Option<PathBuf>,
+    /// CPU threads for the kernels (default: all cores, or RAYON_NUM_THREADS).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+}
+
+impl ModelArgs {
+    /// The model directory: the flag or env var, else the embedded testbed, which must exist.
+    pub fn model_dir(&self) -> Result<PathBuf> {
+        match &self.model {
+            Some(dir) => Ok(dir.clone()),
+            None => embedded_model(),
+        }
+    }
+
+    /// Sizes the kernels' thread pool when `--threads` is given.
+    pub fn apply_threads(&self) -> Result<()> {
+        match self.threads {
+            None => Ok(()),
+            Some(0) => bail!("invalid value 0 for --threads: at least one thread is needed"),
+            Some(n) => kernels::set_threads(n).context("--threads"),
+        }
+    }
+}
+
+/// The embedded testbed, or a clear error saying how to get a model.
+fn embedded_model() -> Result<PathBuf> {
+    let dir = Path::new(EMBEDDED_MODEL);
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    if !dir.join("config.json").is_file() {
+        bail!(
+            "no --model given and the embedded model is not available at {} (no config.json: \
+             the testbed recipe under models/ builds it); pass --model DIR or set TURBOSPARK_MODEL",
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
+fn synth(args: &SynthArgs) -> Result<()> {
+    let shape = synth::shape(&args.shape).context("--shape")?;
+    if args.shard_bytes == 0 {
+        bail!("invalid value 0 for --shard-bytes: a shard must hold at least one tensor");
+    }
+    let files = synth::write(shape, &args.out, args.seed, args.shard_bytes).with_context(|| {
+        format!(
+            "writing the {} checkpoint to {}",
+            shape.name,
+            args.out.display()
+        )
+    })?;
+    // Reopen what was written: checks it and counts what a loader sees (the MTP head included).
+    let written =
+        model_io::Checkpoint::open(&args.out).context("reading back the written checkpoint")?;
+    let mut out = io::stdout().lock();
+    writeln!(
+        out,
+        "wrote {} (seed {}, {} parameters) to {}: {} files",
+        shape.name,
+        args.seed,
+        written.parameter_count(),
+        args.out.display(),
+        files.len()
+    )?;
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Generate(args) => generate::run(&args),
+        Command::Chat(args) => chat::run(&args),
+        Command::Info(args) => info::run(&args),
+        Command::Perplexity(args) => perplexity::run(&args),
+        Command::Bench(args) => bench::run(&args),
+        Command::Synth(args) => synth(&args),
+    }
+}
+
+/// True when the failure is only that stdout was closed by its reader.
+pub(crate) fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<io::Error>()
+            .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Prints `error: <cause chain>` on one line.
+pub(crate) fn report(err: &anyhow::Error) {
+    let line = format!("{err:#}").replace('\n', " ");
+    let _ = writeln!(io::stderr(), "error: {line}");
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => {
+            report(&err);
+            ExitCode::FAILURE
+        }
+    }
+}
