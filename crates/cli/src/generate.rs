@@ -33,25 +33,25 @@ pub struct SamplingArgs {
     #[arg(long, default_value_t = 128)]
     pub max_tokens: usize,
     /// 0 is greedy decoding.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub temperature: f64,
     /// Keep the K most likely tokens; 0 = off.
     #[arg(long, default_value_t = 0)]
     pub top_k: u32,
     /// Nucleus sampling mass in (0, 1]; 1 = off.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f64,
     /// Drop tokens below MIN_P times the most likely one; 0 = off.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub min_p: f64,
     /// transformers' repetition penalty (> 0); 1 = off.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub repeat_penalty: f64,
     /// OpenAI presence penalty in [-2, 2].
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub presence_penalty: f64,
     /// OpenAI frequency penalty in [-2, 2].
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub frequency_penalty: f64,
     /// Seed of the sampler (a seeded sampled run reproduces exactly).
     #[arg(long, default_value_t = 0)]

@@ -1,0 +1,419 @@
+//! End-to-end tests of the `turbospark` binary: each runs the built executable as a user would and
+//! checks its exit status, stdout and stderr. References are independent of our code where one
+//! exists: transformers' greedy continuation of the real-tokenizer fixture (reference.json), the
+//! documented perplexity window arithmetic, the fixtures' known architecture.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn fixture(name: &str) -> String {
+    repo().join("fixtures").join(name).display().to_string()
+}
+
+/// Runs the binary with `args` (no TURBOSPARK_MODEL inherited) and optional stdin.
+fn run_with(args: &[&str], stdin: Option<&str>, env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_turbospark"));
+    cmd.args(args)
+        .env_remove("TURBOSPARK_MODEL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn turbospark");
+    let mut pipe = child.stdin.take().unwrap();
+    pipe.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(pipe);
+    child.wait_with_output().unwrap()
+}
+
+fn run(args: &[&str]) -> Output {
+    run_with(args, None, &[])
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+/// A failed run: non-zero exit, an `error:` line, no panic. Returns stderr.
+fn expect_error(o: &Output) -> String {
+    let err = stderr(o);
+    assert!(
+        !o.status.success(),
+        "expected failure; stdout {}",
+        stdout(o)
+    );
+    assert!(err.contains("error:"), "no error line: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    err
+}
+
+fn expect_success(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "exit {:?}; stderr: {}",
+        o.status,
+        stderr(o)
+    );
+    stdout(o)
+}
+
+/// The value after `key:` on its line of `info` output.
+fn info_field(text: &str, key: &str) -> String {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .unwrap_or_else(|| panic!("no {key} line in {text}"))
+        .trim()
+        .to_string()
+}
+
+/// transformers' prompt and greedy continuation for `fixtures/qwen3_realtok`.
+fn realtok_reference() -> (String, Vec<u32>) {
+    let json =
+        std::fs::read_to_string(repo().join("fixtures/qwen3_realtok/reference.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let prompt = json["prompt_text"].as_str().unwrap().to_string();
+    let greedy = json["greedy_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    (prompt, greedy)
+}
+
+fn realtok_decode(ids: &[u32]) -> String {
+    let checkpoint = model_io::Checkpoint::open(Path::new(&fixture("qwen3_realtok"))).unwrap();
+    checkpoint.tokenizer().unwrap().decode(ids, true).unwrap()
+}
+
+#[test]
+fn bad_model_dir_is_one_error_line_naming_the_path() {
+    let o = run(&["generate", "--model", "/nonexistent/turbospark-model", "hi"]);
+    let err = expect_error(&o);
+    assert!(err.contains("/nonexistent/turbospark-model"), "{err}");
+    let o = run(&["info", "/nonexistent/turbospark-model"]);
+    assert!(expect_error(&o).contains("/nonexistent/turbospark-model"));
+}
+
+#[test]
+fn model_env_var_overrides_the_default() {
+    let o = run_with(
+        &["generate", "hi"],
+        None,
+        &[("TURBOSPARK_MODEL", "/nonexistent/from-env")],
+    );
+    assert!(expect_error(&o).contains("/nonexistent/from-env"));
+}
+
+#[test]
+fn missing_embedded_model_is_a_clear_error() {
+    if repo().join("models/testbed/config.json").is_file() {
+        // The testbed exists: the default resolves to it (`info` needs no tokenizer work).
+        let out = expect_success(&run(&["info"]));
+        assert!(info_field(&out, "model").contains("testbed"), "{out}");
+        return;
+    }
+    let err = expect_error(&run(&["generate", "hi"]));
+    assert!(
+        err.contains("models/testbed") && err.contains("--model"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_flag_values_name_the_flag() {
+    let err = expect_error(&run(&["generate", "--speculative", "bogus", "hi"]));
+    assert!(err.contains("--speculative"), "{err}");
+    let err = expect_error(&run(&["generate", "--drafter", "eagle", "hi"]));
+    assert!(err.contains("--drafter"), "{err}");
+    let realtok = fixture("qwen3_realtok");
+    let err = expect_error(&run(&[
+        "generate",
+        "--model",
+        &realtok,
+        "--max-tokens",
+        "0",
+        "hi",
+    ]));
+    assert!(err.contains("max_tokens"), "{err}");
+    let err = expect_error(&run(&[
+        "generate",
+        "--model",
+        &realtok,
+        "--temperature",
+        "-1",
+        "hi",
+    ]));
+    assert!(err.contains("temperature"), "{err}");
+}
+
+#[test]
+fn info_reports_family_layers_and_drafters() {
+    let out = expect_success(&run(&["info", &fixture("qwen3_5")]));
+    assert!(info_field(&out, "family").starts_with("Qwen3.5"), "{out}");
+    assert!(info_field(&out, "MTP head").starts_with("yes"), "{out}");
+    assert_eq!(info_field(&out, "layers"), "4: 3 linear : 1 full (LLLF)");
+    assert_eq!(info_field(&out, "weights dtype"), "f32");
+    assert_eq!(info_field(&out, "tokenizer"), "no");
+    // Negative control: the dense fixture has no head.
+    let out = expect_success(&run(&["info", &fixture("qwen3")]));
+    assert!(info_field(&out, "family").starts_with("Qwen3 "), "{out}");
+    assert_eq!(info_field(&out, "MTP head"), "no");
+    let out = expect_success(&run(&["info", &fixture("qwen3_realtok")]));
+    assert_eq!(info_field(&out, "weights dtype"), "bf16");
+    assert_eq!(info_field(&out, "chat template"), "yes");
+}
+
+#[test]
+fn greedy_generate_matches_transformers_and_repeats() {
+    let (prompt, greedy) = realtok_reference();
+    let model = fixture("qwen3_realtok");
+    let args = [
+        "generate",
+        "--model",
+        &model,
+        "--max-tokens",
+        "8",
+        "--speculative",
+        "off",
+        &prompt,
+    ];
+    let first = expect_success(&run(&args));
+    assert_eq!(first, format!("{}\n", realtok_decode(&greedy[..8])));
+    assert_eq!(expect_success(&run(&args)), first);
+    // The prompt from stdin gives the same continuation.
+    let piped = run_with(&args[..args.len() - 1], Some(&prompt), &[]);
+    assert_eq!(expect_success(&piped), first);
+}
+
+#[test]
+fn sampled_generate_is_deterministic_for_a_seed() {
+    let model = fixture("qwen3_realtok");
+    let args = |seed: &'static str| {
+        run(&[
+            "generate",
+            "--model",
+            &model,
+            "--max-tokens",
+            "8",
+            "--temperature",
+            "1.0",
+            "--seed",
+            seed,
+            "The weather today",
+        ])
+    };
+    let a = expect_success(&args("11"));
+    assert!(!a.trim_end().is_empty());
+    assert_eq!(expect_success(&args("11")), a);
+    // The seed matters: 8 draws at temperature 1 over 151936 tokens collide with negligible odds.
+    assert_ne!(expect_success(&args("12")), a);
+}
+
+#[test]
+fn stop_string_truncates_the_output() {
+    let (prompt, greedy) = realtok_reference();
+    let full = realtok_decode(&greedy[..8]);
+    let head = realtok_decode(&greedy[..3]);
+    let stop = realtok_decode(&greedy[3..5]);
+    assert!(full.starts_with(&format!("{head}{stop}")) && !stop.is_empty());
+    let model = fixture("qwen3_realtok");
+    let o = run(&[
+        "generate",
+        "--model",
+        &model,
+        "--max-tokens",
+        "8",
+        "--speculative",
+        "off",
+        "--stop",
+        &stop,
+        "--stats",
+        &prompt,
+    ]);
+    assert_eq!(expect_success(&o), format!("{head}\n"));
+    assert!(stderr(&o).contains("stop string 0"), "{}", stderr(&o));
+}
+
+#[test]
+fn named_speculation_without_a_head_is_refused() {
+    for name in ["qwen3", "qwen3_realtok"] {
+        let model = fixture(name);
+        let err = expect_error(&run(&[
+            "generate",
+            "--model",
+            &model,
+            "--speculative",
+            "2",
+            "hi",
+        ]));
+        assert!(
+            err.contains("--speculative 2") && err.contains("MTP head"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn auto_speculation_without_a_head_warns_once_and_runs() {
+    let model = fixture("qwen3_realtok");
+    let o = run(&["generate", "--model", &model, "--max-tokens", "4", "hi"]);
+    expect_success(&o);
+    assert_eq!(stderr(&o).matches("warning:").count(), 1, "{}", stderr(&o));
+}
+
+#[test]
+fn speculation_on_qwen3_5_needs_its_missing_tokenizer_for_text() {
+    // qwen3_5 has an MTP head but no tokenizer.json: the speculative plan passes, loading fails.
+    let model = fixture("qwen3_5");
+    let err = expect_error(&run(&[
+        "generate",
+        "--model",
+        &model,
+        "--speculative",
+        "2",
+        "hi",
+    ]));
+    assert!(err.contains("tokenizer.json"), "{err}");
+}
+
+#[test]
+fn bench_compares_mtp_with_sequential_on_qwen3_5() {
+    let model = fixture("qwen3_5");
+    let o = run(&[
+        "bench",
+        "--model",
+        &model,
+        "--threads-list",
+        "1",
+        "--runs",
+        "1",
+        "--prompt-tokens",
+        "16",
+        "--gen-tokens",
+        "12",
+        "--speculative",
+        "1,2",
+    ]);
+    let out = expect_success(&o);
+    assert!(out.contains("prefill tok/s"), "{out}");
+    for block in ["mtp 1", "mtp 2"] {
+        let row = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(block))
+            .unwrap_or_else(|| panic!("no {block} row: {out}"));
+        // Greedy speculative decoding is lossless: the tokens equal the sequential ones.
+        assert!(row.trim_end().ends_with("yes"), "{row}");
+    }
+    // No head on the dense fixture: a named block is refused.
+    let err = expect_error(&run(&[
+        "bench",
+        "--model",
+        &fixture("qwen3"),
+        "--speculative",
+        "2",
+    ]));
+    assert!(err.contains("MTP head"), "{err}");
+}
+
+#[test]
+fn perplexity_scores_the_documented_windows() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("text.txt");
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(12);
+    std::fs::write(&file, &text).unwrap();
+    let checkpoint = model_io::Checkpoint::open(Path::new(&fixture("qwen3_realtok"))).unwrap();
+    let n = checkpoint
+        .tokenizer()
+        .unwrap()
+        .encode(text.as_str(), false)
+        .unwrap()
+        .len();
+    let ctx = 32;
+    let windows = (n - ctx) / ctx + 1;
+    let scored = windows * (ctx - 1 - ctx / 2); // llama.cpp: rows ctx/2 ..= ctx-2
+    let model = fixture("qwen3_realtok");
+    let o = run(&[
+        "perplexity",
+        "--model",
+        &model,
+        "--ctx",
+        "32",
+        file.to_str().unwrap(),
+    ]);
+    let out = expect_success(&o);
+    let last = out.lines().last().unwrap();
+    let rest = last
+        .strip_prefix("perplexity: ")
+        .unwrap_or_else(|| panic!("{out}"));
+    let (ppl, tokens) = rest.split_once(" over ").unwrap();
+    let ppl: f64 = ppl.parse().unwrap();
+    assert!(ppl.is_finite() && ppl > 1.0, "{ppl}");
+    assert_eq!(tokens, format!("{scored} tokens"));
+    assert_eq!(out.lines().filter(|l| l.starts_with('[')).count(), windows);
+}
+
+#[test]
+fn chat_reuses_the_previous_turns() {
+    let model = fixture("qwen3_realtok");
+    let o = run_with(
+        &[
+            "chat",
+            "--model",
+            &model,
+            "--max-tokens",
+            "4",
+            "--speculative",
+            "off",
+            "--stats",
+        ],
+        Some("Hello there\nAnd again\n/reset\nFresh start\n"),
+        &[],
+    );
+    expect_success(&o);
+    let reused: Vec<usize> = stderr(&o)
+        .lines()
+        .filter_map(|l| l.split_once("(reused ").map(|(_, r)| r))
+        .map(|r| r.split(')').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(reused.len(), 3, "{}", stderr(&o));
+    assert_eq!(reused[0], 0);
+    assert!(reused[1] > 0, "second turn reused nothing: {reused:?}");
+    assert_eq!(reused[2], 0, "/reset must start from an empty state");
+}
+
+#[test]
+fn synth_then_info() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("tiny");
+    let out_dir = out_dir.to_str().unwrap();
+    expect_success(&run(&[
+        "synth",
+        "--shape",
+        "tiny-hybrid",
+        "--out",
+        out_dir,
+        "--seed",
+        "3",
+    ]));
+    let info = expect_success(&run(&["info", out_dir]));
+    assert!(info_field(&info, "family").starts_with("Qwen3.5"), "{info}");
+    assert_eq!(info_field(&info, "weights dtype"), "bf16");
+    assert!(info_field(&info, "MTP head").starts_with("yes"), "{info}");
+    let err = expect_error(&run(&["synth", "--shape", "nope", "--out", out_dir]));
+    assert!(
+        err.contains("tiny-hybrid"),
+        "known shapes are listed: {err}"
+    );
+}
