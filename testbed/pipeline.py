@@ -102,11 +102,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(HERE, "out")))
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--total-s", type=float, default=560, help="seconds from process start")
-    ap.add_argument("--reserve-s", type=float, default=190, help="time kept for everything after pretraining")
-    ap.add_argument("--gen-s", type=float, default=25)
-    ap.add_argument("--draft-s", type=float, default=85)
+    ap.add_argument("--total-s", type=float, default=575, help="seconds from process start")
+    ap.add_argument("--reserve-s", type=float, default=195, help="time kept for everything after pretraining")
+    ap.add_argument("--gen-s", type=float, default=22)
+    ap.add_argument("--draft-s", type=float, default=110)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--batch", type=int, default=64, help="0 = autotune among 32/64/128")
+    ap.add_argument("--draft-lr", type=float, default=1.5e-3)
     ap.add_argument("--resume", default=None, help="exported target dir: skip pretraining")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -155,11 +157,13 @@ def main() -> None:
     if args.resume:
         run.results["pretrain"] = {"resumed_from": args.resume}
     else:
-        if dev.type == "cuda":
+        if dev.type != "cuda":
+            batch = 4
+        elif args.batch:
+            batch = args.batch
+        else:
             batch, rates = autotune_batch(model, mtp, sampler, seq_len, [32, 64, 128], log)
             run.results["autotune_tok_per_s"] = rates
-        else:
-            batch = 4
         pre_s = run.left(args.total_s) - args.reserve_s if not smoke else 20
         log(f"pretrain batch={batch} seq={seq_len} for {pre_s:.0f}s")
         run.results["pretrain"] = pretrain(model, mtp, sampler, seq_len, batch, pre_s, args.lr, log)
@@ -180,9 +184,24 @@ def main() -> None:
     run.save()
     write_bundle(export_dir, args.out, ("config.json", "generation_config.json", "model.safetensors.index.json"))
 
-    # ---- greedy continuations of training prompts: the drafters' training data ----
+    # ---- held-out prompts and the target's greedy continuations (fixed from here on) ----
     model.eval()
-    gen_p, gen_new = (16, 48) if smoke else (64, 192)
+    groups = {"code": ["python", "rust", "c"], "prose": ["prose"]}
+    n_prompts = 4 if smoke else 48
+    plen, new = (32, 32) if smoke else (128, 128)
+    heldout = {}
+    for group, cats in groups.items():
+        per = max(n_prompts // len(cats), 1)
+        prompts = torch.cat([tbdata.val_windows(val[c], plen, 10_000)[::7][:per] for c in cats]).to(dev)
+        heldout[group] = greedy_continue(model, prompts, new, 256)
+    run.results["acceptance_mtp_joint"] = {
+        group: {f"mtp_k{k}": simulate_mtp(model, mtp, seqs, plen, k) for k in (1, 2, 3)}
+        for group, seqs in heldout.items()}
+    log(f"acceptance of the jointly trained MTP: {json.dumps(run.results['acceptance_mtp_joint'])}")
+    run.save()
+
+    # ---- greedy continuations of training prompts: the drafters' training data ----
+    gen_p, gen_new = (16, 48) if smoke else (128, 128)
     gen_batch = 8 if smoke else 1024
     pool, t_gen = [], time.time()
     while time.time() - t_gen < (5 if smoke else args.gen_s) and len(pool) < 16:
@@ -201,20 +220,16 @@ def main() -> None:
     run.results["params"]["dflash"] = param_count(drafter)
     draft_s = 15 if smoke else min(args.draft_s, run.left(args.total_s) - 75)
     run.results["drafters"] = train_drafters(model, mtp, drafter, pool, gen_p, 4 if smoke else 128, draft_s,
-                                             1e-3, log, anchors_per_seq=4 if smoke else 16)
+                                             args.draft_lr, log, anchors_per_seq=4 if smoke else 16,
+                                             text_sampler=sampler, text_batch=4 if smoke else 32,
+                                             text_len=64 if smoke else 256)
     run.save()
 
     # ---- acceptance on held-out prompts ----
     model.eval(), mtp.eval(), drafter.eval()
     spec = {}
-    groups = {"code": ["python", "rust", "c"], "prose": ["prose"]}
-    n_prompts = 4 if smoke else 48
-    plen, new = (32, 32) if smoke else (128, 128)
-    for group, cats in groups.items():
-        per = max(n_prompts // len(cats), 1)
-        prompts = torch.cat([tbdata.val_windows(val[c], plen, 10_000)[::7][:per] for c in cats]).to(dev)
-        seqs = greedy_continue(model, prompts, new, 256)
-        res = {"prompts": prompts.shape[0], "prompt_tokens": plen, "new_tokens": new,
+    for group, seqs in heldout.items():
+        res = {"prompts": seqs.shape[0], "prompt_tokens": plen, "new_tokens": new,
                "distinct_4gram_ratio": distinct_ngram_ratio(seqs, plen)}
         # same precision as the greedy continuation (f32 weights, TF32 matmuls), so ties break alike
         res["dflash_block8"] = simulate_dflash(model, drafter, seqs, plen)

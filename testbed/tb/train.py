@@ -129,8 +129,9 @@ def mtp_greedy_loss(model, mtp, seqs, hidden, start):
 
 
 def train_drafters(model, mtp, drafter, pool, start, batch, seconds, lr, log, anchors_per_seq=16, gamma=4.0,
-                   mtp_lr=None, seed=0):
-    """pool [N,L] generated sequences (on device)."""
+                   mtp_lr=None, seed=0, text_sampler=None, text_batch=32, text_len=256):
+    """pool [N,L] generated sequences (on device). With text_sampler, the MTP loss is the mean of its loss
+    on the greedy pool and on real text windows (so it keeps its real-text skill)."""
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -157,6 +158,11 @@ def train_drafters(model, mtp, drafter, pool, start, batch, seconds, lr, log, an
         with torch.autocast(device_type=seqs.device.type, dtype=torch.bfloat16):
             dloss, acc, hidden = dflash_losses(model, drafter, seqs, start, anchors_per_seq, gamma, gen)
             mloss = mtp_greedy_loss(model, mtp, seqs, hidden, start)
+            if text_sampler is not None:
+                x = text_sampler.batch(text_batch, text_len + 1)
+                with torch.no_grad():
+                    h_text, _ = run_target(model, x)
+                mloss = 0.5 * (mloss + mtp_greedy_loss(model, mtp, x, h_text, 2))
         opt.zero_grad(set_to_none=True)
         opt_m.zero_grad(set_to_none=True)
         (dloss + mloss).backward()
