@@ -14,7 +14,7 @@
 use std::io::{self, BufRead, IsTerminal, Write};
 
 use anyhow::{bail, Context, Result};
-use runtime::{ChatMessage, RenderOptions, StopReason};
+use runtime::{ChatMessage, StopReason};
 
 use crate::generate::{self, Interrupt, SamplingArgs};
 use crate::ModelArgs;
@@ -59,15 +59,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             "chat: the model has no chat template (chat_template.jinja or tokenizer_config.json's chat_template)"
         );
     }
-    let mut options = RenderOptions {
-        add_generation_prompt: true,
-        ..RenderOptions::default()
-    };
-    if args.no_think {
-        options
-            .extra
-            .insert("enable_thinking".into(), serde_json::Value::Bool(false));
-    }
+    let options = generate::render_options(args.no_think);
     let opening: Vec<ChatMessage> = args
         .system
         .iter()

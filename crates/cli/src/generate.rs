@@ -120,6 +120,9 @@ pub struct GenerateArgs {
     /// A system message for --chat.
     #[arg(long, value_name = "TEXT", requires = "chat")]
     pub system: Option<String>,
+    /// With --chat: pass enable_thinking = false to the template (Qwen3-style templates).
+    #[arg(long, requires = "chat")]
+    pub no_think: bool,
 }
 
 /// A loaded model ready to generate: the engine, a session with the plan's drafter attached, and
@@ -327,6 +330,20 @@ impl Interrupt {
     }
 }
 
+/// Template options of a turn: the generation prompt, and `enable_thinking = false` on request.
+pub fn render_options(no_think: bool) -> RenderOptions {
+    let mut options = RenderOptions {
+        add_generation_prompt: true,
+        ..RenderOptions::default()
+    };
+    if no_think {
+        options
+            .extra
+            .insert("enable_thinking".into(), serde_json::Value::Bool(false));
+    }
+    options
+}
+
 fn read_prompt(args: &GenerateArgs) -> Result<String> {
     match &args.prompt {
         Some(prompt) => Ok(prompt.clone()),
@@ -355,11 +372,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
             messages.push(ChatMessage::new("system", system.clone()));
         }
         messages.push(ChatMessage::new("user", text));
-        let options = RenderOptions {
-            add_generation_prompt: true,
-            ..RenderOptions::default()
-        };
-        template.render(&messages, &options)?
+        template.render(&messages, &render_options(args.no_think))?
     } else {
         text
     };
