@@ -259,9 +259,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     let c = &bench.checkpoint.config;
     out!(
-        "model: {label}\n  {} ({:?}), {} parameters, MTP head: {}",
+        "model: {label}\n  {}, {}, {} parameters, MTP head: {}",
         c.architecture,
-        c.family,
+        crate::info::family_name(c.family),
         crate::info::human_count(bench.checkpoint.parameter_count()),
         if bench.checkpoint.has_mtp {
             "yes"

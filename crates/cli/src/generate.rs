@@ -371,7 +371,10 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
         if let Some(system) = &args.system {
             messages.push(ChatMessage::new("system", system.clone()));
         }
-        messages.push(ChatMessage::new("user", text));
+        // A prompt piped from stdin ends with the line's newline, which is not part of the turn.
+        let turn = text.strip_suffix('\n').unwrap_or(&text);
+        let turn = turn.strip_suffix('\r').unwrap_or(turn);
+        messages.push(ChatMessage::new("user", turn));
         template.render(&messages, &render_options(args.no_think))?
     } else {
         text

@@ -31,7 +31,7 @@ pub fn run(args: &InfoArgs) -> Result<()> {
     Ok(())
 }
 
-fn family_name(family: Family) -> &'static str {
+pub fn family_name(family: Family) -> &'static str {
     match family {
         Family::Qwen3 => "Qwen3 (dense attention)",
         Family::Qwen35 => "Qwen3.5 (hybrid: Gated DeltaNet + gated full attention)",

@@ -457,18 +457,36 @@ fn chat_flag_renders_the_qwen3_template() {
         ]),
         with_template(&[&no_think])
     );
-    // The fixture without a template refuses --chat (qwen3_5 also lacks a tokenizer, so use a copy).
-    let err = expect_error(&run(&[
+    // The same checkpoint without tokenizer_config.json (so without a template) refuses --chat.
+    let dir = tempfile::tempdir().unwrap();
+    for file in [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ] {
+        std::fs::copy(
+            repo().join("fixtures/qwen3_realtok").join(file),
+            dir.path().join(file),
+        )
+        .unwrap();
+    }
+    let bare = dir.path().to_str().unwrap();
+    expect_success(&run(&[
         "generate",
         "--model",
-        &fixture("qwen3"),
-        "--chat",
+        bare,
+        "--max-tokens",
+        "2",
         "hi",
     ]));
+    let err = expect_error(&run(&["generate", "--model", bare, "--chat", "hi"]));
     assert!(
-        err.contains("tokenizer.json") || err.contains("chat template"),
+        err.contains("--chat") && err.contains("chat template"),
         "{err}"
     );
+    let err = expect_error(&run_with(&["chat", "--model", bare], Some("hi\n"), &[]));
+    assert!(err.contains("chat template"), "{err}");
 }
 
 /// Sends SIGINT to a running child.
