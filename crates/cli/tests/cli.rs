@@ -563,3 +563,97 @@ fn ctrl_c_cancels_the_reply_not_the_chat_and_twice_at_the_prompt_exits() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
 }
+
+/// A copy of `fixtures/qwen3_5` (MTP head, vocab 512, no tokenizer of its own) with a word-level
+/// tokenizer whose token `i` is the word `w{i}`, so text prompts map to known ids.
+fn qwen3_5_with_words() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let src = repo().join("fixtures/qwen3_5");
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        if !name.starts_with("reference") {
+            std::fs::copy(&path, dir.path().join(name)).unwrap();
+        }
+    }
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..512)
+        .map(|i| (format!("w{i}"), serde_json::json!(i)))
+        .collect();
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w0"}
+    });
+    std::fs::write(dir.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    dir
+}
+
+fn reference_ids(name: &str, key: &str) -> Vec<u32> {
+    let path = repo().join("fixtures").join(name).join("reference.json");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    json[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn words(ids: &[u32]) -> String {
+    ids.iter()
+        .map(|i| format!("w{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn speculative_generate_matches_transformers_greedy_and_reports_acceptance() {
+    let dir = qwen3_5_with_words();
+    let model = dir.path().to_str().unwrap();
+    let prompt = words(&reference_ids("qwen3_5", "prompt_ids"));
+    let expected = words(&reference_ids("qwen3_5", "greedy_ids")[..16]);
+    for speculative in ["off", "1", "2", "4"] {
+        let o = run(&[
+            "generate",
+            "--model",
+            model,
+            "--max-tokens",
+            "16",
+            "--speculative",
+            speculative,
+            "--stats",
+            &prompt,
+        ]);
+        let out = expect_success(&o);
+        assert_eq!(out.trim(), expected, "--speculative {speculative}");
+        let err = stderr(&o);
+        if speculative == "off" {
+            assert!(
+                err.contains("stats (sequential)") && !err.contains("speculative:"),
+                "{err}"
+            );
+        } else {
+            assert!(
+                err.contains(&format!("stats (mtp, block {speculative})")),
+                "{err}"
+            );
+            assert!(err.contains("speculative: rounds="), "{err}");
+            assert!(err.contains("accepted/reached per position: 1: "), "{err}");
+        }
+    }
+    // Beyond the MTP head's range: refused, naming the range.
+    let err = expect_error(&run(&[
+        "generate",
+        "--model",
+        model,
+        "--speculative",
+        "99",
+        "w1",
+    ]));
+    assert!(
+        err.contains("--speculative 99") && err.contains("1..="),
+        "{err}"
+    );
+}
