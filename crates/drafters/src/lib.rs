@@ -5,8 +5,10 @@
 //! `observe` with *verified* rows; anything `propose` writes past that is speculative and is discarded by
 //! the next `observe` (the drafter rewinds to its committed position first).
 
+pub mod dflash;
 pub mod mtp;
 
+pub use dflash::DflashDrafter;
 pub use mtp::MtpHead;
 
 use families::{ModelError, Tap};
