@@ -1,0 +1,84 @@
+// Row-wise and element-wise kernels: embedding gather, RMSNorm (plain / zero-centred), the gated
+// DeltaNet output norm, SwiGLU's silu(gate) * up, and the random fill used by synthetic benchmarks.
+
+// x[r, :] = embed[ids[r], :] (bf16 or f32 table -> f32). Ids were range-checked on the host.
+extern "C" __global__ void embed_bf16(const bf16_t* __restrict__ table, const int* __restrict__ ids,
+                                      float* __restrict__ x, int hidden) {
+    const bf16_t* src = table + (size_t)ids[blockIdx.x] * hidden;
+    float* dst = x + (size_t)blockIdx.x * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = bf2f(src[i]);
+}
+extern "C" __global__ void embed_f32(const float* __restrict__ table, const int* __restrict__ ids,
+                                     float* __restrict__ x, int hidden) {
+    const float* src = table + (size_t)ids[blockIdx.x] * hidden;
+    float* dst = x + (size_t)blockIdx.x * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = src[i];
+}
+
+// One block per row: y = (x * 1/sqrt(mean(x^2) + eps)) * (zero_centred ? 1 + w : w), sum of squares in
+// f64, the rest in f32 in torch's order (as crates/kernels/src/norm.rs).
+extern "C" __global__ void rmsnorm(const float* __restrict__ x, const float* __restrict__ w,
+                                   float* __restrict__ y, int width, float eps, int zero_centred) {
+    __shared__ double scratch[32];
+    const float* xr = x + (size_t)blockIdx.x * width;
+    float* yr = y + (size_t)blockIdx.x * width;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) ss += (double)xr[i] * (double)xr[i];
+    ss = block_sum_d(ss, scratch);
+    float variance = (float)(ss / (double)width);
+    float inv = 1.0f / sqrtf(variance + eps);
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        float scale = zero_centred ? 1.0f + w[i] : w[i];
+        yr[i] = (xr[i] * inv) * scale;
+    }
+}
+
+// Gated DeltaNet output norm, one block per (row, value head): o <- (rmsnorm(o) * w) * (z * sigmoid(z)).
+// o: [n, hv, dv]; z: rows of the fused projection (stride ldz), head h at z[h * dv].
+extern "C" __global__ void gated_rmsnorm(float* __restrict__ o, const float* __restrict__ z, int ldz,
+                                         const float* __restrict__ w, float eps, int hv, int dv) {
+    __shared__ double scratch[32];
+    const int row = blockIdx.x / hv, head = blockIdx.x % hv;
+    float* orow = o + (size_t)blockIdx.x * dv;
+    const float* zrow = z + (size_t)row * ldz + (size_t)head * dv;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) ss += (double)orow[i] * (double)orow[i];
+    ss = block_sum_d(ss, scratch);
+    float inv = 1.0f / sqrtf((float)(ss / (double)dv) + eps);
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) {
+        float zz = zrow[i];
+        orow[i] = ((orow[i] * inv) * w[i]) * (zz * sigmoid_f(zz));
+    }
+}
+
+// SwiGLU: gate_up [n, 2I] (gate rows first, then up, per row) -> act [n, I] = silu(gate) * up.
+extern "C" __global__ void silu_mul(const float* __restrict__ gate_up, float* __restrict__ act, int inter,
+                                    long long count) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (; i < count; i += stride) {
+        long long r = i / inter, c = i % inter;
+        const float* g = gate_up + r * 2 * inter;
+        act[i] = silu_f(g[c]) * g[inter + c];
+    }
+}
+
+// Deterministic pseudo-random bf16 fill (SplitMix64 hash of seed and index; Irwin-Hall sum of 4
+// uniforms rescaled to unit variance, times std): synthetic benchmark weights, written on the GPU.
+__device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+extern "C" __global__ void fill_normal_bf16(bf16_t* __restrict__ p, long long count, unsigned long long seed,
+                                            float std) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (; i < count; i += stride) {
+        unsigned long long h = splitmix64(seed ^ ((unsigned long long)i * 0xD1B54A32D192ED03ull));
+        float s = 0.0f;
+        for (int k = 0; k < 4; ++k) s += ((float)((h >> (16 * k)) & 0xffffu) + 0.5f) * (1.0f / 65536.0f);
+        p[i] = f2bf((s - 2.0f) * 1.7320508f * std);
+    }
+}

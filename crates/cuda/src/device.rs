@@ -1,0 +1,230 @@
+//! Opening the GPU: dlopen the driver (cudarc dynamic loading, so the binary builds and starts without
+//! CUDA), create a context and one non-default stream (graph capture needs one), compile the kernel
+//! module with NVRTC for the device's sm_XY (cached on disk), and create a cuBLAS handle on the stream.
+//!
+//! Invariant: `open` never panics for a missing driver, library or device; each is one [`CudaError`]
+//! line saying what is missing. Presence is checked with cudarc's `is_culib_present` before any call
+//! that would otherwise panic inside the lazy loader.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{sys as dsys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use crate::error::CudaError;
+use crate::nvrtc;
+
+/// Every kernel the backend launches (all must exist in the compiled module).
+pub const KERNELS: &[&str] = &[
+    "linear_bf16_1",
+    "linear_bf16_2",
+    "linear_bf16_3",
+    "linear_bf16_4",
+    "linear_bf16_5",
+    "linear_bf16_6",
+    "linear_bf16_7",
+    "linear_bf16_8",
+    "linear_f32_1",
+    "linear_f32_2",
+    "linear_f32_3",
+    "linear_f32_4",
+    "linear_f32_5",
+    "linear_f32_6",
+    "linear_f32_7",
+    "linear_f32_8",
+    "to_bf16",
+    "embed_bf16",
+    "embed_f32",
+    "rmsnorm",
+    "gated_rmsnorm",
+    "silu_mul",
+    "fill_normal_bf16",
+    "attn_prep",
+    "attn_split",
+    "attn_combine",
+    "conv1d_silu",
+    "gdn_step",
+];
+
+/// Facts about the opened device, for logs and roofline arithmetic.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub name: String,
+    /// Compute capability as major * 10 + minor (90 for H100/H200).
+    pub arch: u32,
+    pub sms: i32,
+    pub total_memory: usize,
+    pub driver_version: i32,
+    pub nvrtc_version: (i32, i32),
+    pub include_dirs: Vec<PathBuf>,
+    pub kernel_cache: PathBuf,
+    pub kernels_from_cache: bool,
+    pub compile_seconds: f64,
+}
+
+/// An opened GPU with its stream, compiled kernels and cuBLAS handle.
+pub struct CudaDevice {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) blas: CudaBlas,
+    _module: Arc<CudaModule>,
+    functions: HashMap<&'static str, CudaFunction>,
+    pub info: DeviceInfo,
+}
+
+/// Whether the CUDA driver library can be loaded here (cheap; never panics). `--device auto` uses it.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the candidate library names.
+    unsafe { dsys::is_culib_present() }
+}
+
+impl CudaDevice {
+    /// Opens device 0. On a machine without an NVIDIA driver this is `Err(CudaError::NoDriver)`.
+    pub fn open() -> Result<Self, CudaError> {
+        Self::open_ordinal(0)
+    }
+
+    pub fn open_ordinal(ordinal: usize) -> Result<Self, CudaError> {
+        if !driver_present() {
+            return Err(CudaError::NoDriver {
+                searched: "libcuda.so, libcuda.so.1 (and cudarc's other candidate names)".into(),
+            });
+        }
+        let count = CudaContext::device_count().map_err(|e| CudaError::NoDevice {
+            reason: format!("cuInit / cuDeviceGetCount failed: {e}"),
+        })?;
+        if count <= ordinal as i32 {
+            return Err(CudaError::NoDevice {
+                reason: format!("device {ordinal} requested, {count} present"),
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::NoDevice {
+            reason: format!("cannot create a context on device {ordinal}: {e}"),
+        })?;
+        // One stream, ordered: cudarc's per-buffer event tracking is unnecessary (and would put event
+        // nodes into captured graphs). Buffers allocated from here on are untracked.
+        // SAFETY: called before any buffer of this context exists.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(CudaError::driver("creating a stream"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(CudaError::driver("reading the compute capability"))?;
+        let arch = (major * 10 + minor) as u32;
+        if !nvrtc::nvrtc_present() {
+            return Err(CudaError::MissingLibrary {
+                library: "libnvrtc.so.13",
+                purpose: "compiling the kernels",
+            });
+        }
+        // SAFETY: only tries to dlopen the candidate library names.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(CudaError::MissingLibrary {
+                library: "libcublas.so.13",
+                purpose: "prefill GEMMs",
+            });
+        }
+        let nvrtc_version = nvrtc::nvrtc_version();
+        let include_dirs = nvrtc::include_dirs();
+        let kernel_cache = nvrtc::cache_dir();
+        let t = std::time::Instant::now();
+        let compiled = nvrtc::compile_cached(
+            "turbospark kernels",
+            &nvrtc::module_source(),
+            arch,
+            &include_dirs,
+            &kernel_cache,
+        )?;
+        let compile_seconds = t.elapsed().as_secs_f64();
+        let module = ctx
+            .load_module(Ptx::from_binary(compiled.cubin))
+            .map_err(CudaError::driver("loading the kernel module"))?;
+        let mut functions = HashMap::new();
+        for &name in KERNELS {
+            let f = module
+                .load_function(name)
+                .map_err(CudaError::driver(format!("looking up kernel {name}")))?;
+            functions.insert(name, f);
+        }
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas {
+            context: "creating the handle".into(),
+            reason: format!("{e:?}"),
+        })?;
+        let mut driver_version = 0;
+        // SAFETY: plain out-parameter; the driver is loaded.
+        unsafe { dsys::cuDriverGetVersion(&mut driver_version) };
+        let info = DeviceInfo {
+            name: ctx.name().unwrap_or_else(|_| "unknown".into()),
+            arch,
+            sms: ctx
+                .attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .unwrap_or(0),
+            total_memory: ctx.total_mem().unwrap_or(0),
+            driver_version,
+            nvrtc_version,
+            include_dirs,
+            kernel_cache: compiled.path,
+            kernels_from_cache: compiled.from_cache,
+            compile_seconds,
+        };
+        Ok(CudaDevice {
+            ctx,
+            stream,
+            blas,
+            _module: module,
+            functions,
+            info,
+        })
+    }
+
+    /// A compiled kernel by name (every name in [`KERNELS`] is present after `open`).
+    pub(crate) fn kernel(&self, name: &str) -> Result<&CudaFunction, CudaError> {
+        self.functions
+            .get(name)
+            .ok_or_else(|| CudaError::Unsupported {
+                what: format!("kernel {name} (not in the compiled module)"),
+            })
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Waits for all queued work.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.stream
+            .synchronize()
+            .map_err(CudaError::driver("synchronizing the stream"))
+    }
+
+    /// One-line summary for logs.
+    pub fn summary(&self) -> String {
+        let i = &self.info;
+        format!(
+            "{} sm_{} {} SMs {:.1} GiB, driver {}.{}, NVRTC {}.{}, kernels {} ({:.2} s), include {:?}",
+            i.name,
+            i.arch,
+            i.sms,
+            i.total_memory as f64 / (1u64 << 30) as f64,
+            i.driver_version / 1000,
+            (i.driver_version % 1000) / 10,
+            i.nvrtc_version.0,
+            i.nvrtc_version.1,
+            if i.kernels_from_cache {
+                "from cache"
+            } else {
+                "compiled"
+            },
+            i.compile_seconds,
+            i.include_dirs
+        )
+    }
+}
