@@ -119,19 +119,18 @@ impl DflashConfig {
                 return Err(f.unsupported(rope, format!("rope type {kind}")));
             }
         }
-        let hidden_size = f.usize_required("hidden_size", false)?;
-        let num_attention_heads = f.usize_required("num_attention_heads", false)?;
-        let num_key_value_heads = f.usize_required("num_key_value_heads", false)?;
+        let hidden_size = f.positive("hidden_size")?;
+        let num_attention_heads = f.positive("num_attention_heads")?;
+        let num_key_value_heads = f.positive("num_key_value_heads")?;
         if num_attention_heads % num_key_value_heads != 0 {
             return Err(f.invalid(
                 "num_key_value_heads",
                 format!("{num_key_value_heads} does not divide num_attention_heads {num_attention_heads}"),
             ));
         }
-        let head_dim = match f.opt_usize("head_dim", false)? {
-            Some(d) => d,
-            None => hidden_size / num_attention_heads,
-        };
+        // Absent fields take Qwen3Config's class defaults (z-lab's config class): head_dim 128, rope
+        // theta 10⁴, eps 10⁻⁶.
+        let head_dim = f.opt_usize("head_dim", false)?.unwrap_or(128);
         if head_dim == 0 || head_dim % 2 == 1 {
             return Err(f.invalid("head_dim", format!("{head_dim} is not even and positive")));
         }
@@ -160,8 +159,8 @@ impl DflashConfig {
             target_layer_ids,
             num_target_layers: f.opt_usize("num_target_layers", false)?,
             hidden_size,
-            intermediate_size: f.usize_required("intermediate_size", false)?,
-            num_hidden_layers: f.usize_required("num_hidden_layers", false)?,
+            intermediate_size: f.positive("intermediate_size")?,
+            num_hidden_layers: f.positive("num_hidden_layers")?,
             num_attention_heads,
             num_key_value_heads,
             head_dim,
@@ -243,6 +242,14 @@ impl Fields<'_> {
             path: self.path(),
             field: name.to_string(),
         })
+    }
+
+    /// A required size that the drafter divides or loops by.
+    fn positive(&self, name: &str) -> Result<usize, LoadError> {
+        match self.usize_required(name, false)? {
+            0 => Err(self.invalid(name, "must be positive".into())),
+            n => Ok(n),
+        }
     }
 
     fn opt_f64(&self, name: &str, draft: bool) -> Result<Option<f64>, LoadError> {

@@ -89,7 +89,7 @@ fn dflash_config_fields_win_and_defaults_apply() {
     });
     let c = parse("defaults", &v).unwrap();
     assert_eq!(c.block_size, 16, "z-lab's default block");
-    assert_eq!(c.head_dim, 384 / 6);
+    assert_eq!(c.head_dim, 128, "Qwen3Config's default, not hidden / heads");
     assert_eq!(c.rope_theta, 10_000.0);
     assert_eq!(c.mask_token_id, 5, "dflash_config wins over the top level");
     assert_eq!(c.target_layer_ids, vec![0]);
@@ -170,6 +170,13 @@ fn unsupported_or_broken_configs_name_the_field() {
             "gqa",
             edit(|o| {
                 o.insert("num_key_value_heads".into(), json!(4));
+            }),
+            "num_key_value_heads",
+        ),
+        (
+            "zero_kv_heads",
+            edit(|o| {
+                o.insert("num_key_value_heads".into(), json!(0));
             }),
             "num_key_value_heads",
         ),

@@ -1,6 +1,7 @@
 //! The DFlash drafter on the embedded testbed model (models/testbed/dflash) against the f32 reference the
 //! testbed's export wrote with it (testbed/tb/reference.py): `dflash_block_logits` [block, vocab] is the
-//! block [x_77, mask × 7] at positions 77..85 over context = the taps of prompt rows 0..76.
+//! block [x_{T-1}, mask × (B-1)] at positions T-1..T-1+B over context = the taps of prompt rows 0..T-2
+//! (T = prompt length, B = block size).
 //! `TURBOSPARK_TESTBED` may point at another export directory with the same layout.
 
 use drafters::{Chooser, DflashDrafter, Drafter};
@@ -225,4 +226,55 @@ fn dflash_observe_rejects_wrong_taps() {
         .unwrap_err();
     assert!(err.to_string().contains("tap buffers"), "{err}");
     assert_eq!(drafter.position(), 0);
+}
+
+#[test]
+fn dflash_load_checks_the_drafter_against_its_target() {
+    let dir = testbed_dir();
+    let ck = Checkpoint::open(&dir).unwrap();
+    let target = Arc::new(families::load(&ck).unwrap());
+    let text = std::fs::read_to_string(dir.join("dflash/config.json")).unwrap();
+    let base: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let layers = target.layers.len();
+    let cases: Vec<(&str, serde_json::Value, &str)> = vec![
+        (
+            "hidden",
+            serde_json::json!({"hidden_size": 2 * target.hidden}),
+            "hidden_size",
+        ),
+        (
+            "trained_on",
+            serde_json::json!({"num_target_layers": layers + 4}),
+            "num_target_layers",
+        ),
+        (
+            "tap_range",
+            serde_json::json!({"dflash_config": {"mask_token_id": 3, "target_layer_ids": [0, layers]}}),
+            "target_layer_ids",
+        ),
+        (
+            "mask_range",
+            serde_json::json!({"dflash_config": {"mask_token_id": target.vocab, "target_layer_ids": [0]}}),
+            "mask_token_id",
+        ),
+        ("no_weights", serde_json::json!({}), "no weights"),
+    ];
+    for (name, patch, needle) in cases {
+        let mut cfg = base.clone();
+        for (k, v) in patch.as_object().unwrap() {
+            cfg[k] = v.clone();
+        }
+        let tmp = std::env::temp_dir().join(format!("dflash_load_{}_{name}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        std::fs::write(tmp.join("config.json"), cfg.to_string()).unwrap();
+        let err = DflashDrafter::load(&tmp, target.clone())
+            .err()
+            .expect(name)
+            .to_string();
+        std::fs::remove_dir_all(&tmp).unwrap();
+        assert!(
+            err.contains(needle) && err.contains(&tmp.display().to_string()),
+            "{name}: {err}"
+        );
+    }
 }
