@@ -17,9 +17,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use anyhow::{bail, Context, Result};
 use model_io::Checkpoint;
 use runtime::{
-    ChatMessage, DrafterAvailability, DrafterRequest, Engine, Event, GenerationConfig,
-    GenerationResult, RenderOptions, RuntimeError, Session, Speculation, SpeculationPlan,
-    Speculative,
+    ChatMessage, DrafterRequest, Engine, Event, GenerationConfig, GenerationResult, RenderOptions,
+    RuntimeError, Session, Speculation, SpeculationPlan, Speculative,
 };
 use sampling::Shaping;
 
@@ -137,22 +136,19 @@ pub struct Loaded {
 
 /// Refuses a named `--speculative N` the checkpoint cannot serve before the model is loaded, so the
 /// user does not wait for a load that ends in a refusal (and so the refusal names the missing
-/// drafter even when another file, such as the tokenizer, is also missing). Mirrors
-/// `Engine::availability`; the engine's own plan after loading stays authoritative.
+/// drafter even when another file, such as the tokenizer, is also missing). Uses the same
+/// `runtime::availability` the engine's plan uses.
 fn preflight(dir: &Path, speculation: Speculation, drafter: DrafterRequest) -> Result<()> {
     if !matches!(speculation, Speculation::Block(_)) {
         return Ok(());
     }
     let checkpoint = Checkpoint::open(dir).context("cannot load the model")?;
-    if checkpoint.has_dflash && drafter == DrafterRequest::Dflash {
-        return Ok(()); // The engine explains what it can and cannot do with the DFlash files.
-    }
-    let availability = DrafterAvailability {
-        mtp: checkpoint.has_mtp,
-        dflash: false,
-        dflash_max_block: None,
-    };
-    runtime::resolve(speculation, drafter, &availability, None)?;
+    runtime::resolve(
+        speculation,
+        drafter,
+        &runtime::availability(&checkpoint),
+        None,
+    )?;
     Ok(())
 }
 

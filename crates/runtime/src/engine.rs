@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use drafters::MtpHead;
+use drafters::{DflashDrafter, MtpHead};
 use families::Transformer;
 use model_io::Checkpoint;
 
@@ -14,6 +14,26 @@ use crate::policy::{
     self, Drafter, DrafterAvailability, DrafterRequest, Speculation, SpeculationPlan,
 };
 use crate::session::Session;
+
+/// What drafters a checkpoint carries, read from its files without loading any weights: the MTP head from
+/// the `mtp.*` tensor names, the DFlash drafter from `dflash/config.json` (its block size bounds the block).
+pub fn availability(ck: &Checkpoint) -> DrafterAvailability {
+    let dflash_block = ck
+        .has_dflash
+        .then(|| {
+            drafters::dflash::DflashConfig::from_json_file(
+                &ck.dir.join("dflash").join("config.json"),
+            )
+            .ok()
+        })
+        .flatten()
+        .map(|c| c.block_size.saturating_sub(1));
+    DrafterAvailability {
+        mtp: ck.has_mtp,
+        dflash: dflash_block.is_some(),
+        dflash_max_block: dflash_block,
+    }
+}
 
 pub struct Engine {
     pub checkpoint: Checkpoint,
@@ -62,19 +82,12 @@ impl Engine {
         spec: Speculation,
         drafter: DrafterRequest,
     ) -> Result<SpeculationPlan, RuntimeError> {
-        let mut avail = self.availability();
-        if self.checkpoint.has_dflash && drafter == DrafterRequest::Dflash {
-            // Detected on disk, but not runnable here: say so rather than pretend it is absent.
-            avail.dflash = false;
-            if matches!(spec, Speculation::Block(_)) {
-                return Err(RuntimeError::SpeculationUnavailable {
-                    request: "--drafter dflash".into(),
-                    reason: "this checkpoint carries a DFlash drafter, but this build cannot run DFlash drafters yet"
-                        .into(),
-                });
-            }
-        }
-        policy::resolve(spec, drafter, &avail, self.speculation_blocker())
+        policy::resolve(
+            spec,
+            drafter,
+            &self.availability(),
+            self.speculation_blocker(),
+        )
     }
 
     /// A new session; with the drafter the plan enabled attached.
@@ -97,10 +110,8 @@ impl Engine {
                 drafter: Drafter::Dflash,
                 ..
             } => {
-                return Err(RuntimeError::SpeculationUnavailable {
-                    request: "--drafter dflash".into(),
-                    reason: "this build cannot run DFlash drafters yet".into(),
-                })
+                let dir = self.checkpoint.dir.join("dflash");
+                session.with_drafter(Box::new(DflashDrafter::load(&dir, self.model.clone())?))
             }
             SpeculationPlan::Disabled { .. } => session,
         })

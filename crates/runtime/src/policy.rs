@@ -1,5 +1,5 @@
 //! Whether a run speculates, with which drafter and how many proposals per round: a pure decision
-//! from the request (`--speculative auto|off|N`, `--speculative-drafter auto|mtp|dflash`), what the
+//! from the request (`--speculative auto|off|N`, `--drafter auto|mtp|dflash`), what the
 //! checkpoint carries ([`DrafterAvailability`]) and whether the model can verify at all
 //! (`model_blocker`). Pure so every branch is tested without a model; the CLI, the server and the
 //! C API all call [`resolve`], so they cannot disagree.
@@ -81,7 +81,7 @@ impl fmt::Display for Speculation {
     }
 }
 
-/// `--speculative-drafter`: which drafter [`Speculation`] drives.
+/// `--drafter`: which drafter [`Speculation`] drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DrafterRequest {
     /// Whichever the checkpoint carries, MTP first.
@@ -100,7 +100,7 @@ impl FromStr for DrafterRequest {
             "mtp" => Ok(DrafterRequest::Mtp),
             "dflash" => Ok(DrafterRequest::Dflash),
             _ => Err(RuntimeError::InvalidFlag {
-                flag: "--speculative-drafter",
+                flag: "--drafter",
                 value: value.to_string(),
                 reason: "expected `auto`, `mtp` or `dflash`".to_string(),
             }),
@@ -315,10 +315,7 @@ mod tests {
             DrafterRequest::Auto
         );
         let err = "eagle".parse::<DrafterRequest>().unwrap_err().to_string();
-        assert!(
-            err.contains("--speculative-drafter") && err.contains("eagle"),
-            "{err}"
-        );
+        assert!(err.contains("--drafter") && err.contains("eagle"), "{err}");
     }
 
     #[test]
