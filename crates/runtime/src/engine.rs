@@ -62,15 +62,10 @@ impl Engine {
 
     /// Drafters this checkpoint carries (detection only).
     pub fn availability(&self) -> DrafterAvailability {
-        DrafterAvailability {
-            mtp: self.checkpoint.has_mtp,
-            dflash: false,
-            dflash_max_block: None,
-        }
+        availability(&self.checkpoint)
     }
 
-    /// Why speculation cannot run on this model at all, if anything. The DFlash drafter files may be
-    /// present, but this engine does not run them yet, so they are not reported as available.
+    /// Why speculation cannot run on this model at all, if anything.
     pub fn speculation_blocker(&self) -> Option<String> {
         None
     }
