@@ -54,7 +54,9 @@ pub enum CudaError {
     #[error("CUDA backend does not support {what}")]
     Unsupported { what: String },
     /// A forward would write past the KV capacity the state was created with.
-    #[error("forward at position {start} with {n} tokens exceeds the state's KV capacity {capacity}")]
+    #[error(
+        "forward at position {start} with {n} tokens exceeds the state's KV capacity {capacity}"
+    )]
     CapacityExceeded {
         start: usize,
         n: usize,
@@ -64,7 +66,9 @@ pub enum CudaError {
 
 impl CudaError {
     /// Wraps a driver error with what was being done.
-    pub(crate) fn driver(context: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> Self {
+    pub(crate) fn driver(
+        context: impl Into<String>,
+    ) -> impl FnOnce(cudarc::driver::DriverError) -> Self {
         let context = context.into();
         move |source| CudaError::Driver { context, source }
     }

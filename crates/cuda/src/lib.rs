@@ -1,7 +1,34 @@
-//! CUDA backend (placeholder doc; see below).
+//! CUDA backend for turbospark: the Qwen3 / Qwen3.5 forward pass on an NVIDIA GPU, with the CPU engine's
+//! semantics (`families::Transformer::forward`) and state operations (rewind, snapshot/restore, tape
+//! rollback), built without CUDA and run where a driver is present.
+//!
+//! - [`CudaDevice::open`]: dlopens libcuda / libnvrtc / libcublas (cudarc `dynamic-loading`); on a machine
+//!   without them it is one clear [`CudaError`], so the same binary serves `--device cpu|cuda|auto`
+//!   ([`driver_present`] is the cheap probe for `auto`).
+//! - Kernels: CUDA C in `src/cu/`, compiled by NVRTC for the device's sm_XY and cached on disk
+//!   (`nvrtc.rs`). bf16 weights with f32 accumulation and f32 activations for decode/verify rows;
+//!   cuBLAS GEMMs for prefill passes (`ops.rs`).
+//! - [`CudaModel`]: weights on the GPU (`model.rs`, `weights.rs`) and the forward pass (`forward.rs`);
+//!   one-row decode steps replay a captured CUDA graph.
+//! - [`CudaState`]: KV caches and recurrent state on the GPU (`state.rs`).
+//!
+//! Invariant: a verify block of up to `LoadOptions::gemv_max_rows` rows computes each row exactly as a
+//! one-row decode step would (batch-invariant kernels, step-form GDN), so greedy speculative decoding
+//! on the GPU equals sequential decoding on the GPU token for token.
+
+mod buf;
 pub mod device;
 pub mod error;
+mod forward;
+pub mod model;
 pub mod nvrtc;
+mod ops;
+pub mod state;
+mod weights;
 
 pub use device::{driver_present, CudaDevice, DeviceInfo};
 pub use error::CudaError;
+pub use forward::MAX_PASS_ROWS;
+pub use model::{CudaModel, LoadOptions};
+pub use state::{CudaSnapshot, CudaState};
+pub use weights::WeightFormat;

@@ -49,7 +49,11 @@ pub fn cache_key(parts: &[&str]) -> u64 {
 /// Where cubins are cached: `$TURBOSPARK_CUDA_CACHE`, else `$XDG_CACHE_HOME/turbospark/cuda`, else
 /// `$HOME/.cache/turbospark/cuda`, else the temporary directory.
 pub fn cache_dir() -> PathBuf {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(dir) = var("TURBOSPARK_CUDA_CACHE") {
         return dir;
     }
@@ -85,7 +89,9 @@ pub fn include_dirs_from(maps: &str, cuda_home: &[PathBuf]) -> Vec<PathBuf> {
         candidates.push(home.join("include"));
     }
     candidates.push(PathBuf::from("/usr/local/cuda/include"));
-    candidates.push(PathBuf::from("/usr/local/cuda/targets/x86_64-linux/include"));
+    candidates.push(PathBuf::from(
+        "/usr/local/cuda/targets/x86_64-linux/include",
+    ));
     let mut out: Vec<PathBuf> = Vec::new();
     for c in candidates {
         if c.is_dir() && !out.contains(&c) {
@@ -152,7 +158,9 @@ pub fn compile_cubin(
             // SAFETY: as above; size is an out-parameter.
             let rc = unsafe { sys::nvrtcGetCUBINSize(prog, &mut size) };
             if rc != sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
-                Err(fail(format!("nvrtcGetCUBINSize returned {rc:?}, size {size}")))
+                Err(fail(format!(
+                    "nvrtcGetCUBINSize returned {rc:?}, size {size}"
+                )))
             } else {
                 let mut buf = vec![0u8; size];
                 // SAFETY: buf holds exactly `size` bytes as NVRTC asked.

@@ -5,11 +5,17 @@ use cuda_backend::{CudaDevice, CudaError};
 #[test]
 fn open_without_a_gpu_is_one_clear_error() {
     match CudaDevice::open() {
-        Ok(dev) => println!("note: a GPU is present ({}); the no-device assertion is skipped", dev.summary()),
+        Ok(dev) => println!(
+            "note: a GPU is present ({}); the no-device assertion is skipped",
+            dev.summary()
+        ),
         Err(e) => {
             let msg = e.to_string();
             println!("open() -> {msg}");
-            assert!(matches!(e, CudaError::NoDriver { .. } | CudaError::NoDevice { .. }), "{e:?}");
+            assert!(
+                matches!(e, CudaError::NoDriver { .. } | CudaError::NoDevice { .. }),
+                "{e:?}"
+            );
             assert!(msg.contains("libcuda") || msg.contains("GPU"), "{msg}");
             assert!(!msg.contains('\n'), "one line: {msg}");
         }

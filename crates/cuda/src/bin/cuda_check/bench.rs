@@ -1,0 +1,98 @@
+//! Batch-1 decode throughput on a synthetic Qwen3.5-4B-shaped model and its roofline fraction.
+//!
+//! The model's shape is synth's `qwen35-4b` (its config.json parsed by model-io, so the GPU sees exactly
+//! what a written checkpoint would give); its bf16 matrices are generated on the GPU, not written to disk
+//! and uploaded (8 GB through synth's single-threaded writer would cost minutes of device time for no
+//! information: decode speed does not depend on the weights' values).
+//!
+//! Roofline: a batch-1 decode step must read every matrix once, so tok/s <= bandwidth / weight bytes.
+//! Bandwidth is the measured device-to-device copy rate counting read + write (the same convention as the
+//! issue's ~530 tok/s for 7.9 GB at ~4.2 TB/s).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use cuda_backend::{CudaDevice, CudaModel, LoadOptions};
+use families::Wanted;
+use model_io::ModelConfig;
+
+/// Device-to-device copy bandwidth in bytes/s, counting read + write.
+fn copy_bandwidth(dev: &CudaDevice) -> Result<f64> {
+    let bytes = 1usize << 30;
+    let stream = dev.stream();
+    let src = stream.alloc_zeros::<u8>(bytes)?;
+    let mut dst = stream.alloc_zeros::<u8>(bytes)?;
+    for _ in 0..2 {
+        stream.memcpy_dtod(&src, &mut dst)?;
+    }
+    stream.synchronize()?;
+    let iters = 10;
+    let t = Instant::now();
+    for _ in 0..iters {
+        stream.memcpy_dtod(&src, &mut dst)?;
+    }
+    stream.synchronize()?;
+    Ok(2.0 * (bytes * iters) as f64 / t.elapsed().as_secs_f64())
+}
+
+pub fn run(
+    dev: &Arc<CudaDevice>,
+    shape_name: &str,
+    prompt_len: usize,
+    new_tokens: usize,
+) -> Result<()> {
+    let shape = synth::shape(shape_name)?;
+    let config = ModelConfig::from_json_str(
+        &shape.config_json().to_string(),
+        Path::new(&format!("synth:{shape_name}/config.json")),
+    )?;
+    let bw = copy_bandwidth(dev)?;
+    println!("bench: D2D copy {:.0} GB/s (read + write)", bw / 1e9);
+    for graphs in [true, false] {
+        let t = Instant::now();
+        let opts = LoadOptions {
+            graphs,
+            ..LoadOptions::default()
+        };
+        let model = CudaModel::random(dev, &config, 7, opts)?;
+        let load_s = t.elapsed().as_secs_f64();
+        let wbytes = model.weight_bytes() as f64;
+        let roof = bw / wbytes;
+        let prompt: Vec<u32> = (0..prompt_len)
+            .map(|i| ((i * 7919 + 13) % model.vocab) as u32)
+            .collect();
+        let mut st = model.new_state(prompt_len + new_tokens + 1)?;
+        dev.synchronize()?;
+        let t = Instant::now();
+        let mut out = model.forward(&prompt, 0, &mut st, &Wanted::last())?;
+        let prefill_s = t.elapsed().as_secs_f64();
+        // Warm-up step (captures the graph), not timed.
+        let mut next = kernels::argmax(out.row(0)) as u32;
+        out = model.forward(&[next], st.position(), &mut st, &Wanted::last())?;
+        let steps = new_tokens.saturating_sub(1).max(1);
+        let t = Instant::now();
+        for _ in 0..steps {
+            next = kernels::argmax(out.row(0)) as u32;
+            out = model.forward(&[next], st.position(), &mut st, &Wanted::last())?;
+        }
+        let decode_s = t.elapsed().as_secs_f64();
+        let tps = steps as f64 / decode_s;
+        println!(
+            "bench {shape_name} graphs={graphs}: weights {:.2} GB (generated in {load_s:.1} s); prefill {prompt_len} tokens {:.1} ms ({:.0} tok/s); \
+             decode {steps} tokens at ctx {}..{}: {tps:.1} tok/s = {:.1}% of roofline {roof:.0} tok/s ({:.0} GB/s effective)",
+            wbytes / 1e9,
+            prefill_s * 1e3,
+            prompt_len as f64 / prefill_s,
+            prompt_len + 1,
+            st.position(),
+            100.0 * tps / roof,
+            tps * wbytes / 1e9,
+        );
+        if !out.logits.iter().all(|x| x.is_finite()) {
+            println!("bench: WARNING non-finite logits");
+        }
+    }
+    Ok(())
+}

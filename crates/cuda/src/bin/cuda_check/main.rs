@@ -1,0 +1,136 @@
+//! cuda_check: the CUDA backend's device validation, run on the GPU machine (tools/device/cuda_check.sh).
+//!
+//! 1. Opens the device (prints driver, NVRTC, include path, kernel cache) and checks that
+//!    `<cuda_bf16.h>` compiles with the include path found beside the loaded libnvrtc.
+//! 2. For each fixture (qwen3, qwen3_5, qwen3_realtok), in exact mode (weights as stored, f32 activations)
+//!    and bf16 mode: logits vs transformers' reference and the CPU engine, per-layer hidden states vs the
+//!    CPU engine, greedy continuation, verify/tape/snapshot/graph state checks (see fixtures.rs).
+//! 3. Batch-1 decode tok/s on a synthetic qwen35-4b and its roofline fraction (see bench.rs).
+//!
+//! Exit code: 0 all checks passed, 1 a check failed, 2 no GPU/driver.
+//! Usage: cuda_check [--fixtures DIR] [--only NAME] [--no-bench] [--shape NAME] [--prompt N] [--new N]
+
+mod bench;
+mod fixtures;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cuda_backend::{nvrtc, CudaDevice};
+
+struct Args {
+    fixtures: PathBuf,
+    only: Option<String>,
+    bench: bool,
+    shape: String,
+    prompt: usize,
+    new: usize,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        fixtures: PathBuf::from("fixtures"),
+        only: None,
+        bench: true,
+        shape: "qwen35-4b".into(),
+        prompt: 512,
+        new: 128,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--fixtures" => a.fixtures = PathBuf::from(value()?),
+            "--only" => a.only = Some(value()?),
+            "--no-bench" => a.bench = false,
+            "--shape" => a.shape = value()?,
+            "--prompt" => a.prompt = value()?.parse().map_err(|e| format!("--prompt: {e}"))?,
+            "--new" => a.new = value()?.parse().map_err(|e| format!("--new: {e}"))?,
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(a)
+}
+
+const BF16_HEADER_PROBE: &str = r#"
+#include <cuda_bf16.h>
+extern "C" __global__ void probe(__nv_bfloat16* x, float s, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __float2bfloat16(__bfloat162float(x[i]) * s);
+}
+"#;
+
+fn main() {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("cuda_check: {e}");
+            std::process::exit(64);
+        }
+    };
+    let t0 = std::time::Instant::now();
+    let dev = match CudaDevice::open() {
+        Ok(d) => Arc::new(d),
+        Err(e) => {
+            println!("RESULT: no device: {e}");
+            std::process::exit(2);
+        }
+    };
+    println!("device: {}", dev.summary());
+    println!("kernel cache: {}", dev.info.kernel_cache.display());
+    let probe = nvrtc::compile_cubin(
+        "bf16 header probe",
+        BF16_HEADER_PROBE,
+        dev.info.arch,
+        &dev.info.include_dirs,
+    );
+    println!(
+        "<cuda_bf16.h> with the discovered include path: {}",
+        match probe {
+            Ok(_) => "compiles".to_string(),
+            Err(e) => format!(
+                "FAILS: {}",
+                e.to_string()
+                    .lines()
+                    .take(3)
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            ),
+        }
+    );
+    let mut all_ok = true;
+    for name in ["qwen3", "qwen3_5", "qwen3_realtok"] {
+        if args.only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
+        let dir = args.fixtures.join(name);
+        for exact in [true, false] {
+            match fixtures::check(&dev, &dir, exact) {
+                Ok(ok) => all_ok &= ok,
+                Err(e) => {
+                    all_ok = false;
+                    println!(
+                        "  [{name} {}] ERROR: {e:#}",
+                        if exact { "exact" } else { "bf16" }
+                    );
+                }
+            }
+        }
+    }
+    if args.bench {
+        if let Err(e) = bench::run(&dev, &args.shape, args.prompt, args.new) {
+            all_ok = false;
+            println!("bench: ERROR {e:#}");
+        }
+    }
+    println!(
+        "RESULT: {} ({:.1} s)",
+        if all_ok {
+            "ALL CHECKS PASSED"
+        } else {
+            "SOME CHECKS FAILED"
+        },
+        t0.elapsed().as_secs_f64()
+    );
+    std::process::exit(if all_ok { 0 } else { 1 });
+}

@@ -1,0 +1,143 @@
+//! Device memory as raw byte buffers with their device address, plus the copy and launch helpers every
+//! other module uses. All work goes to the device's one stream, in order, so no per-buffer events are
+//! needed: a kernel that reads a buffer always runs after the work queued before it.
+//!
+//! Invariant: a `DBuf`'s address stays valid (and unchanged) for the buffer's lifetime; kernels and
+//! captured graphs hold addresses only of buffers that outlive them (see `state.rs`).
+
+use cudarc::driver::{result, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+
+use crate::device::CudaDevice;
+use crate::error::CudaError;
+
+/// A device allocation of `bytes` bytes at address `ptr`.
+pub(crate) struct DBuf {
+    _slice: CudaSlice<u8>,
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+impl DBuf {
+    /// A zero-filled buffer (at least one byte, so every buffer has a distinct address).
+    pub fn zeros(dev: &CudaDevice, bytes: usize) -> Result<Self, CudaError> {
+        let slice = dev
+            .stream
+            .alloc_zeros::<u8>(bytes.max(1))
+            .map_err(CudaError::driver(format!("allocating {bytes} bytes")))?;
+        let ptr = {
+            let (p, _sync) = slice.device_ptr(&dev.stream);
+            p
+        };
+        Ok(DBuf {
+            _slice: slice,
+            ptr,
+            bytes,
+        })
+    }
+
+    /// `count` f32 zeros.
+    pub fn f32s(dev: &CudaDevice, count: usize) -> Result<Self, CudaError> {
+        Self::zeros(dev, count * 4)
+    }
+
+    /// A buffer holding a copy of `data`.
+    pub fn from_host<T: Copy>(dev: &CudaDevice, data: &[T]) -> Result<Self, CudaError> {
+        let bytes = std::mem::size_of_val(data);
+        let buf = Self::zeros(dev, bytes)?;
+        htod(dev, buf.ptr, data)?;
+        Ok(buf)
+    }
+
+    /// A new buffer with the same contents (device to device).
+    pub fn duplicate(&self, dev: &CudaDevice) -> Result<Self, CudaError> {
+        let copy = Self::zeros(dev, self.bytes)?;
+        dtod(dev, copy.ptr, self.ptr, self.bytes)?;
+        Ok(copy)
+    }
+
+    /// Address of f32 element `i`.
+    pub fn f32_at(&self, i: usize) -> u64 {
+        self.ptr + 4 * i as u64
+    }
+}
+
+/// Host to device; returns once `data` may be reused (pageable copies are staged by the driver).
+pub(crate) fn htod<T: Copy>(dev: &CudaDevice, dst: u64, data: &[T]) -> Result<(), CudaError> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `dst` is the address of a live allocation at least `size_of_val(data)` bytes long
+    // (callers pass buffers sized for the data); the stream belongs to the same context.
+    unsafe { result::memcpy_htod_async(dst, data, dev.stream.cu_stream()) }
+        .map_err(CudaError::driver("copying to the device"))
+}
+
+/// Device to host, waiting for the copy (and everything queued before it).
+pub(crate) fn dtoh<T: Copy>(dev: &CudaDevice, out: &mut [T], src: u64) -> Result<(), CudaError> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `src` addresses at least `size_of_val(out)` live bytes (callers' invariant); the host
+    // slice stays borrowed until the synchronize below has completed the copy.
+    unsafe { result::memcpy_dtoh_async(out, src, dev.stream.cu_stream()) }
+        .map_err(CudaError::driver("copying to the host"))?;
+    dev.synchronize()
+}
+
+/// Device to device, `bytes` bytes, queued on the stream.
+pub(crate) fn dtod(dev: &CudaDevice, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY: both ranges lie inside live allocations (callers' invariant) and do not overlap.
+    unsafe { result::memcpy_dtod_async(dst, src, bytes, dev.stream.cu_stream()) }
+        .map_err(CudaError::driver("copying on the device"))
+}
+
+/// One kernel argument.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Arg {
+    /// A device address.
+    P(u64),
+    I(i32),
+    L(i64),
+    U(u64),
+    F(f32),
+}
+
+/// Launches kernel `name` with a 1-D block of `block` threads over `grid`.
+pub(crate) fn launch(
+    dev: &CudaDevice,
+    name: &str,
+    grid: (u32, u32, u32),
+    block: u32,
+    args: &[Arg],
+) -> Result<(), CudaError> {
+    if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+        return Ok(());
+    }
+    let func = dev.kernel(name)?;
+    let mut b = dev.stream.launch_builder(func);
+    for a in args {
+        match a {
+            Arg::P(p) | Arg::U(p) => b.arg(p),
+            Arg::I(i) => b.arg(i),
+            Arg::L(l) => b.arg(l),
+            Arg::F(f) => b.arg(f),
+        };
+    }
+    let cfg = LaunchConfig {
+        grid_dim: grid,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the argument list matches the kernel's C signature (each launcher in ops.rs mirrors its
+    // kernel), and every address points into a live buffer sized for the shapes passed with it.
+    unsafe { b.launch(cfg) }.map_err(CudaError::driver(format!("launching {name}")))?;
+    Ok(())
+}
+
+/// Blocks for an element-wise kernel over `count` items (grid-stride loops cover the rest).
+pub(crate) fn elementwise_grid(count: usize) -> (u32, u32, u32) {
+    ((count.div_ceil(256)).clamp(1, 65_535) as u32, 1, 1)
+}

@@ -1,0 +1,472 @@
+//! `CudaModel::forward(tokens, start, &mut CudaState, &Wanted) -> ForwardOut`, with the CPU engine's
+//! semantics (`families::Transformer::forward`): rows at positions start..start+n extend the state by
+//! n; logits come back only for the rows asked for, plus any hidden-state taps.
+//!
+//! Passes: a forward of more than `MAX_PASS_ROWS` rows runs as consecutive passes (causal, so the result
+//! is the same) to bound scratch memory. Each pass: embed → per layer [norm → mixer (+= x) → norm →
+//! SwiGLU (+= x)] → final norm of the rows that need it → LM head in groups of `LOGIT_ROWS` rows.
+//! Row position `start` lives in device memory (`Scratch::start`), so the one-row decode pass can be
+//! captured once as a CUDA graph and replayed at any position: only the token id and position are
+//! copied in before each launch, and the logits row is copied out after it.
+
+use families::{ForwardOut, ModelError, Rows, Tap, Wanted};
+
+use crate::buf::{dtoh, htod, DBuf};
+use crate::device::CudaDevice;
+use crate::error::CudaError;
+use crate::model::{CudaModel, LayerW, MixerW};
+use crate::ops::{self, AttnBufs, ATT_CHUNK};
+use crate::state::{check_signature, CudaState, LayerState, Scratch, Tape, LOGIT_ROWS};
+
+/// Rows per internal pass.
+pub const MAX_PASS_ROWS: usize = 512;
+
+/// What one pass returns to the host.
+struct PassOut {
+    logits: Vec<f32>,
+    taps: Vec<Vec<f32>>,
+}
+
+impl CudaModel {
+    /// Runs `tokens` at positions start..start+n (see the module doc). An attention-only state ahead
+    /// of `start` is rewound to it first, as on the CPU.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        start: usize,
+        state: &mut CudaState,
+        wanted: &Wanted,
+    ) -> Result<ForwardOut, CudaError> {
+        let n = tokens.len();
+        if n == 0 {
+            return Err(ModelError::EmptyInput.into());
+        }
+        check_signature(state, &self.signature)?;
+        if start + n > self.context {
+            return Err(ModelError::ContextOverflow {
+                start,
+                n,
+                context: self.context,
+            }
+            .into());
+        }
+        if start + n > state.capacity {
+            return Err(CudaError::CapacityExceeded {
+                start,
+                n,
+                capacity: state.capacity,
+            });
+        }
+        if start != state.position && !(start < state.position && state.rewind(start)) {
+            return Err(ModelError::PositionMismatch {
+                expected: state.position,
+                got: start,
+            }
+            .into());
+        }
+        for tap in &wanted.taps {
+            if let Tap::LayerOutput(i) = tap {
+                if *i >= self.layers.len() {
+                    return Err(ModelError::TapOutOfRange {
+                        layer: *i,
+                        layers: self.layers.len(),
+                    }
+                    .into());
+                }
+            }
+        }
+        for (index, &token) in tokens.iter().enumerate() {
+            if token as usize >= self.vocab {
+                return Err(ModelError::TokenOutOfRange {
+                    token,
+                    index,
+                    vocab: self.vocab,
+                }
+                .into());
+            }
+        }
+        let first = match wanted.logits {
+            Rows::None => n,
+            Rows::Last => n - 1,
+            Rows::All => 0,
+            Rows::From(f) => f.min(n),
+        };
+        let mut out = ForwardOut {
+            first_row: first,
+            rows: n - first,
+            taps: vec![Vec::new(); wanted.taps.len()],
+            ..Default::default()
+        };
+        if n == 1 && wanted.taps.is_empty() && state.tape.is_none() && self.graph_ok() {
+            out.logits = self.decode_graph_step(tokens[0], start, state, first == 0)?;
+            state.position = start + 1;
+            return Ok(out);
+        }
+        let mut p0 = 0;
+        while p0 < n {
+            let p1 = (p0 + MAX_PASS_ROWS).min(n);
+            let pass = self.pass(
+                &tokens[p0..p1],
+                start + p0,
+                state,
+                first.saturating_sub(p0).min(p1 - p0),
+                &wanted.taps,
+            )?;
+            out.logits.extend_from_slice(&pass.logits);
+            for (slot, t) in out.taps.iter_mut().zip(pass.taps) {
+                slot.extend_from_slice(&t);
+            }
+            state.position = start + p1;
+            p0 = p1;
+        }
+        Ok(out)
+    }
+
+    fn graph_ok(&self) -> bool {
+        self.opts.graphs && self.opts.gemv_max_rows >= 1
+    }
+
+    /// One pass of m rows at `start`; logits for rows first..m (pass-relative).
+    fn pass(
+        &self,
+        tokens: &[u32],
+        start: usize,
+        state: &mut CudaState,
+        first: usize,
+        taps: &[Tap],
+    ) -> Result<PassOut, CudaError> {
+        let dev = &*self.dev;
+        let m = tokens.len();
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let splits = (start + m).div_ceil(ATT_CHUNK);
+        if m > 1 {
+            let fits = state
+                .many
+                .as_ref()
+                .is_some_and(|s| s.rows >= m && s.splits >= splits);
+            if !fits {
+                let rows = m.max(state.many.as_ref().map_or(0, |s| s.rows));
+                let sp = splits.max(state.many.as_ref().map_or(0, |s| s.splits));
+                state.many = None;
+                state.many = Some(Scratch::new(dev, &state.widths, rows, sp)?);
+            }
+        }
+        let CudaState {
+            layers,
+            tape,
+            one,
+            many,
+            ..
+        } = state;
+        let sc: &Scratch = if m == 1 {
+            one
+        } else {
+            many.as_ref().ok_or(CudaError::Unsupported {
+                what: "missing scratch".into(),
+            })?
+        };
+        htod(dev, sc.ids.ptr, &ids)?;
+        htod(dev, sc.start.ptr, &[start as i32])?;
+        ops::embed(dev, &self.embed, sc.ids.ptr, sc.x.ptr, m)?;
+        let mut tap_out: Vec<Vec<f32>> = vec![Vec::new(); taps.len()];
+        for (i, (layer, ls)) in self.layers.iter().zip(layers.iter_mut()).enumerate() {
+            let lt = tape
+                .as_mut()
+                .and_then(|t: &mut Tape| t.layers.get_mut(i))
+                .and_then(|t| t.as_mut());
+            self.layer(layer, ls, lt, sc, m)?;
+            for (slot, tap) in tap_out.iter_mut().zip(taps) {
+                if *tap == Tap::LayerOutput(i) {
+                    *slot = vec![0.0; m * self.hidden];
+                    dtoh(dev, slot, sc.x.ptr)?;
+                }
+            }
+        }
+        let final_hidden = taps.contains(&Tap::FinalHidden);
+        let from = if final_hidden { 0 } else { first };
+        let mut logits = Vec::new();
+        if from < m {
+            let h = self.hidden;
+            ops::rmsnorm(
+                dev,
+                sc.x.f32_at(from * h),
+                self.final_norm.ptr,
+                sc.h.f32_at(from * h),
+                m - from,
+                h,
+                self.eps,
+                self.zero_centred,
+            )?;
+            if final_hidden {
+                let mut normed = vec![0.0; m * h];
+                dtoh(dev, &mut normed, sc.h.ptr)?;
+                for (slot, tap) in tap_out.iter_mut().zip(taps) {
+                    if *tap == Tap::FinalHidden {
+                        slot.clone_from(&normed);
+                    }
+                }
+            }
+            logits = self.lm_head_rows(sc, first, m)?;
+        }
+        Ok(PassOut {
+            logits,
+            taps: tap_out,
+        })
+    }
+
+    /// Logits of normed rows first..m of `sc.h`, in groups of LOGIT_ROWS.
+    fn lm_head_rows(&self, sc: &Scratch, first: usize, m: usize) -> Result<Vec<f32>, CudaError> {
+        let dev = &*self.dev;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let mut logits = vec![0.0f32; (m - first) * self.vocab];
+        let mut r = first;
+        while r < m {
+            let g = (m - r).min(LOGIT_ROWS);
+            ops::linear(
+                dev,
+                head,
+                sc.h.f32_at(r * self.hidden),
+                sc.logits.ptr,
+                g,
+                false,
+                sc.xb.ptr,
+                self.opts.gemv_max_rows,
+            )?;
+            let at = (r - first) * self.vocab;
+            dtoh(dev, &mut logits[at..at + g * self.vocab], sc.logits.ptr)?;
+            r += g;
+        }
+        Ok(logits)
+    }
+
+    /// One decoder layer over the m rows in `sc.x` (updated in place).
+    fn layer(
+        &self,
+        l: &LayerW,
+        ls: &mut LayerState,
+        tape: Option<&mut crate::state::LayerTape>,
+        sc: &Scratch,
+        m: usize,
+    ) -> Result<(), CudaError> {
+        let dev = &*self.dev;
+        let gm = self.opts.gemv_max_rows;
+        let (h, eps, zc) = (self.hidden, self.eps, self.zero_centred);
+        ops::rmsnorm(dev, sc.x.ptr, l.input_norm.ptr, sc.h.ptr, m, h, eps, zc)?;
+        match (&l.mixer, ls) {
+            (MixerW::Attention(a), LayerState::Attention { k, v, .. }) => {
+                ops::linear(dev, &a.qkv, sc.h.ptr, sc.big.ptr, m, false, sc.xb.ptr, gm)?;
+                let bufs = AttnBufs {
+                    qkv: sc.big.ptr,
+                    q: sc.q.ptr,
+                    gate: sc.gate.ptr,
+                    k_cache: k.ptr,
+                    v_cache: v.ptr,
+                    start: sc.start.ptr,
+                    part_m: sc.part_m.ptr,
+                    part_l: sc.part_l.ptr,
+                    part_acc: sc.part_acc.ptr,
+                    out: sc.mid.ptr,
+                };
+                ops::attention(
+                    dev,
+                    a.shape,
+                    &bufs,
+                    a.q_norm.ptr,
+                    a.k_norm.ptr,
+                    a.inv_freq.ptr,
+                    m,
+                    sc.splits,
+                )?;
+                ops::linear(dev, &a.o, sc.mid.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
+            }
+            (MixerW::Gdn(g), LayerState::Recurrent { s, conv, .. }) => {
+                ops::linear(dev, &g.proj, sc.h.ptr, sc.big.ptr, m, false, sc.xb.ptr, gm)?;
+                if let Some(t) = tape {
+                    t.record(dev, g.shape, s, conv, sc.big.ptr, m)?;
+                }
+                self.gdn_core(g, s, conv, sc.big.ptr, sc, m)?;
+                ops::linear(dev, &g.out, sc.o.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
+            }
+            _ => {
+                return Err(
+                    ModelError::StateMismatch("layer kind differs from its state".into()).into(),
+                )
+            }
+        }
+        ops::rmsnorm(dev, sc.x.ptr, l.post_norm.ptr, sc.h.ptr, m, h, eps, zc)?;
+        ops::linear(
+            dev, &l.gate_up, sc.h.ptr, sc.big.ptr, m, false, sc.xb.ptr, gm,
+        )?;
+        let inter = l.down.cols;
+        ops::silu_mul(dev, sc.big.ptr, sc.mid.ptr, m, inter)?;
+        ops::linear(dev, &l.down, sc.mid.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)
+    }
+
+    /// conv + recurrence + gated norm of a GDN layer from its fused projection rows at `proj`;
+    /// leaves o [m, hv*dv] in `sc.o`.
+    fn gdn_core(
+        &self,
+        g: &crate::model::GdnW,
+        s: &DBuf,
+        conv: &DBuf,
+        proj: u64,
+        sc: &Scratch,
+        m: usize,
+    ) -> Result<(), CudaError> {
+        let dev = &*self.dev;
+        ops::gdn_recurrence(
+            dev,
+            g.shape,
+            proj,
+            g.conv_w.ptr,
+            conv.ptr,
+            sc.mid.ptr,
+            g.a_log.ptr,
+            g.dt_bias.ptr,
+            s.ptr,
+            sc.o.ptr,
+            m,
+        )?;
+        ops::gated_norm(dev, g.shape, sc.o.ptr, proj, g.norm_w.ptr, self.eps, m)
+    }
+
+    /// One-row decode through the state's captured graph (captured on first use).
+    fn decode_graph_step(
+        &self,
+        token: u32,
+        start: usize,
+        state: &mut CudaState,
+        _all: bool,
+    ) -> Result<Vec<f32>, CudaError> {
+        let dev: &CudaDevice = &self.dev;
+        htod(dev, state.one.ids.ptr, &[token as i32])?;
+        htod(dev, state.one.start.ptr, &[start as i32])?;
+        if state.graph.is_none() {
+            use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+            dev.stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(CudaError::driver("beginning graph capture"))?;
+            let body = self.decode_body(state);
+            let graph = dev
+                .stream
+                .end_capture(CUgraphInstantiate_flags(0))
+                .map_err(CudaError::driver("ending graph capture"));
+            body?;
+            state.graph = graph?;
+        }
+        match &state.graph {
+            Some(g) => g
+                .launch()
+                .map_err(CudaError::driver("launching the decode graph"))?,
+            None => self.decode_body(state)?,
+        }
+        let mut logits = vec![0.0f32; self.vocab];
+        dtoh(dev, &mut logits, state.one.logits.ptr)?;
+        Ok(logits)
+    }
+
+    /// The device work of one decode row (ids and start already in `state.one`): what the graph holds.
+    fn decode_body(&self, state: &mut CudaState) -> Result<(), CudaError> {
+        let dev = &*self.dev;
+        let CudaState { layers, one, .. } = state;
+        ops::embed(dev, &self.embed, one.ids.ptr, one.x.ptr, 1)?;
+        for (layer, ls) in self.layers.iter().zip(layers.iter_mut()) {
+            self.layer(layer, ls, None, one, 1)?;
+        }
+        ops::rmsnorm(
+            dev,
+            one.x.ptr,
+            self.final_norm.ptr,
+            one.h.ptr,
+            1,
+            self.hidden,
+            self.eps,
+            self.zero_centred,
+        )?;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        ops::linear(
+            dev,
+            head,
+            one.h.ptr,
+            one.logits.ptr,
+            1,
+            false,
+            one.xb.ptr,
+            self.opts.gemv_max_rows,
+        )
+    }
+
+    /// Keeps the first `keep` rows run since `begin_tape` and drops the rest: GDN layers are rebuilt by
+    /// replaying their tape on the GPU, attention layers move the cursor. Ends the tape. Returns false
+    /// (state untouched) when there is no tape or `keep` exceeds what was recorded.
+    pub fn rollback_retaining(
+        &self,
+        state: &mut CudaState,
+        keep: usize,
+    ) -> Result<bool, CudaError> {
+        check_signature(state, &self.signature)?;
+        let Some(tape) = state.tape.take() else {
+            return Ok(false);
+        };
+        let recorded = state.position - tape.start_position;
+        if keep > recorded {
+            state.tape = Some(tape);
+            return Ok(false);
+        }
+        if keep == recorded {
+            return Ok(true);
+        }
+        let dev = &*self.dev;
+        if keep > 1 {
+            let fits = state.many.as_ref().is_some_and(|s| s.rows >= keep);
+            if !fits {
+                let sp = state.many.as_ref().map_or(1, |s| s.splits);
+                state.many = None;
+                state.many = Some(Scratch::new(dev, &state.widths, keep, sp)?);
+            }
+        }
+        let sc = if keep > 1 {
+            state.many.as_ref()
+        } else {
+            Some(&state.one)
+        }
+        .ok_or(CudaError::Unsupported {
+            what: "missing scratch".into(),
+        })?;
+        for ((layer, ls), lt) in self.layers.iter().zip(&state.layers).zip(&tape.layers) {
+            if let (MixerW::Gdn(g), LayerState::Recurrent { s, conv, .. }, Some(lt)) =
+                (&layer.mixer, ls, lt)
+            {
+                if lt.rows == 0 {
+                    continue;
+                }
+                crate::buf::dtod(dev, s.ptr, lt.s0.ptr, s.bytes)?;
+                crate::buf::dtod(dev, conv.ptr, lt.conv0.ptr, conv.bytes)?;
+                if keep > 0 {
+                    ops::gdn_recurrence(
+                        dev,
+                        g.shape,
+                        lt.proj.ptr,
+                        g.conv_w.ptr,
+                        conv.ptr,
+                        sc.mid.ptr,
+                        g.a_log.ptr,
+                        g.dt_bias.ptr,
+                        s.ptr,
+                        sc.o.ptr,
+                        keep,
+                    )?;
+                }
+            }
+        }
+        dev.synchronize()?;
+        state.position = tape.start_position + keep;
+        Ok(true)
+    }
+
+    /// Starts recording a tape on `state` (see `rollback_retaining`).
+    pub fn begin_tape(&self, state: &mut CudaState) -> Result<usize, CudaError> {
+        check_signature(state, &self.signature)?;
+        state.begin_tape(&self.dev)
+    }
+}

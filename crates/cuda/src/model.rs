@@ -1,0 +1,408 @@
+//! The Qwen3 / Qwen3.5 decoder on the GPU: weights (see `weights.rs`) and their upload from a checkpoint
+//! or a synthetic shape. The forward pass is in `forward.rs`.
+//!
+//! Layer by layer, as the CPU engine (`families::Transformer`): pre-norm residual blocks
+//! `x += mixer(norm₁(x)); x += mlp(norm₂(x))`, the mixer being gated attention with partial RoPE over the
+//! KV cache or a Gated DeltaNet; then the final norm and the LM head (tied to the embeddings or not).
+//! Qwen3-Next (fused head-grouped GDN projections, MoE) is not implemented here yet: loading one is an
+//! `Unsupported` error, never a wrong answer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use model_io::{Checkpoint, Family, LayerKind, ModelConfig};
+
+use crate::buf::DBuf;
+use crate::device::CudaDevice;
+use crate::error::CudaError;
+use crate::ops::{AttnShape, GdnShape, ATT_CHUNK, ATT_MAX_D, CONV_MAX_K, GDN_MAX_DK};
+use crate::state::{CudaState, LayerState, Scratch, Widths};
+use crate::weights::{Init, Mat, Source, Uploader, WeightFormat};
+
+/// Load-time choices.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    pub weights: WeightFormat,
+    /// Row counts up to this run the batch-invariant matrix-vector kernel with f32 activations; larger
+    /// passes (prefill) use cuBLAS. `usize::MAX` keeps every pass on the f32-activation kernel.
+    pub gemv_max_rows: usize,
+    /// Capture one-row decode steps in a CUDA graph.
+    pub graphs: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            weights: WeightFormat::Bf16,
+            // Verify blocks (<= 16 rows) stay on the batch-invariant path, as the CPU engine's matvec.
+            gemv_max_rows: 16,
+            graphs: true,
+        }
+    }
+}
+
+pub(crate) struct AttnW {
+    pub qkv: Mat, // [hq*d*(1+gated) + 2*hkv*d, hidden]
+    pub o: Mat,   // [hidden, hq*d]
+    pub q_norm: DBuf,
+    pub k_norm: DBuf,
+    pub inv_freq: DBuf, // [rot_half]
+    pub shape: AttnShape,
+}
+
+pub(crate) struct GdnW {
+    pub proj: Mat,     // [conv_dim + hv*dv + 2*hv, hidden]: [qkv ; z ; b ; a]
+    pub conv_w: DBuf,  // [conv_dim, K]
+    pub a_log: DBuf,   // [hv]
+    pub dt_bias: DBuf, // [hv]
+    pub norm_w: DBuf,  // [dv]
+    pub out: Mat,      // [hidden, hv*dv]
+    pub shape: GdnShape,
+}
+
+pub(crate) enum MixerW {
+    Attention(AttnW),
+    Gdn(GdnW),
+}
+
+pub(crate) struct LayerW {
+    pub input_norm: DBuf,
+    pub mixer: MixerW,
+    pub post_norm: DBuf,
+    pub gate_up: Mat, // [2*inter, hidden]
+    pub down: Mat,    // [hidden, inter]
+}
+
+/// A model resident on the GPU.
+pub struct CudaModel {
+    pub(crate) dev: Arc<CudaDevice>,
+    pub(crate) layers: Vec<LayerW>,
+    pub(crate) embed: Mat,
+    pub(crate) final_norm: DBuf,
+    pub(crate) lm_head: Option<Mat>,
+    pub(crate) zero_centred: bool,
+    pub(crate) eps: f32,
+    pub vocab: usize,
+    pub hidden: usize,
+    pub context: usize,
+    pub(crate) opts: LoadOptions,
+    pub(crate) signature: String,
+    pub(crate) widths: Widths,
+}
+
+static MODEL_IDS: AtomicU64 = AtomicU64::new(1);
+
+impl CudaModel {
+    /// Uploads a checkpoint's decoder.
+    pub fn load(
+        dev: &Arc<CudaDevice>,
+        ck: &Checkpoint,
+        opts: LoadOptions,
+    ) -> Result<Self, CudaError> {
+        let zero_centred = !matches!(ck.config.family, Family::Qwen3);
+        Self::build(dev, &ck.config, Source::Checkpoint(ck), opts, zero_centred)
+    }
+
+    /// A synthetic model of `config`'s shape with random bf16 weights generated on the GPU
+    /// (benchmarks; the checkpoint is never written to disk).
+    pub fn random(
+        dev: &Arc<CudaDevice>,
+        config: &ModelConfig,
+        seed: u64,
+        opts: LoadOptions,
+    ) -> Result<Self, CudaError> {
+        let zero_centred = !matches!(config.family, Family::Qwen3);
+        let source = Source::Random { seed, zero_centred };
+        Self::build(dev, config, source, opts, zero_centred)
+    }
+
+    fn build(
+        dev: &Arc<CudaDevice>,
+        c: &ModelConfig,
+        source: Source<'_>,
+        opts: LoadOptions,
+        zero_centred: bool,
+    ) -> Result<Self, CudaError> {
+        let unsupported = |what: String| Err(CudaError::Unsupported { what });
+        if c.attention_bias {
+            return unsupported("attention_bias = true".into());
+        }
+        if c.moe.is_some() {
+            return unsupported(format!("{:?} with a mixture-of-experts MLP", c.family));
+        }
+        if c.head_dim > ATT_MAX_D || c.head_dim == 0 {
+            return unsupported(format!("head_dim {} (max {ATT_MAX_D})", c.head_dim));
+        }
+        if c.num_key_value_heads == 0
+            || !c.num_attention_heads.is_multiple_of(c.num_key_value_heads)
+        {
+            return unsupported(format!(
+                "{} query heads over {} KV heads",
+                c.num_attention_heads, c.num_key_value_heads
+            ));
+        }
+        let up = Uploader {
+            dev,
+            source,
+            format: opts.weights,
+            counter: std::cell::Cell::new(0),
+        };
+        let p = |s: &str| format!("{}{s}", c.tensor_prefix);
+        let h = c.hidden_size;
+        let mut widths = Widths {
+            hidden: h,
+            vocab: c.vocab_size,
+            max_in: h.max(c.intermediate_size),
+            mid: c.intermediate_size,
+            big: 2 * c.intermediate_size,
+            heads: c.num_attention_heads,
+            head_dim: c.head_dim,
+            ..Widths::default()
+        };
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let mut kinds = String::new();
+        for i in 0..c.num_hidden_layers {
+            let lp = p(&format!("layers.{i}."));
+            let kind = c
+                .layer_types
+                .get(i)
+                .copied()
+                .unwrap_or(LayerKind::FullAttention);
+            let mixer = match kind {
+                LayerKind::FullAttention => {
+                    kinds.push('A');
+                    let a = load_attention(&up, c, &format!("{lp}self_attn."), zero_centred)?;
+                    widths.big = widths.big.max(a.qkv.rows);
+                    widths.mid = widths.mid.max(a.o.cols);
+                    widths.q = widths.q.max(a.o.cols);
+                    widths.max_in = widths.max_in.max(a.o.cols);
+                    MixerW::Attention(a)
+                }
+                LayerKind::LinearAttention => {
+                    kinds.push('L');
+                    let g = load_gdn(&up, c, &format!("{lp}linear_attn."))?;
+                    widths.big = widths.big.max(g.proj.rows);
+                    widths.mid = widths.mid.max(g.shape.conv_dim());
+                    widths.o = widths.o.max(g.out.cols);
+                    widths.max_in = widths.max_in.max(g.out.cols);
+                    MixerW::Gdn(g)
+                }
+            };
+            let inter = c.intermediate_size;
+            let mp = format!("{lp}mlp.");
+            layers.push(LayerW {
+                input_norm: up.vector(&format!("{lp}input_layernorm.weight"), &[h], Init::Norm)?,
+                mixer,
+                post_norm: up.vector(
+                    &format!("{lp}post_attention_layernorm.weight"),
+                    &[h],
+                    Init::Norm,
+                )?,
+                gate_up: up.matrix(
+                    &[
+                        (format!("{mp}gate_proj.weight"), inter),
+                        (format!("{mp}up_proj.weight"), inter),
+                    ],
+                    h,
+                )?,
+                down: up.matrix(&[(format!("{mp}down_proj.weight"), h)], inter)?,
+            });
+        }
+        let embed = up.matrix(&[(p("embed_tokens.weight"), c.vocab_size)], h)?;
+        // Tied checkpoints read the embeddings even if an `lm_head.weight` copy is stored (as transformers).
+        let lm_head = if c.tie_word_embeddings {
+            None
+        } else {
+            Some(up.matrix(&[("lm_head.weight".to_string(), c.vocab_size)], h)?)
+        };
+        let final_norm = up.vector(&p("norm.weight"), &[h], Init::Norm)?;
+        dev.synchronize()?;
+        let id = MODEL_IDS.fetch_add(1, Ordering::Relaxed);
+        Ok(CudaModel {
+            dev: dev.clone(),
+            layers,
+            embed,
+            final_norm,
+            lm_head,
+            zero_centred,
+            eps: c.rms_norm_eps,
+            vocab: c.vocab_size,
+            hidden: h,
+            context: c.max_position_embeddings,
+            opts,
+            signature: format!(
+                "cuda-model-{id}/{:?}/{h}/{}/{kinds}",
+                c.family, c.vocab_size
+            ),
+            widths,
+        })
+    }
+
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.dev
+    }
+
+    pub fn options(&self) -> LoadOptions {
+        self.opts
+    }
+
+    /// Bytes of all matrices on the GPU (what one decode step streams: every layer's weights and the
+    /// LM head; the embedding gather reads one row, so a tied table counts once).
+    pub fn weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                l.gate_up.bytes()
+                    + l.down.bytes()
+                    + match &l.mixer {
+                        MixerW::Attention(a) => a.qkv.bytes() + a.o.bytes(),
+                        MixerW::Gdn(g) => g.proj.bytes() + g.out.bytes(),
+                    }
+            })
+            .sum();
+        layers + self.lm_head.as_ref().unwrap_or(&self.embed).bytes()
+    }
+
+    /// A fresh state (position 0) with KV capacity `capacity` (at most the model's context).
+    pub fn new_state(&self, capacity: usize) -> Result<CudaState, CudaError> {
+        let dev = &*self.dev;
+        let capacity = capacity.clamp(1, self.context.max(1));
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            layers.push(match &l.mixer {
+                MixerW::Attention(a) => {
+                    let row_floats = a.shape.hkv * a.shape.d;
+                    LayerState::Attention {
+                        k: DBuf::f32s(dev, capacity * row_floats)?,
+                        v: DBuf::f32s(dev, capacity * row_floats)?,
+                        row_floats,
+                    }
+                }
+                MixerW::Gdn(g) => {
+                    let s = g.shape;
+                    LayerState::Recurrent {
+                        s: DBuf::f32s(dev, s.hv * s.dk * s.dv)?,
+                        conv: DBuf::f32s(dev, (s.kernel - 1) * s.conv_dim())?,
+                        shape: s,
+                    }
+                }
+            });
+        }
+        let one = Scratch::new(dev, &self.widths, 1, capacity.div_ceil(ATT_CHUNK))?;
+        dev.synchronize()?;
+        Ok(CudaState {
+            position: 0,
+            capacity,
+            signature: self.signature.clone(),
+            layers,
+            tape: None,
+            one,
+            many: None,
+            widths: self.widths,
+            graph: None,
+        })
+    }
+}
+
+fn load_attention(
+    up: &Uploader<'_>,
+    c: &ModelConfig,
+    ap: &str,
+    zero_centred: bool,
+) -> Result<AttnW, CudaError> {
+    let (hq, hkv, d, h) = (
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.head_dim,
+        c.hidden_size,
+    );
+    let gated = c.attn_output_gate;
+    let q_rows = hq * d * if gated { 2 } else { 1 };
+    let rotary = c.rotary_dim();
+    if !rotary.is_multiple_of(2) || rotary > d {
+        return Err(CudaError::Unsupported {
+            what: format!("rotary dim {rotary} with head_dim {d}"),
+        });
+    }
+    let inv_freq = kernels::rope_inv_freq(rotary, c.rope_theta);
+    Ok(AttnW {
+        qkv: up.matrix(
+            &[
+                (format!("{ap}q_proj.weight"), q_rows),
+                (format!("{ap}k_proj.weight"), hkv * d),
+                (format!("{ap}v_proj.weight"), hkv * d),
+            ],
+            h,
+        )?,
+        o: up.matrix(&[(format!("{ap}o_proj.weight"), h)], hq * d)?,
+        q_norm: up.vector(&format!("{ap}q_norm.weight"), &[d], Init::Norm)?,
+        k_norm: up.vector(&format!("{ap}k_norm.weight"), &[d], Init::Norm)?,
+        inv_freq: DBuf::from_host(up.dev, &inv_freq)?,
+        shape: AttnShape {
+            hq,
+            hkv,
+            d,
+            rot_half: rotary / 2,
+            gated,
+            eps: c.rms_norm_eps,
+            zero_centred,
+        },
+    })
+}
+
+fn load_gdn(up: &Uploader<'_>, c: &ModelConfig, gp: &str) -> Result<GdnW, CudaError> {
+    let l = c.linear.as_ref().ok_or_else(|| CudaError::Unsupported {
+        what: "a linear-attention layer without linear_* config fields".into(),
+    })?;
+    let s = GdnShape {
+        hk: l.num_key_heads,
+        hv: l.num_value_heads,
+        dk: l.key_head_dim,
+        dv: l.value_head_dim,
+        kernel: l.conv_kernel,
+    };
+    if s.dk > GDN_MAX_DK
+        || s.kernel == 0
+        || s.kernel > CONV_MAX_K
+        || s.hk == 0
+        || !s.hv.is_multiple_of(s.hk)
+    {
+        return Err(CudaError::Unsupported {
+            what: format!(
+                "GDN shape (key heads {}, value heads {}, dk {} (max {GDN_MAX_DK}), conv kernel {} (max {CONV_MAX_K}))",
+                s.hk, s.hv, s.dk, s.kernel
+            ),
+        });
+    }
+    if let Source::Checkpoint(ck) = &up.source {
+        if ck.tensors.contains(&format!("{gp}in_proj_qkvz.weight")) {
+            return Err(CudaError::Unsupported {
+                what: "Qwen3-Next fused in_proj_qkvz / in_proj_ba projections".into(),
+            });
+        }
+    }
+    let h = c.hidden_size;
+    let cd = s.conv_dim();
+    Ok(GdnW {
+        proj: up.matrix(
+            &[
+                (format!("{gp}in_proj_qkv.weight"), cd),
+                (format!("{gp}in_proj_z.weight"), s.hv * s.dv),
+                (format!("{gp}in_proj_b.weight"), s.hv),
+                (format!("{gp}in_proj_a.weight"), s.hv),
+            ],
+            h,
+        )?,
+        conv_w: up.vector(
+            &format!("{gp}conv1d.weight"),
+            &[cd, 1, s.kernel],
+            Init::Normal(0.2),
+        )?,
+        a_log: up.vector(&format!("{gp}A_log"), &[s.hv], Init::LogUniform(1.0, 16.0))?,
+        dt_bias: up.vector(&format!("{gp}dt_bias"), &[s.hv], Init::One)?,
+        norm_w: up.vector(&format!("{gp}norm.weight"), &[s.dv], Init::One)?,
+        out: up.matrix(&[(format!("{gp}out_proj.weight"), h)], s.hv * s.dv)?,
+        shape: s,
+    })
+}

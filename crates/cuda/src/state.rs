@@ -1,0 +1,288 @@
+//! Per-sequence GPU state, the counterpart of `families::State`: per attention layer a KV cache
+//! [capacity, kv_heads, head_dim] (f32), per Gated-DeltaNet layer S [hv, dk, dv] and the conv window
+//! [K-1, conv_dim] (f32), plus the scratch buffers of the forward passes and the captured decode graph.
+//!
+//! Invariants: KV rows 0..position hold the sequence's keys/values; every recurrent state summarises
+//! tokens 0..position. Buffers are allocated once, at creation, and never move: `restore` and tape
+//! rollback copy into them, so the decode graph (which holds their addresses) stays valid. The graph is
+//! dropped whenever a scratch buffer it uses could be reallocated.
+//!
+//! Tape (DESIGN.md §4, on the GPU): while a tape records, each GDN layer keeps S and the conv window as
+//! they were at the tape's start and appends every row of its fused projection [qkv ; z ; b ; a].
+//! `rollback_retaining(keep)` restores the start copies and reruns conv1d_silu + gdn_step over the first
+//! `keep` recorded rows: the same kernels on the same inputs, so the state is bit-identical to having
+//! run only those rows; attention layers just move the cursor. No forward pass is needed.
+
+use cudarc::driver::CudaGraph;
+
+use crate::buf::{dtod, DBuf};
+use crate::device::CudaDevice;
+use crate::error::CudaError;
+use crate::ops::GdnShape;
+
+pub(crate) enum LayerState {
+    Attention {
+        k: DBuf,
+        v: DBuf,
+        row_floats: usize,
+    },
+    Recurrent {
+        s: DBuf,
+        conv: DBuf,
+        shape: GdnShape,
+    },
+}
+
+/// Scratch of forward passes of up to `rows` rows with up to `splits` attention splits.
+pub(crate) struct Scratch {
+    pub rows: usize,
+    pub splits: usize,
+    pub ids: DBuf,      // i32 [rows]
+    pub start: DBuf,    // i32 [1]
+    pub x: DBuf,        // [rows, hidden] residual stream
+    pub h: DBuf,        // [rows, hidden] normed
+    pub big: DBuf,      // [rows, widest fused projection]
+    pub mid: DBuf,      // [rows, widest mixer / MLP inner width]
+    pub o: DBuf,        // [rows, widest GDN output]
+    pub q: DBuf,        // [rows, hq * d]
+    pub gate: DBuf,     // [rows, hq * d]
+    pub part_m: DBuf,   // [rows, hq, splits]
+    pub part_l: DBuf,   // [rows, hq, splits]
+    pub part_acc: DBuf, // [rows, hq, splits, d]
+    pub xb: DBuf,       // bf16 [rows, widest input] for cuBLAS
+    pub logits: DBuf,   // [min(rows, LOGIT_ROWS), vocab]
+}
+
+/// Widths the scratch must hold, from the model.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Widths {
+    pub hidden: usize,
+    pub big: usize,
+    pub mid: usize,
+    pub o: usize,
+    pub q: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub max_in: usize,
+    pub vocab: usize,
+}
+
+/// Logits rows computed per LM-head pass (bounds the logits buffer).
+pub(crate) const LOGIT_ROWS: usize = 64;
+
+impl Scratch {
+    pub fn new(
+        dev: &CudaDevice,
+        w: &Widths,
+        rows: usize,
+        splits: usize,
+    ) -> Result<Self, CudaError> {
+        let parts = rows * w.heads * splits;
+        Ok(Scratch {
+            rows,
+            splits,
+            ids: DBuf::zeros(dev, rows * 4)?,
+            start: DBuf::zeros(dev, 4)?,
+            x: DBuf::f32s(dev, rows * w.hidden)?,
+            h: DBuf::f32s(dev, rows * w.hidden)?,
+            big: DBuf::f32s(dev, rows * w.big)?,
+            mid: DBuf::f32s(dev, rows * w.mid)?,
+            o: DBuf::f32s(dev, rows * w.o)?,
+            q: DBuf::f32s(dev, rows * w.q)?,
+            gate: DBuf::f32s(dev, rows * w.q)?,
+            part_m: DBuf::f32s(dev, parts)?,
+            part_l: DBuf::f32s(dev, parts)?,
+            part_acc: DBuf::f32s(dev, parts * w.head_dim)?,
+            xb: DBuf::zeros(dev, rows * w.max_in * 2)?,
+            logits: DBuf::f32s(dev, rows.min(LOGIT_ROWS) * w.vocab)?,
+        })
+    }
+}
+
+/// Recorded inputs of one GDN layer since the tape started.
+pub(crate) struct LayerTape {
+    pub s0: DBuf,
+    pub conv0: DBuf,
+    /// [capacity, proj_width]
+    pub proj: DBuf,
+    pub capacity: usize,
+    pub rows: usize,
+}
+
+pub(crate) struct Tape {
+    pub start_position: usize,
+    pub layers: Vec<Option<LayerTape>>,
+}
+
+/// A GPU copy of a state's contents (see [`CudaState::snapshot`]).
+pub struct CudaSnapshot {
+    position: usize,
+    signature: String,
+    /// Per layer: KV prefix (k, v) or (S, conv window).
+    layers: Vec<(DBuf, DBuf)>,
+}
+
+/// The GPU state of one sequence for a [`crate::CudaModel`].
+pub struct CudaState {
+    pub(crate) position: usize,
+    pub(crate) capacity: usize,
+    pub(crate) signature: String,
+    pub(crate) layers: Vec<LayerState>,
+    pub(crate) tape: Option<Tape>,
+    /// Scratch for one-row passes (fixed: the decode graph uses it).
+    pub(crate) one: Scratch,
+    /// Scratch for multi-row passes, grown on demand.
+    pub(crate) many: Option<Scratch>,
+    pub(crate) widths: Widths,
+    pub(crate) graph: Option<CudaGraph>,
+}
+
+impl CudaState {
+    /// Number of tokens the state summarises (the next token's position).
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    /// Largest position + 1 the KV caches can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn is_recurrent(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l, LayerState::Recurrent { .. }))
+    }
+
+    /// Rewinds an attention-only state to `position`; false (state untouched) for recurrent states or
+    /// a position ahead of the state.
+    pub fn rewind(&mut self, position: usize) -> bool {
+        if self.is_recurrent() || position > self.position {
+            return false;
+        }
+        self.position = position;
+        self.tape = None;
+        true
+    }
+
+    /// A copy of the state's contents (KV rows 0..position, S and conv windows) on the GPU.
+    pub fn snapshot(&self, dev: &CudaDevice) -> Result<CudaSnapshot, CudaError> {
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            layers.push(match l {
+                LayerState::Attention { k, v, row_floats } => {
+                    let bytes = self.position * row_floats * 4;
+                    let (ck, cv) = (DBuf::zeros(dev, bytes)?, DBuf::zeros(dev, bytes)?);
+                    dtod(dev, ck.ptr, k.ptr, bytes)?;
+                    dtod(dev, cv.ptr, v.ptr, bytes)?;
+                    (ck, cv)
+                }
+                LayerState::Recurrent { s, conv, .. } => (s.duplicate(dev)?, conv.duplicate(dev)?),
+            });
+        }
+        Ok(CudaSnapshot {
+            position: self.position,
+            signature: self.signature.clone(),
+            layers,
+        })
+    }
+
+    /// Restores a snapshot taken from this state (copies into the existing buffers; ends any tape).
+    pub fn restore(&mut self, dev: &CudaDevice, snap: &CudaSnapshot) -> Result<(), CudaError> {
+        if snap.signature != self.signature || snap.layers.len() != self.layers.len() {
+            return Err(families::ModelError::StateMismatch(snap.signature.clone()).into());
+        }
+        for (l, (a, b)) in self.layers.iter_mut().zip(&snap.layers) {
+            match l {
+                LayerState::Attention { k, v, .. } => {
+                    dtod(dev, k.ptr, a.ptr, a.bytes)?;
+                    dtod(dev, v.ptr, b.ptr, b.bytes)?;
+                }
+                LayerState::Recurrent { s, conv, .. } => {
+                    dtod(dev, s.ptr, a.ptr, a.bytes)?;
+                    dtod(dev, conv.ptr, b.ptr, b.bytes)?;
+                }
+            }
+        }
+        self.position = snap.position;
+        self.tape = None;
+        Ok(())
+    }
+
+    /// Starts recording a tape (replacing any previous one). Returns the position it starts at.
+    pub fn begin_tape(&mut self, dev: &CudaDevice) -> Result<usize, CudaError> {
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            layers.push(match l {
+                LayerState::Attention { .. } => None,
+                LayerState::Recurrent { s, conv, shape } => {
+                    let capacity = 32;
+                    Some(LayerTape {
+                        s0: DBuf::zeros(dev, s.bytes)?,
+                        conv0: DBuf::zeros(dev, conv.bytes)?,
+                        proj: DBuf::f32s(dev, capacity * shape.proj_width())?,
+                        capacity,
+                        rows: 0,
+                    })
+                }
+            });
+        }
+        self.tape = Some(Tape {
+            start_position: self.position,
+            layers,
+        });
+        Ok(self.position)
+    }
+
+    pub fn has_tape(&self) -> bool {
+        self.tape.is_some()
+    }
+
+    /// Ends the tape, keeping everything that was run.
+    pub fn end_tape(&mut self) {
+        self.tape = None;
+    }
+}
+
+impl LayerTape {
+    /// Appends `rows` projection rows (at `proj`) and, on the first record, the starting S and window.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record(
+        &mut self,
+        dev: &CudaDevice,
+        shape: GdnShape,
+        s: &DBuf,
+        conv: &DBuf,
+        proj: u64,
+        rows: usize,
+    ) -> Result<(), CudaError> {
+        if self.rows == 0 {
+            dtod(dev, self.s0.ptr, s.ptr, s.bytes)?;
+            dtod(dev, self.conv0.ptr, conv.ptr, conv.bytes)?;
+        }
+        let width = shape.proj_width();
+        if self.rows + rows > self.capacity {
+            let capacity = (self.rows + rows).next_power_of_two();
+            let grown = DBuf::f32s(dev, capacity * width)?;
+            dtod(dev, grown.ptr, self.proj.ptr, self.rows * width * 4)?;
+            self.proj = grown;
+            self.capacity = capacity;
+        }
+        dtod(
+            dev,
+            self.proj.f32_at(self.rows * width),
+            proj,
+            rows * width * 4,
+        )?;
+        self.rows += rows;
+        Ok(())
+    }
+}
+
+/// Signature check shared by forward and the tape.
+pub(crate) fn check_signature(state: &CudaState, model_signature: &str) -> Result<(), CudaError> {
+    if state.signature != model_signature {
+        return Err(families::ModelError::StateMismatch(state.signature.clone()).into());
+    }
+    Ok(())
+}

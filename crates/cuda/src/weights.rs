@@ -1,0 +1,253 @@
+//! Uploading weights. Matrices (every `Linear` and the embedding table) go to the GPU as bf16 by default
+//! (f32 / f16 checkpoints are rounded to nearest even once, at upload) or, for exactness checks, in the
+//! stored precision (f32 and f16 as f32, bf16 as bf16). Small parameters (norm weights, conv taps,
+//! A_log, dt_bias, RoPE frequencies) stay f32, as the CPU engine keeps them.
+//!
+//! Projections that read the same input are fused at upload into one row-concatenated matrix, so each is
+//! one matrix-vector pass: attention [q(+gate) ; k ; v], GDN [qkv ; z ; b ; a], MLP [gate ; up].
+//!
+//! A `Source` is either a checkpoint (raw stored bytes, converted on the host) or a synthetic model whose
+//! matrices are filled on the GPU by a hash-based generator (the 8 GB benchmark model is never written to
+//! disk or sent over PCIe) with small parameters initialised as `synth` does.
+
+use half::{bf16, f16};
+use model_io::{Checkpoint, DType};
+
+use crate::buf::{elementwise_grid, launch, Arg, DBuf};
+use crate::device::CudaDevice;
+use crate::error::CudaError;
+
+/// How matrices are stored on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// bf16 (the fast path; f32 / f16 checkpoints are rounded once at upload).
+    Bf16,
+    /// As stored: bf16 stays bf16, f32 and f16 become f32 (exactness checks against the CPU engine).
+    AsStored,
+}
+
+/// Element type of a matrix on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WDtype {
+    Bf16,
+    F32,
+}
+
+impl WDtype {
+    pub fn size(self) -> usize {
+        match self {
+            WDtype::Bf16 => 2,
+            WDtype::F32 => 4,
+        }
+    }
+}
+
+/// A row-major [rows, cols] matrix on the GPU.
+pub(crate) struct Mat {
+    pub buf: DBuf,
+    pub rows: usize,
+    pub cols: usize,
+    pub dtype: WDtype,
+}
+
+impl Mat {
+    pub fn bytes(&self) -> usize {
+        self.rows * self.cols * self.dtype.size()
+    }
+}
+
+/// Where weights come from.
+pub(crate) enum Source<'a> {
+    Checkpoint(&'a Checkpoint),
+    /// Synthetic weights (N(0, 0.02) matrices), deterministic in `seed`.
+    Random {
+        seed: u64,
+        zero_centred: bool,
+    },
+}
+
+/// Converts stored little-endian bytes of `dtype` to the GPU element type, appending to `out`.
+pub(crate) fn convert_into(dtype: DType, bytes: &[u8], to: WDtype, out: &mut Vec<u8>) {
+    let as_f32 = |b: &[u8]| -> f32 {
+        match dtype {
+            DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            DType::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+            DType::F16 => f16::from_le_bytes([b[0], b[1]]).to_f32(),
+        }
+    };
+    let step = dtype.size_in_bytes();
+    match (dtype, to) {
+        (DType::BF16, WDtype::Bf16) | (DType::F32, WDtype::F32) => out.extend_from_slice(bytes),
+        (_, WDtype::Bf16) => {
+            for b in bytes.chunks_exact(step) {
+                out.extend_from_slice(&bf16::from_f32(as_f32(b)).to_le_bytes());
+            }
+        }
+        (_, WDtype::F32) => {
+            for b in bytes.chunks_exact(step) {
+                out.extend_from_slice(&as_f32(b).to_le_bytes());
+            }
+        }
+    }
+}
+
+/// The GPU element type for a stored dtype under `format`.
+pub(crate) fn target_dtype(stored: DType, format: WeightFormat) -> WDtype {
+    match (format, stored) {
+        (WeightFormat::Bf16, _) | (WeightFormat::AsStored, DType::BF16) => WDtype::Bf16,
+        (WeightFormat::AsStored, _) => WDtype::F32,
+    }
+}
+
+/// SplitMix64 for host-side synthetic parameters.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn uniform(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        ((z >> 40) as f32 + 0.5) / (1u64 << 24) as f32
+    }
+    fn normal(&mut self) -> f32 {
+        let s: f32 = (0..4).map(|_| self.uniform()).sum();
+        (s - 2.0) * 3.0f32.sqrt()
+    }
+}
+
+/// Loads tensors from a source onto one device.
+pub(crate) struct Uploader<'a> {
+    pub dev: &'a CudaDevice,
+    pub source: Source<'a>,
+    pub format: WeightFormat,
+    /// Counts tensors so each synthetic tensor gets its own stream of random numbers.
+    pub counter: std::cell::Cell<u64>,
+}
+
+impl Uploader<'_> {
+    fn next_seed(&self, seed: u64) -> u64 {
+        let c = self.counter.get() + 1;
+        self.counter.set(c);
+        seed ^ c.wrapping_mul(0xA24B_AED4_963E_E407)
+    }
+
+    /// Row-concatenation of tensors `parts` = (full name, rows), each [rows, cols].
+    pub fn matrix(&self, parts: &[(String, usize)], cols: usize) -> Result<Mat, CudaError> {
+        let rows: usize = parts.iter().map(|p| p.1).sum();
+        match &self.source {
+            Source::Random { seed, .. } => {
+                let dtype = match self.format {
+                    WeightFormat::Bf16 => WDtype::Bf16,
+                    WeightFormat::AsStored => WDtype::Bf16,
+                };
+                let buf = DBuf::zeros(self.dev, rows * cols * dtype.size())?;
+                let count = (rows * cols) as i64;
+                launch(
+                    self.dev,
+                    "fill_normal_bf16",
+                    elementwise_grid(rows * cols),
+                    256,
+                    &[
+                        Arg::P(buf.ptr),
+                        Arg::L(count),
+                        Arg::U(self.next_seed(*seed)),
+                        Arg::F(0.02),
+                    ],
+                )?;
+                Ok(Mat {
+                    buf,
+                    rows,
+                    cols,
+                    dtype,
+                })
+            }
+            Source::Checkpoint(ck) => {
+                let mut stored = Vec::with_capacity(parts.len());
+                for (name, r) in parts {
+                    let (dtype, shape, bytes) = ck.tensors.raw(name)?;
+                    let expected = [*r, cols];
+                    // Conv-like [rows, 1, cols] shapes never reach here; matrices are 2-D.
+                    if shape != expected {
+                        return Err(model_io::LoadError::ShapeMismatch {
+                            path: ck.tensors.path_of(name)?.to_path_buf(),
+                            tensor: name.clone(),
+                            expected: expected.to_vec(),
+                            found: shape.to_vec(),
+                        }
+                        .into());
+                    }
+                    stored.push((dtype, bytes));
+                }
+                // One precision for the fused matrix: f32 if any part would be f32.
+                let dtype = stored
+                    .iter()
+                    .map(|(d, _)| target_dtype(*d, self.format))
+                    .fold(WDtype::Bf16, |acc, d| {
+                        if d == WDtype::F32 {
+                            WDtype::F32
+                        } else {
+                            acc
+                        }
+                    });
+                let mut host = Vec::with_capacity(rows * cols * dtype.size());
+                for (d, bytes) in stored {
+                    convert_into(d, bytes, dtype, &mut host);
+                }
+                Ok(Mat {
+                    buf: DBuf::from_host(self.dev, &host)?,
+                    rows,
+                    cols,
+                    dtype,
+                })
+            }
+        }
+    }
+
+    /// A small f32 parameter of `shape`; `kind` says how a synthetic one is initialised.
+    pub fn vector(&self, name: &str, shape: &[usize], kind: Init) -> Result<DBuf, CudaError> {
+        let host = self.vector_host(name, shape, kind)?;
+        DBuf::from_host(self.dev, &host)
+    }
+
+    /// The host values of [`Uploader::vector`].
+    pub fn vector_host(
+        &self,
+        name: &str,
+        shape: &[usize],
+        kind: Init,
+    ) -> Result<Vec<f32>, CudaError> {
+        let n: usize = shape.iter().product();
+        Ok(match &self.source {
+            Source::Checkpoint(ck) => ck.tensors.load_f32(name, shape)?,
+            Source::Random { seed, zero_centred } => {
+                let mut rng = SplitMix(self.next_seed(*seed));
+                (0..n)
+                    .map(|_| match kind {
+                        Init::Norm => {
+                            if *zero_centred {
+                                0.0
+                            } else {
+                                1.0
+                            }
+                        }
+                        Init::One => 1.0,
+                        Init::Normal(std) => rng.normal() * std,
+                        Init::LogUniform(lo, hi) => (lo + (hi - lo) * rng.uniform()).ln(),
+                    })
+                    .collect()
+            }
+        })
+    }
+}
+
+/// Initialisation of a synthetic small parameter (synth's rules).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Init {
+    /// An RMSNorm weight: 0 for zero-centred norms (scale 1 + 0), else 1.
+    Norm,
+    One,
+    Normal(f32),
+    LogUniform(f32, f32),
+}
