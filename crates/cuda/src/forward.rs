@@ -16,6 +16,7 @@ use crate::device::CudaDevice;
 use crate::error::CudaError;
 use crate::model::{CudaModel, LayerW, MixerW};
 use crate::ops::{self, AttnBufs, ATT_CHUNK};
+use crate::profile::{mark, Prof};
 use crate::state::{check_signature, CudaState, LayerState, Scratch, Tape, LOGIT_ROWS};
 
 /// Rows per internal pass.
@@ -98,7 +99,10 @@ impl CudaModel {
             ..Default::default()
         };
         if n == 1 && wanted.taps.is_empty() && state.tape.is_none() && self.graph_ok() {
-            out.logits = self.decode_graph_step(tokens[0], start, state, first == 0)?;
+            let logits = self.decode_graph_step(tokens[0], start, state)?;
+            if first == 0 {
+                out.logits = logits;
+            }
             state.position = start + 1;
             return Ok(out);
         }
@@ -174,7 +178,7 @@ impl CudaModel {
                 .as_mut()
                 .and_then(|t: &mut Tape| t.layers.get_mut(i))
                 .and_then(|t| t.as_mut());
-            self.layer(layer, ls, lt, sc, m)?;
+            self.layer(layer, ls, lt, sc, m, &mut None)?;
             for (slot, tap) in tap_out.iter_mut().zip(taps) {
                 if *tap == Tap::LayerOutput(i) {
                     *slot = vec![0.0; m * self.hidden];
@@ -240,21 +244,24 @@ impl CudaModel {
     }
 
     /// One decoder layer over the m rows in `sc.x` (updated in place).
-    fn layer(
+    pub(crate) fn layer(
         &self,
         l: &LayerW,
         ls: &mut LayerState,
         tape: Option<&mut crate::state::LayerTape>,
         sc: &Scratch,
         m: usize,
+        prof: &mut Option<Prof>,
     ) -> Result<(), CudaError> {
         let dev = &*self.dev;
         let gm = self.opts.gemv_max_rows;
         let (h, eps, zc) = (self.hidden, self.eps, self.zero_centred);
         ops::rmsnorm(dev, sc.x.ptr, l.input_norm.ptr, sc.h.ptr, m, h, eps, zc)?;
+        mark(prof, dev, "norm", 0)?;
         match (&l.mixer, ls) {
             (MixerW::Attention(a), LayerState::Attention { k, v, .. }) => {
                 ops::linear(dev, &a.qkv, sc.h.ptr, sc.big.ptr, m, false, sc.xb.ptr, gm)?;
+                mark(prof, dev, "attn qkv linear", a.qkv.bytes())?;
                 let bufs = AttnBufs {
                     qkv: sc.big.ptr,
                     q: sc.q.ptr,
@@ -277,15 +284,20 @@ impl CudaModel {
                     m,
                     sc.splits,
                 )?;
+                mark(prof, dev, "attn core", 0)?;
                 ops::linear(dev, &a.o, sc.mid.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
+                mark(prof, dev, "attn o linear", a.o.bytes())?;
             }
             (MixerW::Gdn(g), LayerState::Recurrent { s, conv, .. }) => {
                 ops::linear(dev, &g.proj, sc.h.ptr, sc.big.ptr, m, false, sc.xb.ptr, gm)?;
+                mark(prof, dev, "gdn proj linear", g.proj.bytes())?;
                 if let Some(t) = tape {
                     t.record(dev, g.shape, s, conv, sc.big.ptr, m)?;
                 }
                 self.gdn_core(g, s, conv, sc.big.ptr, sc, m)?;
+                mark(prof, dev, "gdn conv+step+norm", 0)?;
                 ops::linear(dev, &g.out, sc.o.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
+                mark(prof, dev, "gdn out linear", g.out.bytes())?;
             }
             _ => {
                 return Err(
@@ -294,12 +306,14 @@ impl CudaModel {
             }
         }
         ops::rmsnorm(dev, sc.x.ptr, l.post_norm.ptr, sc.h.ptr, m, h, eps, zc)?;
-        ops::linear(
-            dev, &l.gate_up, sc.h.ptr, sc.big.ptr, m, false, sc.xb.ptr, gm,
-        )?;
-        let inter = l.down.cols;
-        ops::silu_mul(dev, sc.big.ptr, sc.mid.ptr, m, inter)?;
-        ops::linear(dev, &l.down, sc.mid.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)
+        mark(prof, dev, "norm", 0)?;
+        let (gu, down) = (&l.gate_up, &l.down);
+        ops::linear(dev, gu, sc.h.ptr, sc.big.ptr, m, false, sc.xb.ptr, gm)?;
+        mark(prof, dev, "mlp gate_up linear", gu.bytes())?;
+        ops::silu_mul(dev, sc.big.ptr, sc.mid.ptr, m, down.cols)?;
+        mark(prof, dev, "silu_mul", 0)?;
+        ops::linear(dev, down, sc.mid.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
+        mark(prof, dev, "mlp down linear", down.bytes())
     }
 
     /// conv + recurrence + gated norm of a GDN layer from its fused projection rows at `proj`;
@@ -336,7 +350,6 @@ impl CudaModel {
         token: u32,
         start: usize,
         state: &mut CudaState,
-        _all: bool,
     ) -> Result<Vec<f32>, CudaError> {
         let dev: &CudaDevice = &self.dev;
         htod(dev, state.one.ids.ptr, &[token as i32])?;
@@ -346,7 +359,7 @@ impl CudaModel {
             dev.stream
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(CudaError::driver("beginning graph capture"))?;
-            let body = self.decode_body(state);
+            let body = self.decode_body(state, &mut None);
             let graph = dev
                 .stream
                 .end_capture(CUgraphInstantiate_flags(0))
@@ -358,7 +371,7 @@ impl CudaModel {
             Some(g) => g
                 .launch()
                 .map_err(CudaError::driver("launching the decode graph"))?,
-            None => self.decode_body(state)?,
+            None => self.decode_body(state, &mut None)?,
         }
         let mut logits = vec![0.0f32; self.vocab];
         dtoh(dev, &mut logits, state.one.logits.ptr)?;
@@ -366,12 +379,17 @@ impl CudaModel {
     }
 
     /// The device work of one decode row (ids and start already in `state.one`): what the graph holds.
-    fn decode_body(&self, state: &mut CudaState) -> Result<(), CudaError> {
+    pub(crate) fn decode_body(
+        &self,
+        state: &mut CudaState,
+        prof: &mut Option<Prof>,
+    ) -> Result<(), CudaError> {
         let dev = &*self.dev;
         let CudaState { layers, one, .. } = state;
         ops::embed(dev, &self.embed, one.ids.ptr, one.x.ptr, 1)?;
+        mark(prof, dev, "embed", 0)?;
         for (layer, ls) in self.layers.iter().zip(layers.iter_mut()) {
-            self.layer(layer, ls, None, one, 1)?;
+            self.layer(layer, ls, None, one, 1, prof)?;
         }
         ops::rmsnorm(
             dev,
@@ -383,6 +401,7 @@ impl CudaModel {
             self.eps,
             self.zero_centred,
         )?;
+        mark(prof, dev, "norm", 0)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         ops::linear(
             dev,
@@ -393,7 +412,8 @@ impl CudaModel {
             false,
             one.xb.ptr,
             self.opts.gemv_max_rows,
-        )
+        )?;
+        mark(prof, dev, "lm head linear", head.bytes())
     }
 
     /// Keeps the first `keep` rows run since `begin_tape` and drops the rest: GDN layers are rebuilt by

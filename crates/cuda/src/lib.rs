@@ -23,6 +23,8 @@ mod forward;
 pub mod model;
 pub mod nvrtc;
 mod ops;
+mod profile;
+pub mod selftest;
 pub mod state;
 mod weights;
 
@@ -30,5 +32,6 @@ pub use device::{driver_present, CudaDevice, DeviceInfo};
 pub use error::CudaError;
 pub use forward::MAX_PASS_ROWS;
 pub use model::{CudaModel, LoadOptions};
+pub use profile::ProfileRow;
 pub use state::{CudaSnapshot, CudaState};
 pub use weights::WeightFormat;

@@ -34,16 +34,22 @@ pub fn module_source() -> String {
         .collect()
 }
 
-/// FNV-1a 64 over the given parts (with a separator so ("ab","c") != ("a","bc")).
+/// FNV-1a 64 of `bytes`.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Cache key of a compilation: FNV-1a 64 over the parts, each followed by a 0xff separator (a byte that
+/// never occurs in UTF-8), so ("ab", "c") and ("a", "bc") differ.
 pub fn cache_key(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut bytes = Vec::new();
     for part in parts {
-        for &b in part.as_bytes().iter().chain(std::iter::once(&0xffu8)) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
+        bytes.extend_from_slice(part.as_bytes());
+        bytes.push(0xff);
     }
-    h
+    fnv1a(&bytes)
 }
 
 /// Where cubins are cached: `$TURBOSPARK_CUDA_CACHE`, else `$XDG_CACHE_HOME/turbospark/cuda`, else
@@ -236,4 +242,77 @@ pub fn compile_cached(
         path,
         from_cache: false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a_matches_the_published_test_vectors() {
+        // From the FNV reference (Noll): FNV-1a 64 of "" and "a", "foobar".
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn cache_key_separates_parts_and_sees_every_part() {
+        assert_ne!(cache_key(&["ab", "c"]), cache_key(&["a", "bc"]));
+        assert_ne!(
+            cache_key(&["v", "sm_90", "src"]),
+            cache_key(&["v", "sm_80", "src"])
+        );
+        assert_eq!(cache_key(&["a"]), fnv1a(b"a\xff".as_slice()));
+    }
+
+    #[test]
+    fn include_dirs_follow_the_loaded_libnvrtc() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        // Toolkit layout: <cuda>/lib64/libnvrtc.so.13 -> <cuda>/include.
+        std::fs::create_dir_all(r.join("cuda/lib64")).unwrap();
+        std::fs::create_dir_all(r.join("cuda/include")).unwrap();
+        // Wheel layout: nvidia/cu13/lib -> nvidia/cu13/include and nvidia/cuda_runtime/include.
+        std::fs::create_dir_all(r.join("nvidia/cu13/lib")).unwrap();
+        std::fs::create_dir_all(r.join("nvidia/cuda_runtime/include")).unwrap();
+        let maps = format!(
+            "7f00-7f01 r-xp 00000000 00:00 1 {}/cuda/lib64/libnvrtc.so.13.0.88\n\
+             7f02-7f03 r-xp 00000000 00:00 1 {}/nvidia/cu13/lib/libnvrtc.so.13\n\
+             7f04-7f05 r-xp 00000000 00:00 1 /usr/lib/libc.so.6\n",
+            r.display(),
+            r.display()
+        );
+        let dirs = include_dirs_from(&maps, &[]);
+        assert!(dirs.contains(&r.join("cuda/include")), "{dirs:?}");
+        assert!(
+            dirs.contains(&r.join("nvidia/cuda_runtime/include")),
+            "{dirs:?}"
+        );
+        // Directories that do not exist are never passed to NVRTC.
+        assert!(!dirs.contains(&r.join("nvidia/cu13/include")), "{dirs:?}");
+        assert!(dirs.iter().all(|d| d.is_dir()));
+        // CUDA_HOME-style roots are honoured too.
+        let home = r.join("home");
+        std::fs::create_dir_all(home.join("include")).unwrap();
+        assert!(include_dirs_from("", std::slice::from_ref(&home)).contains(&home.join("include")));
+    }
+
+    #[test]
+    fn compiled_modules_are_cached_by_source_and_arch() {
+        if !nvrtc_present() {
+            println!("note: libnvrtc not loadable here; cache round trip not checked");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let src = "extern \"C\" __global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }";
+        let a = compile_cached("t", src, 90, &[], dir.path()).unwrap();
+        assert!(!a.from_cache);
+        let b = compile_cached("t", src, 90, &[], dir.path()).unwrap();
+        assert!(b.from_cache && b.cubin == a.cubin && b.path == a.path);
+        let c = compile_cached("t", src, 80, &[], dir.path()).unwrap();
+        assert!(!c.from_cache && c.path != a.path);
+        let err = compile_cached("t", "this is not CUDA", 90, &[], dir.path()).unwrap_err();
+        assert!(matches!(err, CudaError::Compile { .. }), "{err}");
+    }
 }

@@ -138,10 +138,8 @@ impl Uploader<'_> {
         let rows: usize = parts.iter().map(|p| p.1).sum();
         match &self.source {
             Source::Random { seed, .. } => {
-                let dtype = match self.format {
-                    WeightFormat::Bf16 => WDtype::Bf16,
-                    WeightFormat::AsStored => WDtype::Bf16,
-                };
+                // Synthetic weights are generated as bf16 in either format (their "stored" dtype).
+                let dtype = WDtype::Bf16;
                 let buf = DBuf::zeros(self.dev, rows * cols * dtype.size())?;
                 let count = (rows * cols) as i64;
                 launch(
@@ -250,4 +248,69 @@ pub(crate) enum Init {
     One,
     Normal(f32),
     LogUniform(f32, f32),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn u16s(b: &[u8]) -> Vec<u16> {
+        b.chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect()
+    }
+
+    #[test]
+    fn f32_to_bf16_rounds_to_nearest_even() {
+        // 1 = 0x3F80; 1 + 2^-8 is a tie between 0x3F80 and 0x3F81 -> even 0x3F80;
+        // 1 + 3*2^-8 is a tie between 0x3F81 and 0x3F82 -> even 0x3F82; 1 + 2^-8 + 2^-12 rounds up;
+        // -2 = 0xC000.
+        let v = [
+            1.0,
+            1.0 + 1.0 / 256.0,
+            1.0 + 3.0 / 256.0,
+            1.0 + 1.0 / 256.0 + 1.0 / 4096.0,
+            -2.0,
+        ];
+        let mut out = Vec::new();
+        convert_into(DType::F32, &f32_bytes(&v), WDtype::Bf16, &mut out);
+        assert_eq!(u16s(&out), vec![0x3F80, 0x3F80, 0x3F82, 0x3F81, 0xC000]);
+    }
+
+    #[test]
+    fn stored_precision_is_kept_or_widened_exactly() {
+        // bf16 -> bf16 and f32 -> f32 copy the bytes; f16 -> f32 is exact (1.5 = 0x3E00 in f16).
+        let bf = vec![0x80u8, 0x3F, 0x00, 0xC0];
+        let mut out = Vec::new();
+        convert_into(DType::BF16, &bf, WDtype::Bf16, &mut out);
+        assert_eq!(out, bf);
+        let mut out = Vec::new();
+        convert_into(DType::F16, &[0x00, 0x3E], WDtype::F32, &mut out);
+        assert_eq!(out, 1.5f32.to_le_bytes().to_vec());
+        let mut out = Vec::new();
+        convert_into(DType::BF16, &bf, WDtype::F32, &mut out);
+        assert_eq!(out, f32_bytes(&[1.0, -2.0]));
+    }
+
+    #[test]
+    fn weight_format_picks_the_gpu_dtype() {
+        assert_eq!(target_dtype(DType::F32, WeightFormat::Bf16), WDtype::Bf16);
+        assert_eq!(target_dtype(DType::F16, WeightFormat::Bf16), WDtype::Bf16);
+        assert_eq!(
+            target_dtype(DType::F32, WeightFormat::AsStored),
+            WDtype::F32
+        );
+        assert_eq!(
+            target_dtype(DType::F16, WeightFormat::AsStored),
+            WDtype::F32
+        );
+        assert_eq!(
+            target_dtype(DType::BF16, WeightFormat::AsStored),
+            WDtype::Bf16
+        );
+    }
 }

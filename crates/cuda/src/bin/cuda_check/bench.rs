@@ -90,6 +90,19 @@ pub fn run(
             100.0 * tps / roof,
             tps * wbytes / 1e9,
         );
+        if graphs {
+            let rows = model.profile_decode(&mut st, next)?;
+            let total: f64 = rows.iter().map(|r| r.ms).sum();
+            println!("bench profile of one un-graphed decode step ({total:.3} ms):");
+            for r in &rows {
+                let gbs = if r.bytes > 0 {
+                    format!(" {:.0} GB/s", r.bytes as f64 / (r.ms * 1e-3) / 1e9)
+                } else {
+                    String::new()
+                };
+                println!("  {:<22} x{:<3} {:8.3} ms{gbs}", r.label, r.calls, r.ms);
+            }
+        }
         if !out.logits.iter().all(|x| x.is_finite()) {
             println!("bench: WARNING non-finite logits");
         }

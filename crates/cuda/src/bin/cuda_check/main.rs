@@ -99,6 +99,24 @@ fn main() {
         }
     );
     let mut all_ok = true;
+    match cuda_backend::selftest::self_test(&dev) {
+        Ok(rows) => {
+            for r in rows {
+                all_ok &= r.ok();
+                println!(
+                    "  [kernel] {:<58} rel err {:.2e} (bound {:.0e}) {}",
+                    r.what,
+                    r.error,
+                    r.bound,
+                    if r.ok() { "ok" } else { "FAIL" }
+                );
+            }
+        }
+        Err(e) => {
+            all_ok = false;
+            println!("  [kernel] self-test ERROR: {e}");
+        }
+    }
     for name in ["qwen3", "qwen3_5", "qwen3_realtok"] {
         if args.only.as_deref().is_some_and(|o| o != name) {
             continue;
