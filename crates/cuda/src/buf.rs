@@ -61,11 +61,20 @@ impl DBuf {
     }
 }
 
+/// Makes the device's context current on this thread (raw driver calls need it; cudarc's own calls
+/// do it themselves), so a model can be driven from any thread.
+pub(crate) fn bind(dev: &CudaDevice) -> Result<(), CudaError> {
+    dev.ctx
+        .bind_to_thread()
+        .map_err(CudaError::driver("binding the context to this thread"))
+}
+
 /// Host to device; returns once `data` may be reused (pageable copies are staged by the driver).
 pub(crate) fn htod<T: Copy>(dev: &CudaDevice, dst: u64, data: &[T]) -> Result<(), CudaError> {
     if data.is_empty() {
         return Ok(());
     }
+    bind(dev)?;
     // SAFETY: `dst` is the address of a live allocation at least `size_of_val(data)` bytes long
     // (callers pass buffers sized for the data); the stream belongs to the same context.
     unsafe { result::memcpy_htod_async(dst, data, dev.stream.cu_stream()) }
@@ -77,6 +86,7 @@ pub(crate) fn dtoh<T: Copy>(dev: &CudaDevice, out: &mut [T], src: u64) -> Result
     if out.is_empty() {
         return Ok(());
     }
+    bind(dev)?;
     // SAFETY: `src` addresses at least `size_of_val(out)` live bytes (callers' invariant); the host
     // slice stays borrowed until the synchronize below has completed the copy.
     unsafe { result::memcpy_dtoh_async(out, src, dev.stream.cu_stream()) }
@@ -89,6 +99,7 @@ pub(crate) fn dtod(dev: &CudaDevice, dst: u64, src: u64, bytes: usize) -> Result
     if bytes == 0 {
         return Ok(());
     }
+    bind(dev)?;
     // SAFETY: both ranges lie inside live allocations (callers' invariant) and do not overlap.
     unsafe { result::memcpy_dtod_async(dst, src, bytes, dev.stream.cu_stream()) }
         .map_err(CudaError::driver("copying on the device"))

@@ -8,7 +8,7 @@
 
 use cudarc::cublas::{result as blas, sys as bsys};
 
-use crate::buf::{elementwise_grid, launch, Arg};
+use crate::buf::{bind, elementwise_grid, launch, Arg};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
 use crate::weights::{Mat, WDtype};
@@ -96,6 +96,7 @@ fn gemm(
     };
     let alpha = 1.0f32;
     let beta = if accumulate { 1.0f32 } else { 0.0f32 };
+    bind(dev)?;
     // Row-major Y[rows, out] = X[rows, in] · W[out, in]ᵀ is, column-major, Yᵀ[out, rows] =
     // op(W as [in, out])ᵀ · Xᵀ[in, rows]: transa = T, m = out, n = rows, k = in.
     // SAFETY: W, X (or its bf16 copy) and Y are live device buffers of the stated shapes; alpha/beta
