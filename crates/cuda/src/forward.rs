@@ -354,18 +354,12 @@ impl CudaModel {
         let dev: &CudaDevice = &self.dev;
         htod(dev, state.one.ids.ptr, &[token as i32])?;
         htod(dev, state.one.start.ptr, &[start as i32])?;
-        if state.graph.is_none() {
-            use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-            dev.stream
-                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(CudaError::driver("beginning graph capture"))?;
-            let body = self.decode_body(state, &mut None);
-            let graph = dev
-                .stream
-                .end_capture(CUgraphInstantiate_flags(0))
-                .map_err(CudaError::driver("ending graph capture"));
-            body?;
-            state.graph = graph?;
+        if state.graph.is_none() && state.graph_error.is_none() {
+            match self.capture(state) {
+                Ok(Some(g)) => state.graph = Some(g),
+                Ok(None) => state.graph_error = Some("capture produced an empty graph".into()),
+                Err(e) => state.graph_error = Some(e.to_string()),
+            }
         }
         match &state.graph {
             Some(g) => g
@@ -376,6 +370,26 @@ impl CudaModel {
         let mut logits = vec![0.0f32; self.vocab];
         dtoh(dev, &mut logits, state.one.logits.ptr)?;
         Ok(logits)
+    }
+
+    /// Captures the one-row decode step of `state` into a graph (nothing runs during capture).
+    fn capture(
+        &self,
+        state: &mut CudaState,
+    ) -> Result<Option<cudarc::driver::CudaGraph>, CudaError> {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        let dev = &*self.dev;
+        dev.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(CudaError::driver("beginning graph capture"))?;
+        let body = self.decode_body(state, &mut None);
+        // Always end the capture, also after a failed body, so the stream leaves capture mode.
+        let graph = dev
+            .stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map_err(CudaError::driver("ending graph capture"));
+        body?;
+        graph
     }
 
     /// The device work of one decode row (ids and start already in `state.one`): what the graph holds.
@@ -487,6 +501,6 @@ impl CudaModel {
     /// Starts recording a tape on `state` (see `rollback_retaining`).
     pub fn begin_tape(&self, state: &mut CudaState) -> Result<usize, CudaError> {
         check_signature(state, &self.signature)?;
-        state.begin_tape(&self.dev)
+        state.begin_tape()
     }
 }

@@ -292,6 +292,7 @@ impl CudaModel {
         let one = Scratch::new(dev, &self.widths, 1, capacity.div_ceil(ATT_CHUNK))?;
         dev.synchronize()?;
         Ok(CudaState {
+            dev: self.dev.clone(),
             position: 0,
             capacity,
             signature: self.signature.clone(),
@@ -301,6 +302,7 @@ impl CudaModel {
             many: None,
             widths: self.widths,
             graph: None,
+            graph_error: None,
         })
     }
 }

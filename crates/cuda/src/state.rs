@@ -124,6 +124,7 @@ pub struct CudaSnapshot {
 
 /// The GPU state of one sequence for a [`crate::CudaModel`].
 pub struct CudaState {
+    pub(crate) dev: std::sync::Arc<CudaDevice>,
     pub(crate) position: usize,
     pub(crate) capacity: usize,
     pub(crate) signature: String,
@@ -135,6 +136,8 @@ pub struct CudaState {
     pub(crate) many: Option<Scratch>,
     pub(crate) widths: Widths,
     pub(crate) graph: Option<CudaGraph>,
+    /// Why graph capture failed on this state (decode then uses direct launches).
+    pub(crate) graph_error: Option<String>,
 }
 
 impl CudaState {
@@ -166,7 +169,8 @@ impl CudaState {
     }
 
     /// A copy of the state's contents (KV rows 0..position, S and conv windows) on the GPU.
-    pub fn snapshot(&self, dev: &CudaDevice) -> Result<CudaSnapshot, CudaError> {
+    pub fn snapshot(&self) -> Result<CudaSnapshot, CudaError> {
+        let dev = &*self.dev;
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
             layers.push(match l {
@@ -188,7 +192,8 @@ impl CudaState {
     }
 
     /// Restores a snapshot taken from this state (copies into the existing buffers; ends any tape).
-    pub fn restore(&mut self, dev: &CudaDevice, snap: &CudaSnapshot) -> Result<(), CudaError> {
+    pub fn restore(&mut self, snap: &CudaSnapshot) -> Result<(), CudaError> {
+        let dev = &*self.dev;
         if snap.signature != self.signature || snap.layers.len() != self.layers.len() {
             return Err(families::ModelError::StateMismatch(snap.signature.clone()).into());
         }
@@ -210,7 +215,8 @@ impl CudaState {
     }
 
     /// Starts recording a tape (replacing any previous one). Returns the position it starts at.
-    pub fn begin_tape(&mut self, dev: &CudaDevice) -> Result<usize, CudaError> {
+    pub(crate) fn begin_tape(&mut self) -> Result<usize, CudaError> {
+        let dev = &*self.dev;
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
             layers.push(match l {
@@ -232,6 +238,15 @@ impl CudaState {
             layers,
         });
         Ok(self.position)
+    }
+
+    /// Whether one-row decode steps replay a captured CUDA graph: `Ok(true)` once captured, `Ok(false)`
+    /// before the first step, `Err(reason)` when capture failed and steps use direct launches.
+    pub fn graph_status(&self) -> Result<bool, String> {
+        match &self.graph_error {
+            Some(e) => Err(e.clone()),
+            None => Ok(self.graph.is_some()),
+        }
     }
 
     pub fn has_tape(&self) -> bool {

@@ -78,6 +78,9 @@ pub fn run(
             out = model.forward(&[next], st.position(), &mut st, &Wanted::last())?;
         }
         let decode_s = t.elapsed().as_secs_f64();
+        if graphs {
+            println!("bench: decode graph status {:?}", st.graph_status());
+        }
         let tps = steps as f64 / decode_s;
         println!(
             "bench {shape_name} graphs={graphs}: weights {:.2} GB (generated in {load_s:.1} s); prefill {prompt_len} tokens {:.1} ms ({:.0} tok/s); \

@@ -265,7 +265,6 @@ pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool) -> Result<bool> {
 /// Verify rows == sequential rows (bitwise), tape rollback == sequential, snapshot/restore replays
 /// bitwise, graph == no graph.
 fn state_ops(gpu: &CudaModel, prompt: &[u32], name: &str, mode: &str) -> Result<bool> {
-    let dev = gpu.device().clone();
     let n = prompt.len();
     let cap = n + 32;
     let mut ok = true;
@@ -309,9 +308,9 @@ fn state_ops(gpu: &CudaModel, prompt: &[u32], name: &str, mode: &str) -> Result<
         kept && bits(&after.logits, &seq_rows[2]),
     );
     // Snapshot / restore.
-    let snap = spec.snapshot(&dev)?;
+    let snap = spec.snapshot()?;
     let a = gpu.forward(&drafts[3..5], n + 3, &mut spec, &Wanted::all())?;
-    spec.restore(&dev, &snap)?;
+    spec.restore(&snap)?;
     let b = gpu.forward(&drafts[3..5], n + 3, &mut spec, &Wanted::all())?;
     report(
         "snapshot/restore replays bitwise",
@@ -320,17 +319,25 @@ fn state_ops(gpu: &CudaModel, prompt: &[u32], name: &str, mode: &str) -> Result<
     // Graph vs direct launches for the same one-row step.
     let mut s1 = gpu.new_state(cap)?;
     gpu.forward(prompt, 0, &mut s1, &Wanted::none())?;
-    let mut s2 = s1.snapshot(&dev)?;
+    let mut s2 = s1.snapshot()?;
     let g = gpu.forward(&drafts[..1], n, &mut s1, &Wanted::last())?;
+    match s1.graph_status() {
+        Ok(true) => {}
+        Ok(false) => report("decode graph captured", false),
+        Err(e) => {
+            println!("  [{name} {mode}] decode graph capture failed: {e}");
+            report("decode graph captured", false);
+        }
+    }
     let mut s3 = gpu.new_state(cap)?;
-    s3.restore(&dev, &s2)?;
+    s3.restore(&s2)?;
     gpu.begin_tape(&mut s3)?; // a recording tape bypasses the graph
     let d = gpu.forward(&drafts[..1], n, &mut s3, &Wanted::last())?;
     report(
         "graph step == direct launches (bitwise)",
         bits(&g.logits, &d.logits),
     );
-    s2 = s1.snapshot(&dev)?;
+    s2 = s1.snapshot()?;
     drop(s2);
     Ok(ok)
 }
