@@ -10,9 +10,17 @@ use cudarc::driver::{result, CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
 
-/// A device allocation of `bytes` bytes at address `ptr`.
+/// Where a buffer's bytes live (held only to keep the allocation alive; accessed through `ptr`).
+#[allow(dead_code)]
+enum Storage {
+    Device(CudaSlice<u8>),
+    /// Host memory of the emulated device (u64 words, so every buffer is 8-byte aligned).
+    Host(Vec<u64>),
+}
+
+/// A device allocation of `bytes` bytes at address `ptr` (a host address on the emulated device).
 pub(crate) struct DBuf {
-    _slice: CudaSlice<u8>,
+    _storage: Storage,
     pub ptr: u64,
     pub bytes: usize,
 }
@@ -20,16 +28,25 @@ pub(crate) struct DBuf {
 impl DBuf {
     /// A zero-filled buffer (at least one byte, so every buffer has a distinct address).
     pub fn zeros(dev: &CudaDevice, bytes: usize) -> Result<Self, CudaError> {
-        let slice = dev
+        let Ok(gpu) = dev.gpu() else {
+            let words = vec![0u64; bytes.max(1).div_ceil(8)];
+            let ptr = words.as_ptr() as u64;
+            return Ok(DBuf {
+                _storage: Storage::Host(words),
+                ptr,
+                bytes,
+            });
+        };
+        let slice = gpu
             .stream
             .alloc_zeros::<u8>(bytes.max(1))
             .map_err(CudaError::driver(format!("allocating {bytes} bytes")))?;
         let ptr = {
-            let (p, _sync) = slice.device_ptr(&dev.stream);
+            let (p, _sync) = slice.device_ptr(&gpu.stream);
             p
         };
         Ok(DBuf {
-            _slice: slice,
+            _storage: Storage::Device(slice),
             ptr,
             bytes,
         })
@@ -62,11 +79,15 @@ impl DBuf {
 }
 
 /// Makes the device's context current on this thread (raw driver calls need it; cudarc's own calls
-/// do it themselves), so a model can be driven from any thread.
+/// do it themselves), so a model can be driven from any thread. No-op on the emulated device.
 pub(crate) fn bind(dev: &CudaDevice) -> Result<(), CudaError> {
-    dev.ctx
-        .bind_to_thread()
-        .map_err(CudaError::driver("binding the context to this thread"))
+    match dev.gpu() {
+        Ok(gpu) => gpu
+            .ctx
+            .bind_to_thread()
+            .map_err(CudaError::driver("binding the context to this thread")),
+        Err(_) => Ok(()),
+    }
 }
 
 /// Host to device; returns once `data` may be reused (pageable copies are staged by the driver).
@@ -74,10 +95,22 @@ pub(crate) fn htod<T: Copy>(dev: &CudaDevice, dst: u64, data: &[T]) -> Result<()
     if data.is_empty() {
         return Ok(());
     }
+    let Ok(gpu) = dev.gpu() else {
+        // SAFETY: on the emulated device `dst` is the host address of a live buffer of at least
+        // `size_of_val(data)` bytes (callers' invariant), disjoint from `data`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr().cast::<u8>(),
+                dst as *mut u8,
+                std::mem::size_of_val(data),
+            )
+        };
+        return Ok(());
+    };
     bind(dev)?;
     // SAFETY: `dst` is the address of a live allocation at least `size_of_val(data)` bytes long
     // (callers pass buffers sized for the data); the stream belongs to the same context.
-    unsafe { result::memcpy_htod_async(dst, data, dev.stream.cu_stream()) }
+    unsafe { result::memcpy_htod_async(dst, data, gpu.stream.cu_stream()) }
         .map_err(CudaError::driver("copying to the device"))
 }
 
@@ -86,10 +119,21 @@ pub(crate) fn dtoh<T: Copy>(dev: &CudaDevice, out: &mut [T], src: u64) -> Result
     if out.is_empty() {
         return Ok(());
     }
+    let Ok(gpu) = dev.gpu() else {
+        // SAFETY: as in `htod`, with the roles swapped.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src as *const u8,
+                out.as_mut_ptr().cast::<u8>(),
+                std::mem::size_of_val(out),
+            )
+        };
+        return Ok(());
+    };
     bind(dev)?;
     // SAFETY: `src` addresses at least `size_of_val(out)` live bytes (callers' invariant); the host
     // slice stays borrowed until the synchronize below has completed the copy.
-    unsafe { result::memcpy_dtoh_async(out, src, dev.stream.cu_stream()) }
+    unsafe { result::memcpy_dtoh_async(out, src, gpu.stream.cu_stream()) }
         .map_err(CudaError::driver("copying to the host"))?;
     dev.synchronize()
 }
@@ -99,9 +143,14 @@ pub(crate) fn dtod(dev: &CudaDevice, dst: u64, src: u64, bytes: usize) -> Result
     if bytes == 0 {
         return Ok(());
     }
+    let Ok(gpu) = dev.gpu() else {
+        // SAFETY: both ranges lie inside live host buffers (callers' invariant); `copy` allows overlap.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
+        return Ok(());
+    };
     bind(dev)?;
     // SAFETY: both ranges lie inside live allocations (callers' invariant) and do not overlap.
-    unsafe { result::memcpy_dtod_async(dst, src, bytes, dev.stream.cu_stream()) }
+    unsafe { result::memcpy_dtod_async(dst, src, bytes, gpu.stream.cu_stream()) }
         .map_err(CudaError::driver("copying on the device"))
 }
 
@@ -128,7 +177,7 @@ pub(crate) fn launch(
         return Ok(());
     }
     let func = dev.kernel(name)?;
-    let mut b = dev.stream.launch_builder(func);
+    let mut b = dev.gpu()?.stream.launch_builder(func);
     for a in args {
         match a {
             Arg::P(p) | Arg::U(p) => b.arg(p),

@@ -65,13 +65,19 @@ pub struct DeviceInfo {
     pub compile_seconds: f64,
 }
 
-/// An opened GPU with its stream, compiled kernels and cuBLAS handle.
-pub struct CudaDevice {
-    pub(crate) ctx: Arc<CudaContext>,
-    pub(crate) stream: Arc<CudaStream>,
-    pub(crate) blas: CudaBlas,
+/// The driver-side handles of an opened GPU.
+pub(crate) struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub blas: CudaBlas,
     _module: Arc<CudaModule>,
     functions: HashMap<&'static str, CudaFunction>,
+}
+
+/// An opened GPU with its stream, compiled kernels and cuBLAS handle, or the host emulation of the
+/// backend's operations ([`CudaDevice::emulated`]).
+pub struct CudaDevice {
+    gpu: Option<Gpu>,
     pub info: DeviceInfo,
 }
 
@@ -172,37 +178,74 @@ impl CudaDevice {
             compile_seconds,
         };
         Ok(CudaDevice {
-            ctx,
-            stream,
-            blas,
-            _module: module,
-            functions,
+            gpu: Some(Gpu {
+                ctx,
+                stream,
+                blas,
+                _module: module,
+                functions,
+            }),
             info,
+        })
+    }
+
+    /// A device whose buffers live in host memory and whose operations run on the CPU, one by one, as
+    /// the GPU kernels define them (`emu.rs`). It exercises everything above the kernels (buffer layout,
+    /// fused projections, passes, state, tape) on machines without a GPU, in tests; it is not a fast path.
+    pub fn emulated() -> Self {
+        CudaDevice {
+            gpu: None,
+            info: DeviceInfo {
+                name: "host emulation".into(),
+                arch: 0,
+                sms: 0,
+                total_memory: 0,
+                driver_version: 0,
+                nvrtc_version: (0, 0),
+                include_dirs: Vec::new(),
+                kernel_cache: PathBuf::new(),
+                kernels_from_cache: false,
+                compile_seconds: 0.0,
+            },
+        }
+    }
+
+    /// Whether this is the host emulation.
+    pub fn is_emulated(&self) -> bool {
+        self.gpu.is_none()
+    }
+
+    /// The driver handles (an error on the emulated device).
+    pub(crate) fn gpu(&self) -> Result<&Gpu, CudaError> {
+        self.gpu.as_ref().ok_or_else(|| CudaError::Unsupported {
+            what: "this operation on the host-emulated device".into(),
         })
     }
 
     /// A compiled kernel by name (every name in [`KERNELS`] is present after `open`).
     pub(crate) fn kernel(&self, name: &str) -> Result<&CudaFunction, CudaError> {
-        self.functions
+        self.gpu()?
+            .functions
             .get(name)
             .ok_or_else(|| CudaError::Unsupported {
                 what: format!("kernel {name} (not in the compiled module)"),
             })
     }
 
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
+    /// The stream all work is queued on (None on the emulated device).
+    pub fn stream(&self) -> Option<&Arc<CudaStream>> {
+        self.gpu.as_ref().map(|g| &g.stream)
     }
 
     /// Waits for all queued work.
     pub fn synchronize(&self) -> Result<(), CudaError> {
-        self.stream
-            .synchronize()
-            .map_err(CudaError::driver("synchronizing the stream"))
+        match &self.gpu {
+            Some(g) => g
+                .stream
+                .synchronize()
+                .map_err(CudaError::driver("synchronizing the stream")),
+            None => Ok(()),
+        }
     }
 
     /// One-line summary for logs.

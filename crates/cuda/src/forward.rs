@@ -2,7 +2,7 @@
 //! semantics (`families::Transformer::forward`): rows at positions start..start+n extend the state by
 //! n; logits come back only for the rows asked for, plus any hidden-state taps.
 //!
-//! Passes: a forward of more than `MAX_PASS_ROWS` rows runs as consecutive passes (causal, so the result
+//! Passes: a forward of more than `LoadOptions::max_pass_rows` rows runs as consecutive passes (causal, so the result
 //! is the same) to bound scratch memory. Each pass: embed → per layer [norm → mixer (+= x) → norm →
 //! SwiGLU (+= x)] → final norm of the rows that need it → LM head in groups of `LOGIT_ROWS` rows.
 //! Row position `start` lives in device memory (`Scratch::start`), so the one-row decode pass can be
@@ -18,9 +18,6 @@ use crate::model::{CudaModel, LayerW, MixerW};
 use crate::ops::{self, AttnBufs, ATT_CHUNK};
 use crate::profile::{mark, Prof};
 use crate::state::{check_signature, CudaState, LayerState, Scratch, Tape, LOGIT_ROWS};
-
-/// Rows per internal pass.
-pub const MAX_PASS_ROWS: usize = 512;
 
 /// What one pass returns to the host.
 struct PassOut {
@@ -107,8 +104,9 @@ impl CudaModel {
             return Ok(out);
         }
         let mut p0 = 0;
+        let pass_rows = self.opts.max_pass_rows.max(1);
         while p0 < n {
-            let p1 = (p0 + MAX_PASS_ROWS).min(n);
+            let p1 = (p0 + pass_rows).min(n);
             let pass = self.pass(
                 &tokens[p0..p1],
                 start + p0,
@@ -127,7 +125,7 @@ impl CudaModel {
     }
 
     fn graph_ok(&self) -> bool {
-        self.opts.graphs && self.opts.gemv_max_rows >= 1
+        self.opts.graphs && self.opts.gemv_max_rows >= 1 && !self.dev.is_emulated()
     }
 
     /// One pass of m rows at `start`; logits for rows first..m (pass-relative).
@@ -378,14 +376,13 @@ impl CudaModel {
         state: &mut CudaState,
     ) -> Result<Option<cudarc::driver::CudaGraph>, CudaError> {
         use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-        let dev = &*self.dev;
-        dev.stream
+        let stream = &self.dev.gpu()?.stream;
+        stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(CudaError::driver("beginning graph capture"))?;
         let body = self.decode_body(state, &mut None);
         // Always end the capture, also after a failed body, so the stream leaves capture mode.
-        let graph = dev
-            .stream
+        let graph = stream
             .end_capture(CUgraphInstantiate_flags(0))
             .map_err(CudaError::driver("ending graph capture"));
         body?;

@@ -18,6 +18,7 @@
 
 mod buf;
 pub mod device;
+mod emu;
 pub mod error;
 mod forward;
 pub mod model;
@@ -26,11 +27,11 @@ mod ops;
 mod profile;
 pub mod selftest;
 pub mod state;
+pub mod testing;
 mod weights;
 
 pub use device::{driver_present, CudaDevice, DeviceInfo};
 pub use error::CudaError;
-pub use forward::MAX_PASS_ROWS;
 pub use model::{CudaModel, LoadOptions};
 pub use profile::ProfileRow;
 pub use state::{CudaSnapshot, CudaState};

@@ -28,6 +28,8 @@ pub struct LoadOptions {
     pub gemv_max_rows: usize,
     /// Capture one-row decode steps in a CUDA graph.
     pub graphs: bool,
+    /// Rows per internal pass of a long forward (bounds scratch memory; the result does not depend on it).
+    pub max_pass_rows: usize,
 }
 
 impl Default for LoadOptions {
@@ -37,6 +39,7 @@ impl Default for LoadOptions {
             // Verify blocks (<= 16 rows) stay on the batch-invariant path, as the CPU engine's matvec.
             gemv_max_rows: 16,
             graphs: true,
+            max_pass_rows: 512,
         }
     }
 }

@@ -10,6 +10,7 @@ use cudarc::cublas::{result as blas, sys as bsys};
 
 use crate::buf::{bind, elementwise_grid, launch, Arg};
 use crate::device::CudaDevice;
+use crate::emu;
 use crate::error::CudaError;
 use crate::weights::{Mat, WDtype};
 
@@ -40,6 +41,9 @@ pub(crate) fn linear(
 ) -> Result<(), CudaError> {
     if rows == 0 {
         return Ok(());
+    }
+    if dev.is_emulated() {
+        return emu::linear(w, x, y, rows, accumulate, gemv_max_rows);
     }
     if rows > gemv_max_rows {
         return gemm(dev, w, x, y, rows, accumulate, xb);
@@ -103,7 +107,7 @@ fn gemm(
     // point to host f32 values (the handle's default pointer mode), and the handle is bound to our stream.
     unsafe {
         blas::gemm_ex(
-            *dev.blas.handle(),
+            *dev.gpu()?.blas.handle(),
             bsys::cublasOperation_t::CUBLAS_OP_T,
             bsys::cublasOperation_t::CUBLAS_OP_N,
             w.rows as i32,
@@ -138,6 +142,9 @@ pub(crate) fn embed(
     x: u64,
     rows: usize,
 ) -> Result<(), CudaError> {
+    if dev.is_emulated() {
+        return emu::embed(table, ids, x, rows);
+    }
     let name = match table.dtype {
         WDtype::Bf16 => "embed_bf16",
         WDtype::F32 => "embed_f32",
@@ -168,6 +175,9 @@ pub(crate) fn rmsnorm(
     eps: f32,
     zero_centred: bool,
 ) -> Result<(), CudaError> {
+    if dev.is_emulated() {
+        return emu::rmsnorm(x, w, y, rows, width, eps, zero_centred);
+    }
     launch(
         dev,
         "rmsnorm",
@@ -192,6 +202,9 @@ pub(crate) fn silu_mul(
     rows: usize,
     inter: usize,
 ) -> Result<(), CudaError> {
+    if dev.is_emulated() {
+        return emu::silu_mul(gate_up, act, rows, inter);
+    }
     let count = rows * inter;
     launch(
         dev,
@@ -246,6 +259,9 @@ pub(crate) fn attention(
     rows: usize,
     max_splits: usize,
 ) -> Result<(), CudaError> {
+    if dev.is_emulated() {
+        return emu::attention(s, b, q_norm, k_norm, inv_freq, rows);
+    }
     let r = rows as u32;
     launch(
         dev,
@@ -348,6 +364,11 @@ pub(crate) fn gdn_recurrence(
     o: u64,
     rows: usize,
 ) -> Result<(), CudaError> {
+    if dev.is_emulated() {
+        return emu::gdn_recurrence(
+            s, proj, conv_w, window, mixed, a_log, dt_bias, state, o, rows,
+        );
+    }
     let cd = s.conv_dim();
     let ldp = s.proj_width() as i32;
     launch(
@@ -400,6 +421,9 @@ pub(crate) fn gated_norm(
     eps: f32,
     rows: usize,
 ) -> Result<(), CudaError> {
+    if dev.is_emulated() {
+        return emu::gated_norm(s, o, proj, w, eps, rows);
+    }
     let z = proj + (s.conv_dim() * 4) as u64;
     launch(
         dev,

@@ -26,6 +26,7 @@ pub(crate) fn mark(
 ) -> Result<(), CudaError> {
     if let Some(p) = prof {
         let e = dev
+            .gpu()?
             .stream
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(CudaError::driver("recording a profiling event"))?;
@@ -62,6 +63,7 @@ impl CudaModel {
         htod(dev, state.one.ids.ptr, &[token as i32])?;
         htod(dev, state.one.start.ptr, &[start as i32])?;
         let first = dev
+            .gpu()?
             .stream
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(CudaError::driver("recording a profiling event"))?;

@@ -142,6 +142,19 @@ impl Uploader<'_> {
                 let dtype = WDtype::Bf16;
                 let buf = DBuf::zeros(self.dev, rows * cols * dtype.size())?;
                 let count = (rows * cols) as i64;
+                if self.dev.is_emulated() {
+                    let mut rng = SplitMix(self.next_seed(*seed));
+                    let host: Vec<u16> = (0..rows * cols)
+                        .map(|_| bf16::from_f32(rng.normal() * 0.02).to_bits())
+                        .collect();
+                    crate::buf::htod(self.dev, buf.ptr, &host)?;
+                    return Ok(Mat {
+                        buf,
+                        rows,
+                        cols,
+                        dtype,
+                    });
+                }
                 launch(
                     self.dev,
                     "fill_normal_bf16",

@@ -21,7 +21,9 @@ use model_io::ModelConfig;
 /// Device-to-device copy bandwidth in bytes/s, counting read + write.
 fn copy_bandwidth(dev: &CudaDevice) -> Result<f64> {
     let bytes = 1usize << 30;
-    let stream = dev.stream();
+    let stream = dev
+        .stream()
+        .ok_or_else(|| anyhow::anyhow!("no GPU stream"))?;
     let src = stream.alloc_zeros::<u8>(bytes)?;
     let mut dst = stream.alloc_zeros::<u8>(bytes)?;
     for _ in 0..2 {

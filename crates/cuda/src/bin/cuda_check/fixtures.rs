@@ -162,7 +162,7 @@ pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool) -> Result<bool> {
         } else {
             LoadOptions::default().gemv_max_rows
         },
-        graphs: true,
+        ..LoadOptions::default()
     };
     let gpu = CudaModel::load(dev, &ck, opts)?;
     let v = gpu.vocab;

@@ -1,0 +1,247 @@
+//! Host emulation of every operation in `ops.rs`, for [`crate::CudaDevice::emulated`]: the same inputs,
+//! outputs, layouts and strides as the GPU kernels, computed with the CPU engine's kernels. Buffers of the
+//! emulated device are host memory, so a device address is a host address here.
+//!
+//! What this proves is everything above the kernels (fused projection layouts, strides, KV and state
+//! buffers, multi-pass forwards, tape replay, snapshots); the kernels themselves are checked on the GPU
+//! by `selftest.rs`. The cuBLAS path is mirrored by rounding activations to bf16 for bf16 weights.
+
+use half::bf16;
+
+use crate::error::CudaError;
+use crate::ops::{AttnBufs, AttnShape, GdnShape};
+use crate::weights::{Mat, WDtype};
+
+/// A view of `len` f32 at host address `ptr`.
+///
+/// SAFETY (callers): `ptr` is the address of a live emulated buffer holding at least `len` f32, not
+/// mutably aliased for the view's lifetime.
+unsafe fn view<'a>(ptr: u64, len: usize) -> &'a [f32] {
+    std::slice::from_raw_parts(ptr as *const f32, len)
+}
+
+/// A mutable view; SAFETY (callers): as [`view`], and no other view of the range is alive.
+unsafe fn view_mut<'a>(ptr: u64, len: usize) -> &'a mut [f32] {
+    std::slice::from_raw_parts_mut(ptr as *mut f32, len)
+}
+
+/// The matrix as f32 [rows, cols].
+fn weights_f32(w: &Mat) -> Vec<f32> {
+    let n = w.rows * w.cols;
+    match w.dtype {
+        // SAFETY: the matrix buffer holds n elements of its dtype.
+        WDtype::F32 => unsafe { view(w.buf.ptr, n) }.to_vec(),
+        WDtype::Bf16 => {
+            // SAFETY: as above, n bf16 values.
+            let raw = unsafe { std::slice::from_raw_parts(w.buf.ptr as *const u16, n) };
+            raw.iter().map(|&b| bf16::from_bits(b).to_f32()).collect()
+        }
+    }
+}
+
+pub(crate) fn linear(
+    w: &Mat,
+    x: u64,
+    y: u64,
+    rows: usize,
+    accumulate: bool,
+    gemv_max_rows: usize,
+) -> Result<(), CudaError> {
+    let wf = weights_f32(w);
+    // SAFETY: x holds rows x cols inputs, y rows x out outputs (the callers' scratch sizes).
+    let mut xs = unsafe { view(x, rows * w.cols) }.to_vec();
+    if rows > gemv_max_rows && w.dtype == WDtype::Bf16 {
+        xs.iter_mut().for_each(|v| *v = bf16::from_f32(*v).to_f32());
+    }
+    let ys = unsafe { view_mut(y, rows * w.rows) };
+    if accumulate {
+        kernels::linear_acc(&xs, &wf, rows, w.cols, w.rows, 1.0, ys);
+    } else {
+        kernels::linear(&xs, &wf, rows, w.cols, w.rows, ys);
+    }
+    Ok(())
+}
+
+pub(crate) fn embed(table: &Mat, ids: u64, x: u64, rows: usize) -> Result<(), CudaError> {
+    let h = table.cols;
+    // SAFETY: ids holds `rows` i32 written by the host; x holds rows x hidden.
+    let ids = unsafe { std::slice::from_raw_parts(ids as *const i32, rows) };
+    let xs = unsafe { view_mut(x, rows * h) };
+    let wf = weights_f32(table);
+    for (r, &id) in ids.iter().enumerate() {
+        let id = id as usize;
+        xs[r * h..(r + 1) * h].copy_from_slice(&wf[id * h..(id + 1) * h]);
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rmsnorm(
+    x: u64,
+    w: u64,
+    y: u64,
+    rows: usize,
+    width: usize,
+    eps: f32,
+    zero_centred: bool,
+) -> Result<(), CudaError> {
+    // SAFETY: x and y are distinct buffers of rows x width; w holds width values.
+    let (xs, ws) = unsafe { (view(x, rows * width).to_vec(), view(w, width)) };
+    kernels::rms_norm(&xs, ws, eps, zero_centred, unsafe {
+        view_mut(y, rows * width)
+    });
+    Ok(())
+}
+
+pub(crate) fn silu_mul(gate_up: u64, act: u64, rows: usize, inter: usize) -> Result<(), CudaError> {
+    // SAFETY: gate_up holds rows x 2I, act rows x I, distinct buffers.
+    let gu = unsafe { view(gate_up, rows * 2 * inter) };
+    let out = unsafe { view_mut(act, rows * inter) };
+    for r in 0..rows {
+        let row = &gu[r * 2 * inter..(r + 1) * 2 * inter];
+        kernels::silu_mul(
+            &row[..inter],
+            &row[inter..],
+            &mut out[r * inter..(r + 1) * inter],
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn attention(
+    s: AttnShape,
+    b: &AttnBufs,
+    q_norm: u64,
+    k_norm: u64,
+    inv_freq: u64,
+    rows: usize,
+) -> Result<(), CudaError> {
+    let (hq, hkv, d) = (s.hq, s.hkv, s.d);
+    let qw = hq * d * if s.gated { 2 } else { 1 };
+    let width = qw + 2 * hkv * d;
+    // SAFETY: start holds one i32; every other buffer is sized for `rows` rows / the cache capacity
+    // (at least start + rows positions), and the buffers are pairwise distinct.
+    let start = unsafe { *(b.start as *const i32) } as usize;
+    let qkv = unsafe { view(b.qkv, rows * width) };
+    let (qn, kn) = unsafe { (view(q_norm, d), view(k_norm, d)) };
+    let freqs = unsafe { view(inv_freq, s.rot_half) };
+    let total = start + rows;
+    let kc = unsafe { view_mut(b.k_cache, total * hkv * d) };
+    let vc = unsafe { view_mut(b.v_cache, total * hkv * d) };
+    let (mut q, mut gate) = (vec![0.0; rows * hq * d], vec![0.0; rows * hq * d]);
+    let mut k = vec![0.0; rows * hkv * d];
+    for r in 0..rows {
+        let row = &qkv[r * width..(r + 1) * width];
+        for h in 0..hq {
+            let src = h * d * if s.gated { 2 } else { 1 };
+            q[(r * hq + h) * d..][..d].copy_from_slice(&row[src..src + d]);
+            if s.gated {
+                gate[(r * hq + h) * d..][..d].copy_from_slice(&row[src + d..src + 2 * d]);
+            }
+        }
+        k[r * hkv * d..(r + 1) * hkv * d].copy_from_slice(&row[qw..qw + hkv * d]);
+        let at = (start + r) * hkv * d;
+        vc[at..at + hkv * d].copy_from_slice(&row[qw + hkv * d..]);
+    }
+    kernels::rms_norm_inplace(&mut q, qn, s.eps, s.zero_centred);
+    kernels::rms_norm_inplace(&mut k, kn, s.eps, s.zero_centred);
+    let positions: Vec<usize> = (start..total).collect();
+    kernels::rope_with_inv_freq(&mut q, &positions, hq, d, freqs);
+    kernels::rope_with_inv_freq(&mut k, &positions, hkv, d, freqs);
+    kc[start * hkv * d..].copy_from_slice(&k);
+    unsafe { view_mut(b.q, rows * hq * d) }.copy_from_slice(&q);
+    unsafe { view_mut(b.gate, rows * hq * d) }.copy_from_slice(&gate);
+    let out = unsafe { view_mut(b.out, rows * hq * d) };
+    kernels::attention(
+        &q,
+        kc,
+        vc,
+        rows,
+        start,
+        hq,
+        hkv,
+        d,
+        1.0 / (d as f32).sqrt(),
+        out,
+    );
+    if s.gated {
+        for (o, g) in out.iter_mut().zip(&gate) {
+            *o *= kernels::sigmoid(*g);
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gdn_recurrence(
+    s: GdnShape,
+    proj: u64,
+    conv_w: u64,
+    window: u64,
+    mixed: u64,
+    a_log: u64,
+    dt_bias: u64,
+    state: u64,
+    o: u64,
+    rows: usize,
+) -> Result<(), CudaError> {
+    let (hk, hv, dk, dv, kk) = (s.hk, s.hv, s.dk, s.dv, s.kernel);
+    let (cd, pw) = (s.conv_dim(), s.proj_width());
+    // SAFETY: buffers sized by the layer's shapes for `rows` rows; all distinct.
+    let p = unsafe { view(proj, rows * pw) };
+    let (cw, al, dt) = unsafe { (view(conv_w, cd * kk), view(a_log, hv), view(dt_bias, hv)) };
+    let win = unsafe { view_mut(window, (kk - 1) * cd) };
+    let mx = unsafe { view_mut(mixed, rows * cd) };
+    let st = unsafe { view_mut(state, hv * dk * dv) };
+    let out = unsafe { view_mut(o, rows * hv * dv) };
+    let mut qkv_in = vec![0.0; rows * cd];
+    for r in 0..rows {
+        qkv_in[r * cd..(r + 1) * cd].copy_from_slice(&p[r * pw..r * pw + cd]);
+    }
+    kernels::causal_conv1d_silu(&qkv_in, cw, win, rows, cd, kk, mx);
+    let (mut q, mut k) = (vec![0.0; rows * hv * dk], vec![0.0; rows * hv * dk]);
+    let mut v = vec![0.0; rows * hv * dv];
+    let (mut beta, mut g) = (vec![0.0; rows * hv], vec![0.0; rows * hv]);
+    for r in 0..rows {
+        let m = &mx[r * cd..(r + 1) * cd];
+        for h in 0..hv {
+            let kh = h / (hv / hk);
+            q[(r * hv + h) * dk..][..dk].copy_from_slice(&m[kh * dk..(kh + 1) * dk]);
+            k[(r * hv + h) * dk..][..dk]
+                .copy_from_slice(&m[hk * dk + kh * dk..hk * dk + (kh + 1) * dk]);
+            let ba = r * pw + cd + hv * dv;
+            beta[r * hv + h] = kernels::sigmoid(p[ba + h]);
+            g[r * hv + h] = -al[h].exp() * kernels::softplus(p[ba + hv + h] + dt[h]);
+        }
+        v[r * hv * dv..(r + 1) * hv * dv].copy_from_slice(&m[2 * hk * dk..]);
+    }
+    kernels::l2_normalize_rows(&mut q, dk, 1e-6);
+    kernels::l2_normalize_rows(&mut k, dk, 1e-6);
+    let scale = 1.0 / (dk as f32).sqrt();
+    q.iter_mut().for_each(|x| *x *= scale);
+    kernels::gdn_recurrent(&q, &k, &v, &g, &beta, st, rows, hv, dk, dv, out);
+    Ok(())
+}
+
+pub(crate) fn gated_norm(
+    s: GdnShape,
+    o: u64,
+    proj: u64,
+    w: u64,
+    eps: f32,
+    rows: usize,
+) -> Result<(), CudaError> {
+    let (hv, dv, cd, pw) = (s.hv, s.dv, s.conv_dim(), s.proj_width());
+    // SAFETY: o holds rows x hv x dv, proj rows x proj_width, w dv values; o is distinct from both.
+    let os = unsafe { view_mut(o, rows * hv * dv) };
+    let (p, ws) = unsafe { (view(proj, rows * pw), view(w, dv)) };
+    for (i, orow) in os.chunks_exact_mut(dv).enumerate() {
+        let (r, h) = (i / hv, i % hv);
+        kernels::rms_norm_inplace(orow, ws, eps, false);
+        let z = &p[r * pw + cd + h * dv..r * pw + cd + (h + 1) * dv];
+        for (y, &zz) in orow.iter_mut().zip(z) {
+            *y *= zz * kernels::sigmoid(zz);
+        }
+    }
+    Ok(())
+}

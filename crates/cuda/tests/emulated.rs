@@ -1,0 +1,267 @@
+//! The backend's host side on the host-emulated device (no GPU needed): fused weight layouts, scratch
+//! strides, multi-pass forwards, KV and recurrent state, tape replay and snapshots, against transformers'
+//! reference logits and the CPU engine. The GPU kernels themselves are checked on the device by
+//! `cuda_check` (kernel self-test); here each operation runs as the CPU engine computes it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cuda_backend::{CudaDevice, CudaModel, LoadOptions, WeightFormat};
+use families::{Rows, Tap, Wanted};
+use model_io::Checkpoint;
+use safetensors::SafeTensors;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(name)
+}
+
+fn f32s(st: &SafeTensors<'_>, name: &str) -> Vec<f32> {
+    st.tensor(name)
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn ids(st: &SafeTensors<'_>, name: &str) -> Vec<u32> {
+    st.tensor(name)
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+        .collect()
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn bits_eq(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+fn exact() -> LoadOptions {
+    LoadOptions {
+        weights: WeightFormat::AsStored,
+        gemv_max_rows: usize::MAX,
+        graphs: true,
+        max_pass_rows: 512,
+    }
+}
+
+fn load(name: &str, opts: LoadOptions) -> (Checkpoint, CudaModel) {
+    let ck = Checkpoint::open(&fixture(name)).unwrap();
+    let dev = Arc::new(CudaDevice::emulated());
+    let m = CudaModel::load(&dev, &ck, opts).unwrap();
+    (ck, m)
+}
+
+fn chunks(m: &CudaModel, prompt: &[u32], chunk: usize) -> Vec<f32> {
+    let mut st = m.new_state(prompt.len() + 8).unwrap();
+    let mut out = Vec::new();
+    for (i, c) in prompt.chunks(chunk).enumerate() {
+        out.extend(
+            m.forward(c, i * chunk, &mut st, &Wanted::all())
+                .unwrap()
+                .logits,
+        );
+    }
+    assert_eq!(st.position(), prompt.len());
+    out
+}
+
+fn greedy(m: &CudaModel, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut st = m.new_state(prompt.len() + n + 1).unwrap();
+    let mut out = m.forward(prompt, 0, &mut st, &Wanted::last()).unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let next = kernels::argmax(out.row(0)) as u32;
+        ids.push(next);
+        out = m
+            .forward(&[next], st.position(), &mut st, &Wanted::last())
+            .unwrap();
+    }
+    ids
+}
+
+fn check_fixture(name: &str) {
+    let bytes = std::fs::read(fixture(name).join("reference.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let prompt = ids(&st, "prompt_ids");
+    let (_, m) = load(name, exact());
+    // One pass, token by token and in chunks of 7 against transformers (the CPU engine's bound).
+    let d = max_abs(
+        &chunks(&m, &prompt, prompt.len()),
+        &f32s(&st, "logits_full"),
+    );
+    assert!(d <= 1e-3, "{name}: one pass max |Δ| {d}");
+    let d = max_abs(&chunks(&m, &prompt, 1), &f32s(&st, "logits_stepwise"));
+    assert!(d <= 1e-3, "{name}: token by token max |Δ| {d}");
+    let d = max_abs(&chunks(&m, &prompt, 7), &f32s(&st, "logits_chunked7"));
+    assert!(d <= 1e-3, "{name}: chunks of 7 max |Δ| {d}");
+    assert_eq!(greedy(&m, &prompt, 32), ids(&st, "greedy_ids"), "{name}");
+    // Passes of 9 rows give the one-pass result.
+    let (_, small) = load(
+        name,
+        LoadOptions {
+            max_pass_rows: 9,
+            ..exact()
+        },
+    );
+    let d = max_abs(
+        &chunks(&small, &prompt, prompt.len()),
+        &f32s(&st, "logits_full"),
+    );
+    assert!(d <= 1e-3, "{name}: passes of 9 rows max |Δ| {d}");
+}
+
+#[test]
+fn qwen3_matches_transformers_on_the_emulated_device() {
+    check_fixture("qwen3");
+}
+
+#[test]
+fn qwen3_5_matches_transformers_on_the_emulated_device() {
+    check_fixture("qwen3_5");
+}
+
+#[test]
+fn real_vocabulary_bf16_model_matches_transformers() {
+    let bytes = std::fs::read(fixture("qwen3_realtok").join("reference.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let prompt = ids(&st, "prompt_ids");
+    let (_, m) = load("qwen3_realtok", exact());
+    let logits = chunks(&m, &prompt, prompt.len());
+    let v = m.vocab;
+    let d = max_abs(&logits[(prompt.len() - 1) * v..], &f32s(&st, "logits_last"));
+    assert!(d <= 1e-3, "last row max |Δ| {d}");
+    assert_eq!(greedy(&m, &prompt, 32), ids(&st, "greedy_ids"));
+}
+
+/// bf16 mode computes what the CPU engine computes on the same bf16-rounded matrices (f32 tolerance),
+/// and its deviation from transformers' f32 logits is the rounding's, not a bug's.
+#[test]
+fn bf16_weights_match_the_cpu_engine_on_rounded_weights() {
+    for name in ["qwen3", "qwen3_5"] {
+        let bytes = std::fs::read(fixture(name).join("reference.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let prompt = ids(&st, "prompt_ids");
+        let ck = Checkpoint::open(&fixture(name)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        cuda_backend::testing::write_bf16_matrix_copy(&ck, dir.path()).unwrap();
+        let rounded = Checkpoint::open(dir.path()).unwrap();
+        let cpu = families::load(&rounded).unwrap();
+        let mut cs = cpu.new_state();
+        let c = cpu
+            .forward(&prompt, 0, &mut cs, &Wanted::all())
+            .unwrap()
+            .logits;
+        let (_, m) = load(
+            name,
+            LoadOptions {
+                weights: WeightFormat::Bf16,
+                gemv_max_rows: usize::MAX,
+                ..LoadOptions::default()
+            },
+        );
+        let g = chunks(&m, &prompt, prompt.len());
+        let d = max_abs(&g, &c);
+        assert!(
+            d <= 1e-3,
+            "{name}: bf16 GPU path vs CPU engine on rounded weights: {d}"
+        );
+        // The rounding itself is visible against the f32 reference (the weights really are bf16).
+        assert!(
+            max_abs(&g, &f32s(&st, "logits_full")) > 1e-3,
+            "{name}: no rounding seen"
+        );
+    }
+}
+
+/// Hidden-state taps equal the CPU engine's (layer outputs, final hidden) and respect `Rows`.
+#[test]
+fn taps_and_rows_match_the_cpu_engine() {
+    let (ck, m) = load("qwen3_5", exact());
+    let cpu = families::load(&ck).unwrap();
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 512).collect();
+    let wanted = Wanted {
+        logits: Rows::From(15),
+        taps: vec![Tap::LayerOutput(2), Tap::FinalHidden],
+    };
+    let mut gs = m.new_state(32).unwrap();
+    let g = m.forward(&prompt, 0, &mut gs, &wanted).unwrap();
+    let mut cs = cpu.new_state();
+    let c = cpu.forward(&prompt, 0, &mut cs, &wanted).unwrap();
+    assert_eq!((g.first_row, g.rows), (15, 5));
+    assert_eq!(g.logits.len(), 5 * m.vocab);
+    assert!(max_abs(&g.logits, &c.logits) <= 1e-4);
+    for (a, b) in g.taps.iter().zip(&c.taps) {
+        assert!(max_abs(a, b) <= 1e-4);
+    }
+    let none = m.forward(&[1], 20, &mut gs, &Wanted::none()).unwrap();
+    assert!(none.logits.is_empty() && none.rows == 0);
+    assert!(
+        m.forward(&[1], 5, &mut gs, &Wanted::last()).is_err(),
+        "recurrent state cannot rewind"
+    );
+    assert!(
+        m.forward(&[600], 21, &mut gs, &Wanted::last()).is_err(),
+        "token out of range"
+    );
+}
+
+/// Speculative decoding's state operations: verify rows equal sequential rows, tape rollback equals
+/// running only the kept rows, snapshot/restore replays, attention-only states rewind.
+#[test]
+fn verify_rollback_and_snapshot_equal_sequential_decoding() {
+    for name in ["qwen3_5", "qwen3"] {
+        let (_, m) = load(name, LoadOptions::default());
+        let prompt: Vec<u32> = (0..24).map(|i| (i * 53 + 7) % 512).collect();
+        let n = prompt.len();
+        let mut seq = m.new_state(64).unwrap();
+        let mut out = m.forward(&prompt, 0, &mut seq, &Wanted::last()).unwrap();
+        let (mut drafts, mut rows) = (Vec::new(), Vec::new());
+        for _ in 0..6 {
+            let t = kernels::argmax(out.row(0)) as u32;
+            drafts.push(t);
+            out = m
+                .forward(&[t], seq.position(), &mut seq, &Wanted::last())
+                .unwrap();
+            rows.push(out.logits.clone());
+        }
+        let mut spec = m.new_state(64).unwrap();
+        m.forward(&prompt, 0, &mut spec, &Wanted::none()).unwrap();
+        m.begin_tape(&mut spec).unwrap();
+        let verify = m.forward(&drafts, n, &mut spec, &Wanted::all()).unwrap();
+        assert!(
+            bits_eq(&verify.logits, &rows.concat()),
+            "{name}: verify rows"
+        );
+        assert!(m.rollback_retaining(&mut spec, 2).unwrap());
+        assert_eq!(spec.position(), n + 2);
+        let after = m
+            .forward(&drafts[2..3], n + 2, &mut spec, &Wanted::last())
+            .unwrap();
+        assert!(
+            bits_eq(&after.logits, &rows[2]),
+            "{name}: rollback then step"
+        );
+        let snap = spec.snapshot().unwrap();
+        let a = m
+            .forward(&drafts[3..5], n + 3, &mut spec, &Wanted::all())
+            .unwrap();
+        spec.restore(&snap).unwrap();
+        let b = m
+            .forward(&drafts[3..5], n + 3, &mut spec, &Wanted::all())
+            .unwrap();
+        assert!(bits_eq(&a.logits, &b.logits), "{name}: snapshot/restore");
+        assert_eq!(spec.rewind(n), !spec.is_recurrent(), "{name}: rewind");
+    }
+}
