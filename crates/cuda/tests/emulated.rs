@@ -146,7 +146,8 @@ fn real_vocabulary_bf16_model_matches_transformers() {
 }
 
 /// bf16 mode computes what the CPU engine computes on the same bf16-rounded matrices (f32 tolerance),
-/// and its deviation from transformers' f32 logits is the rounding's, not a bug's.
+/// and with default options stays within cuda_check's stated bf16 bound of transformers' f32 logits:
+/// 2·r + 2^-5·max|logit|, r = the CPU engine's deviation on the rounded weights.
 #[test]
 fn bf16_weights_match_the_cpu_engine_on_rounded_weights() {
     for name in ["qwen3", "qwen3_5"] {
@@ -178,9 +179,17 @@ fn bf16_weights_match_the_cpu_engine_on_rounded_weights() {
             "{name}: bf16 GPU path vs CPU engine on rounded weights: {d}"
         );
         // The rounding itself is visible against the f32 reference (the weights really are bf16).
+        let full = f32s(&st, "logits_full");
+        let rounding = max_abs(&c, &full);
+        assert!(max_abs(&g, &full) > 1e-3, "{name}: no rounding seen");
+        // Default options add bf16 activations on cuBLAS passes: one more rounding of the same size.
+        let (_, fast) = load(name, LoadOptions::default());
+        let d = max_abs(&chunks(&fast, &prompt, prompt.len()), &full);
+        let scale = full.iter().fold(0.0f32, |a, x| a.max(x.abs()));
+        let bound = 2.0 * rounding + scale / 32.0;
         assert!(
-            max_abs(&g, &f32s(&st, "logits_full")) > 1e-3,
-            "{name}: no rounding seen"
+            d <= bound,
+            "{name}: default bf16 vs transformers {d} > {bound}"
         );
     }
 }

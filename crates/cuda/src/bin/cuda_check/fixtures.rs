@@ -3,12 +3,20 @@
 //! decoding relies on (batch-invariant verify rows, tape rollback, snapshot/restore, graph == no graph).
 //!
 //! Tolerances. Exact mode (weights as stored, f32 activations everywhere): the GPU runs the CPU engine's
-//! arithmetic up to summation order, so the fixtures' f32 bound applies: max |Δlogit| <= 1e-3.
-//! bf16 mode (matrices rounded to bf16 at upload; prefill passes round activations to bf16 at each GEMM
-//! input): each rounding is a relative error of at most 2^-9 per element, and the errors of a layer's
-//! inputs and weights add up through the residual stream, so we bound max |Δlogit| by 2^-7 · max|logit|
-//! (four half-ulp roundings' worth at the logits' scale, ~0.13 for these fixtures' |logit| <= 17), and
-//! require greedy agreement only where the reference top-1/top-2 margin exceeds twice that bound.
+//! arithmetic up to summation order, so the fixtures' f32 bound applies: max |Δlogit| <= 1e-3, and the
+//! greedy continuation must equal the CPU engine's.
+//! bf16 mode is checked in two steps. (1) With f32 activations, the GPU must equal the CPU engine run on
+//! a copy of the checkpoint whose matrices are rounded to bf16 exactly as uploaded (an independent engine
+//! computing the same function): <= 1e-3. (2) With default options (prefill passes also round GEMM
+//! activations to bf16 for cuBLAS), the deviation from transformers' f32 logits must stay within
+//! 2 · r + 2^-5 · max|logit|, where r = the CPU engine's own deviation on the rounded weights (the
+//! weight rounding's effect, measured by an independent engine), doubled for the activations' rounding
+//! on the other GEMM operand, plus an allowance for the activation rounding of models whose weights
+//! are bf16 already (r = 0): measured on the emulated device it is 0.028 at max|logit| ≈ 2.2 for
+//! qwen3_realtok, i.e. ~2^-6.3 of the scale. The fixtures make r large (0.11 for qwen3, 0.84 for
+//! qwen3_5 at |logit| <= 17: tiny hidden sizes and GDN decays near 1 amplify it), so bf16 greedy
+//! continuations are reported, not required. These two bf16 numbers describe bf16 itself; the
+//! checks that would catch a bug are the 1e-3 ones.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -165,6 +173,43 @@ pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool) -> Result<bool> {
         ..LoadOptions::default()
     };
     let gpu = CudaModel::load(dev, &ck, opts)?;
+    // bf16 mode, step 1: f32 activations vs the CPU engine on bf16-rounded matrices.
+    let mut rounding = 0.0f32;
+    if !exact {
+        let tmp = std::env::temp_dir().join(format!("cuda_check_{name}_{}", std::process::id()));
+        cuda_backend::testing::write_bf16_matrix_copy(&ck, &tmp)?;
+        let cpu_r = families::load(&Checkpoint::open(&tmp)?)?;
+        let mut cs = cpu_r.new_state();
+        let c = cpu_r.forward(&r.prompt, 0, &mut cs, &Wanted::all())?.logits;
+        let _ = std::fs::remove_dir_all(&tmp);
+        let strict_opts = LoadOptions {
+            weights: WeightFormat::Bf16,
+            gemv_max_rows: usize::MAX,
+            ..LoadOptions::default()
+        };
+        let strict = CudaModel::load(dev, &ck, strict_opts)?;
+        let mut gs = strict.new_state(r.prompt.len() + 8)?;
+        let g = strict
+            .forward(&r.prompt, 0, &mut gs, &Wanted::all())?
+            .logits;
+        let d = max_abs(&g, &c);
+        let pass = d <= 1e-3;
+        println!(
+            "  [{name} {mode}] {:<34} max|Δ| {d:.3e} (tol 1.00e-03) {}",
+            "f32-act vs CPU on rounded weights",
+            if pass { "ok" } else { "FAIL" }
+        );
+        if !pass {
+            return Ok(false);
+        }
+        let n = r.prompt.len();
+        rounding = match (r.get("logits_full"), r.get("logits_last")) {
+            (Some(f), _) => max_abs(&c, f),
+            (None, Some(l)) => max_abs(&c[(n - 1) * gpu.vocab..], l),
+            _ => 0.0,
+        };
+        println!("  [{name} {mode}] CPU engine on rounded weights vs transformers: max|Δ| {rounding:.3e} (= r)");
+    }
     let v = gpu.vocab;
     let n = r.prompt.len();
     let mut ok = true;
@@ -190,7 +235,11 @@ pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool) -> Result<bool> {
     let mut gs = gpu.new_state(n + 64)?;
     let g_out = gpu.forward(&r.prompt, 0, &mut gs, &wanted)?;
     let scale = c_out.logits.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-    let tol = if exact { 1e-3 } else { scale / 128.0 };
+    let tol = if exact {
+        1e-3
+    } else {
+        2.0 * rounding + scale / 32.0
+    };
     for (i, (g, c)) in g_out.taps.iter().zip(&c_out.taps).enumerate() {
         let hs = c.iter().fold(0.0f32, |m, x| m.max(x.abs()));
         let d = max_abs(g, c);
@@ -322,6 +371,7 @@ fn state_ops(gpu: &CudaModel, prompt: &[u32], name: &str, mode: &str) -> Result<
     let mut s2 = s1.snapshot()?;
     let g = gpu.forward(&drafts[..1], n, &mut s1, &Wanted::last())?;
     match s1.graph_status() {
+        _ if gpu.device().is_emulated() => {}
         Ok(true) => {}
         Ok(false) => report("decode graph captured", false),
         Err(e) => {

@@ -9,6 +9,7 @@
 //!
 //! Exit code: 0 all checks passed, 1 a check failed, 2 no GPU/driver.
 //! Usage: cuda_check [--fixtures DIR] [--only NAME] [--no-bench] [--shape NAME] [--prompt N] [--new N]
+//!                   [--emulate]   (host-emulated device: checks this program's logic without a GPU)
 
 mod bench;
 mod fixtures;
@@ -25,6 +26,7 @@ struct Args {
     shape: String,
     prompt: usize,
     new: usize,
+    emulate: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -35,6 +37,7 @@ fn parse() -> Result<Args, String> {
         shape: "qwen35-4b".into(),
         prompt: 512,
         new: 128,
+        emulate: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -43,6 +46,7 @@ fn parse() -> Result<Args, String> {
             "--fixtures" => a.fixtures = PathBuf::from(value()?),
             "--only" => a.only = Some(value()?),
             "--no-bench" => a.bench = false,
+            "--emulate" => a.emulate = true,
             "--shape" => a.shape = value()?,
             "--prompt" => a.prompt = value()?.parse().map_err(|e| format!("--prompt: {e}"))?,
             "--new" => a.new = value()?.parse().map_err(|e| format!("--new: {e}"))?,
@@ -69,7 +73,12 @@ fn main() {
         }
     };
     let t0 = std::time::Instant::now();
-    let dev = match CudaDevice::open() {
+    let opened = if args.emulate {
+        Ok(CudaDevice::emulated())
+    } else {
+        CudaDevice::open()
+    };
+    let dev = match opened {
         Ok(d) => Arc::new(d),
         Err(e) => {
             println!("RESULT: no device: {e}");
@@ -78,12 +87,18 @@ fn main() {
     };
     println!("device: {}", dev.summary());
     println!("kernel cache: {}", dev.info.kernel_cache.display());
-    let probe = nvrtc::compile_cubin(
-        "bf16 header probe",
-        BF16_HEADER_PROBE,
-        dev.info.arch,
-        &dev.info.include_dirs,
-    );
+    let probe = if dev.is_emulated() {
+        Err(cuda_backend::CudaError::Unsupported {
+            what: "NVRTC on the emulated device".into(),
+        })
+    } else {
+        nvrtc::compile_cubin(
+            "bf16 header probe",
+            BF16_HEADER_PROBE,
+            dev.info.arch,
+            &dev.info.include_dirs,
+        )
+    };
     println!(
         "<cuda_bf16.h> with the discovered include path: {}",
         match probe {
@@ -135,7 +150,7 @@ fn main() {
             }
         }
     }
-    if args.bench {
+    if args.bench && !dev.is_emulated() {
         if let Err(e) = bench::run(&dev, &args.shape, args.prompt, args.new) {
             all_ok = false;
             println!("bench: ERROR {e:#}");
