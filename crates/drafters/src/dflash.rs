@@ -22,11 +22,10 @@
 use crate::{Chooser, Drafter};
 use families::layers::ffn::Mlp;
 use families::layers::{Linear, Norm, Tensors};
-use families::{ModelError, Tap, Transformer};
+use families::{ModelError, SharedHead, Tap};
 use model_io::{LoadError, TensorStore};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// The fields of a DFlash drafter's `config.json` this runtime reads (z-lab's names; the `dflash_config`
 /// sub-object wins over a top-level field of the same name, as in z-lab's `_draft_value`).
@@ -393,7 +392,7 @@ fn block_attention(q: &[f32], k: &[f32], v: &[f32], b: usize, g: &Heads) -> Vec<
 }
 
 pub struct DflashDrafter {
-    target: Arc<Transformer>,
+    target: SharedHead,
     config: DflashConfig,
     fc: Linear,        // [hidden, taps * target_hidden]
     hidden_norm: Norm, // [hidden]
@@ -408,7 +407,7 @@ pub struct DflashDrafter {
 impl DflashDrafter {
     /// Loads the drafter in `dir` (`config.json` + `model.safetensors` or a sharded index), checked against
     /// the `target` whose embeddings, LM head and layer outputs it uses.
-    pub fn load(dir: &Path, target: Arc<Transformer>) -> Result<Self, ModelError> {
+    pub fn load(dir: &Path, target: SharedHead) -> Result<Self, ModelError> {
         let config_path = dir.join("config.json");
         let c = DflashConfig::from_json_file(&config_path)?;
         let invalid = |field: &str, reason: String| {
@@ -418,13 +417,13 @@ impl DflashDrafter {
                 reason,
             })
         };
-        if c.hidden_size != target.hidden {
+        if c.hidden_size != target.hidden() {
             return Err(invalid(
                 "hidden_size",
-                format!("{} differs from the target's hidden size {} (the drafter shares its embeddings and LM head)", c.hidden_size, target.hidden),
+                format!("{} differs from the target's hidden size {} (the drafter shares its embeddings and LM head)", c.hidden_size, target.hidden()),
             ));
         }
-        let target_layers = target.layers.len();
+        let target_layers = target.num_layers();
         if let Some(n) = c.num_target_layers.filter(|n| *n != target_layers) {
             return Err(invalid(
                 "num_target_layers",
@@ -437,12 +436,12 @@ impl DflashDrafter {
                 format!("layer {l} does not exist in the {target_layers}-layer target"),
             ));
         }
-        if c.mask_token_id as usize >= target.vocab {
+        if c.mask_token_id as usize >= target.vocab() {
             return Err(invalid(
                 "dflash_config.mask_token_id",
                 format!(
                     "{} is outside the target vocabulary ({})",
-                    c.mask_token_id, target.vocab
+                    c.mask_token_id, target.vocab()
                 ),
             ));
         }
@@ -459,7 +458,7 @@ impl DflashDrafter {
             .map(|i| BlockLayer::load(&t.sub(&format!("layers.{i}.")), &c))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(DflashDrafter {
-            fc: Linear::load(&t, "fc.weight", h, c.target_layer_ids.len() * target.hidden)?,
+            fc: Linear::load(&t, "fc.weight", h, c.target_layer_ids.len() * target.hidden())?,
             hidden_norm: Norm::load(&t, "hidden_norm.weight", h, c.rms_norm_eps, false)?,
             norm: Norm::load(&t, "norm.weight", h, c.rms_norm_eps, false)?,
             context: vec![ContextKv::default(); layers.len()],
@@ -507,7 +506,7 @@ impl DflashDrafter {
                 .ok_or(ModelError::TokenOutOfRange {
                     token,
                     index: self.committed + row,
-                    vocab: self.target.vocab,
+                    vocab: self.target.vocab(),
                 })?;
             x.extend_from_slice(e);
         }
@@ -581,7 +580,7 @@ impl Drafter for DflashDrafter {
         n: usize,
         _next_tokens: &[u32],
     ) -> Result<(), ModelError> {
-        let width = self.target.hidden;
+        let width = self.target.hidden();
         let ids = &self.config.target_layer_ids;
         if taps.len() != ids.len() {
             return Err(ModelError::StateMismatch(format!(
@@ -638,7 +637,7 @@ impl Drafter for DflashDrafter {
         let hd = self.config.hidden_size;
         let hidden = self.block_hidden(anchor)?;
         let logits = self.logits(&hidden[hd..(m + 1) * hd], m); // [m, vocab]
-        let vocab = self.target.vocab;
+        let vocab = self.target.vocab();
         let mut context = history.to_vec();
         for row in logits.chunks_exact(vocab) {
             let token = chooser.choose(row, &context);

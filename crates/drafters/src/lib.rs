@@ -4,6 +4,11 @@
 //! taps it asked the target for, never family internals. Its own context advances only through
 //! `observe` with *verified* rows; anything `propose` writes past that is speculative and is discarded by
 //! the next `observe` (the drafter rewinds to its committed position first).
+//!
+//! Drafters run on the host whatever device the target runs on: they read the target only through
+//! `families::TargetHead` (embedding rows, LM head; the CPU engine itself or a `HostHead` copy) and the
+//! taps the target's forward returns in host memory. Acceptance depends only on the target's logits, so
+//! where the drafter runs cannot change what is generated.
 
 pub mod dflash;
 pub mod mtp;

@@ -12,12 +12,11 @@ use crate::{Chooser, Drafter};
 use families::hybrid::load_decoder_layer;
 use families::layers::{Linear, Norm, Tensors};
 use families::model::Layer;
-use families::{ModelError, State, Tap, Transformer};
+use families::{ModelError, SharedHead, State, Tap};
 use model_io::{Checkpoint, LayerKind};
-use std::sync::Arc;
 
 pub struct MtpHead {
-    target: Arc<Transformer>,
+    target: SharedHead,
     fc: Linear, // [hidden, 2 * hidden]
     pre_fc_norm_embedding: Norm,
     pre_fc_norm_hidden: Norm,
@@ -33,7 +32,7 @@ pub struct MtpHead {
 
 impl MtpHead {
     /// Loads `mtp.*` from the checkpoint; `Ok(None)` when it carries no head.
-    pub fn load(ck: &Checkpoint, target: Arc<Transformer>) -> Result<Option<Self>, ModelError> {
+    pub fn load(ck: &Checkpoint, target: SharedHead) -> Result<Option<Self>, ModelError> {
         let c = &ck.config;
         if !ck.has_mtp || c.mtp_num_hidden_layers == 0 {
             return Ok(None);
@@ -72,7 +71,7 @@ impl MtpHead {
         logits: bool,
     ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
         let n = next_tokens.len();
-        let hd = self.target.hidden;
+        let hd = self.target.hidden();
         if n == 0 || hidden.len() != n * hd {
             return Err(ModelError::EmptyInput);
         }
@@ -93,7 +92,7 @@ impl MtpHead {
                 .ok_or(ModelError::TokenOutOfRange {
                     token: tok,
                     index: j,
-                    vocab: self.target.vocab,
+                    vocab: self.target.vocab(),
                 })?;
             self.pre_fc_norm_embedding.apply(row, &mut e);
             self.pre_fc_norm_hidden
@@ -162,7 +161,7 @@ impl Drafter for MtpHead {
         next_tokens: &[u32],
     ) -> Result<(), ModelError> {
         let hidden = taps.first().ok_or(ModelError::EmptyInput)?;
-        let hd = self.target.hidden;
+        let hd = self.target.hidden();
         if hidden.len() < n * hd || next_tokens.len() != n {
             return Err(ModelError::EmptyInput);
         }

@@ -3,6 +3,7 @@
 //! A family is a loader that maps a checkpoint's config and tensor names onto the shared layer types
 //! (`layers::*`); adding one touches its own file, the dispatch in `load`, and model-io's config parsing.
 
+pub mod backend;
 pub mod error;
 pub mod hybrid;
 pub mod layers;
@@ -11,6 +12,7 @@ pub mod qwen3;
 pub mod state;
 pub mod tape;
 
+pub use backend::{Backend, BackendError, BackendState, HostHead, SharedHead, TargetHead};
 pub use error::ModelError;
 pub use model::{ForwardOut, Rows, Tap, Transformer, Wanted};
 pub use state::State;

@@ -1,0 +1,263 @@
+//! The seam between the decode loop and the device a model runs on (DESIGN.md §1).
+//!
+//! The loop (`runtime::generate`, `runtime::Session`) drives a model only through [`Backend`] and its
+//! state only through [`BackendState`]: forward over n rows, tape begin / rollback, snapshot / restore,
+//! cursor rewind. The CPU engine ([`Transformer`], [`State`]) implements them here; the CUDA backend
+//! implements them in `cuda_backend::adapter`; the `backend` crate's `Model` / `ModelState` enums
+//! dispatch between the two with a `match` (candle's `enum Storage`), so the loop is written once and
+//! monomorphised, with no `dyn` on the hot path.
+//!
+//! Drafters run on the host and read only the target's embedding rows and LM head ([`TargetHead`]):
+//! the CPU engine is its own head; a model on another device lends a [`HostHead`] (the embedding table
+//! and LM head loaded to host memory). Acceptance depends only on the target's logits, so where the
+//! drafter runs never changes what is generated.
+//!
+//! Invariant every implementation keeps (the CPU engine's semantics): `forward(tokens, start, ..)`
+//! extends the state from `start` to `start + n`; `rollback_retaining(keep)` leaves the state exactly as
+//! if only the first `keep` rows since `begin_tape` had been run; `restore(save())` returns the state
+//! to the saved position and contents.
+
+use crate::error::ModelError;
+use crate::layers::{Linear, Tensors};
+use crate::model::{ForwardOut, Transformer, Wanted};
+use crate::state::State;
+
+/// A backend failure: the CPU engine's meaning ([`ModelError`]: bad token, context overflow, state
+/// mismatch, ...) or a device's own failure (driver call, out of memory, unsupported feature), kept
+/// with its source so front ends print the whole cause.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Device(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+/// A model the decode loop can drive. `State` is the per-sequence data the model reads and extends.
+pub trait Backend {
+    type State: BackendState;
+
+    /// Longest sequence (positions) the model accepts.
+    fn context(&self) -> usize;
+    fn vocab(&self) -> usize;
+    /// A fresh state at position 0.
+    fn new_state(&self) -> Result<Self::State, BackendError>;
+    /// Makes `state` able to hold `positions` positions (a device state with fixed buffers is moved
+    /// into larger ones, keeping its contents); a no-op where storage grows by itself.
+    fn reserve(&self, state: &mut Self::State, positions: usize) -> Result<(), BackendError>;
+    /// Runs `tokens` at positions start..start+n (see `Transformer::forward`).
+    fn forward(
+        &self,
+        tokens: &[u32],
+        start: usize,
+        state: &mut Self::State,
+        wanted: &Wanted,
+    ) -> Result<ForwardOut, BackendError>;
+    /// Starts recording a tape on `state` (replacing any previous one).
+    fn begin_tape(&self, state: &mut Self::State) -> Result<(), BackendError>;
+    /// Keeps the first `keep` rows run since `begin_tape` and drops the rest; ends the tape. `Ok(false)`
+    /// (state untouched) when there is no tape or `keep` exceeds what was recorded.
+    fn rollback_retaining(&self, state: &mut Self::State, keep: usize)
+        -> Result<bool, BackendError>;
+}
+
+/// The per-sequence state of a [`Backend`].
+pub trait BackendState {
+    /// A saved copy of the state's contents ([`BackendState::save`]).
+    type Snapshot;
+
+    /// Number of tokens the state summarises (the next token's position).
+    fn position(&self) -> usize;
+    /// Whether the state holds recurrent layers (and so cannot rewind by moving a cursor).
+    fn is_recurrent(&self) -> bool;
+    /// Rewinds an attention-only state to `position`; false (state untouched) for recurrent states or
+    /// a position ahead of the state.
+    fn rewind(&mut self, position: usize) -> bool;
+    fn has_tape(&self) -> bool;
+    /// Ends the tape, keeping everything that was run.
+    fn end_tape(&mut self);
+    /// A copy of the contents to restore later (snapshot rollback, session fork points).
+    fn save(&self) -> Result<Self::Snapshot, BackendError>;
+    /// Restores a snapshot saved from this state (ends any tape).
+    fn restore(&mut self, snapshot: &Self::Snapshot) -> Result<(), BackendError>;
+}
+
+impl Backend for Transformer {
+    type State = State;
+
+    fn context(&self) -> usize {
+        self.context
+    }
+
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    fn new_state(&self) -> Result<State, BackendError> {
+        Ok(Transformer::new_state(self))
+    }
+
+    fn reserve(&self, _state: &mut State, _positions: usize) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn forward(
+        &self,
+        tokens: &[u32],
+        start: usize,
+        state: &mut State,
+        wanted: &Wanted,
+    ) -> Result<ForwardOut, BackendError> {
+        Ok(Transformer::forward(self, tokens, start, state, wanted)?)
+    }
+
+    fn begin_tape(&self, state: &mut State) -> Result<(), BackendError> {
+        Transformer::begin_tape(self, state);
+        Ok(())
+    }
+
+    fn rollback_retaining(&self, state: &mut State, keep: usize) -> Result<bool, BackendError> {
+        Ok(state.rollback_retaining(keep))
+    }
+}
+
+impl BackendState for State {
+    type Snapshot = State;
+
+    fn position(&self) -> usize {
+        State::position(self)
+    }
+
+    fn is_recurrent(&self) -> bool {
+        State::is_recurrent(self)
+    }
+
+    fn rewind(&mut self, position: usize) -> bool {
+        State::rewind(self, position)
+    }
+
+    fn has_tape(&self) -> bool {
+        State::has_tape(self)
+    }
+
+    fn end_tape(&mut self) {
+        State::end_tape(self)
+    }
+
+    fn save(&self) -> Result<State, BackendError> {
+        Ok(self.snapshot())
+    }
+
+    fn restore(&mut self, snapshot: &State) -> Result<(), BackendError> {
+        if snapshot.signature != self.signature {
+            return Err(ModelError::StateMismatch(snapshot.signature.clone()).into());
+        }
+        *self = snapshot.snapshot();
+        Ok(())
+    }
+}
+
+/// How drafters hold their target's head (the CPU engine itself, or a [`HostHead`]).
+pub type SharedHead = std::sync::Arc<dyn TargetHead + Send + Sync>;
+
+/// What a drafter reads from its target: sizes, embedding rows and the LM head, on the host.
+pub trait TargetHead {
+    fn hidden(&self) -> usize;
+    fn vocab(&self) -> usize;
+    /// Decoder layers of the target (bounds the layer taps a drafter may ask for).
+    fn num_layers(&self) -> usize;
+    /// Embedding row of `token` ([hidden]); None outside the vocabulary.
+    fn embed_row(&self, token: u32) -> Option<&[f32]>;
+    /// Logits for final-normed hidden rows: [n, hidden] -> [n, vocab].
+    fn lm_head(&self, h: &[f32], n: usize) -> Vec<f32>;
+}
+
+impl TargetHead for Transformer {
+    fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn embed_row(&self, token: u32) -> Option<&[f32]> {
+        Transformer::embed_row(self, token)
+    }
+
+    fn lm_head(&self, h: &[f32], n: usize) -> Vec<f32> {
+        Transformer::lm_head(self, h, n)
+    }
+}
+
+/// A target's embedding table and LM head in host memory (f32), for host drafters of a model whose
+/// decoder runs on another device. Loaded as `families::load` loads them (tied heads read the
+/// embeddings), so its logits equal the CPU engine's LM head on the same rows.
+#[derive(Clone, Debug)]
+pub struct HostHead {
+    embed: Vec<f32>,         // [vocab, hidden]
+    lm_head: Option<Linear>, // [vocab, hidden]; None when tied to the embeddings
+    vocab: usize,
+    hidden: usize,
+    layers: usize,
+}
+
+impl HostHead {
+    pub fn load(ck: &model_io::Checkpoint) -> Result<Self, ModelError> {
+        let c = &ck.config;
+        let t = Tensors::new(&ck.tensors, c.tensor_prefix.clone());
+        let embed = t.get("embed_tokens.weight", &[c.vocab_size, c.hidden_size])?;
+        let root = Tensors::new(&ck.tensors, "");
+        let lm_head = if c.tie_word_embeddings {
+            None
+        } else {
+            Some(Linear::load(
+                &root,
+                "lm_head.weight",
+                c.vocab_size,
+                c.hidden_size,
+            )?)
+        };
+        Ok(HostHead {
+            embed,
+            lm_head,
+            vocab: c.vocab_size,
+            hidden: c.hidden_size,
+            layers: c.num_hidden_layers,
+        })
+    }
+}
+
+impl TargetHead for HostHead {
+    fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    fn num_layers(&self) -> usize {
+        self.layers
+    }
+
+    fn embed_row(&self, token: u32) -> Option<&[f32]> {
+        let t = token as usize;
+        (t < self.vocab).then(|| &self.embed[t * self.hidden..(t + 1) * self.hidden])
+    }
+
+    fn lm_head(&self, h: &[f32], n: usize) -> Vec<f32> {
+        match &self.lm_head {
+            Some(head) => head.forward(h, n),
+            None => {
+                let mut out = vec![0.0; n * self.vocab];
+                kernels::linear(h, &self.embed, n, self.hidden, self.vocab, &mut out);
+                out
+            }
+        }
+    }
+}
