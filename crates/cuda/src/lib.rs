@@ -16,6 +16,7 @@
 //! one-row decode step would (batch-invariant kernels, step-form GDN), so greedy speculative decoding
 //! on the GPU equals sequential decoding on the GPU token for token.
 
+pub mod adapter;
 mod buf;
 pub mod device;
 mod emu;

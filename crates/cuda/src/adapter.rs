@@ -1,0 +1,137 @@
+//! The CUDA backend behind the decode loop's seam (`families::Backend` / `families::BackendState`), so
+//! `runtime::generate` runs sequential and speculative decoding on the GPU unchanged: batched verify,
+//! tape begin / rollback (replayed on the GPU), snapshot / restore, KV cursor rewind.
+//!
+//! Only the public API of [`CudaModel`] / [`CudaState`] is used here. A `CudaState` has fixed buffers
+//! (the decode graph holds their addresses), so it is created with a KV capacity and `reserve` moves its
+//! contents into a larger state when a request needs more positions: capacity doubles (powers of two,
+//! capped at the model's context), so a long session reallocates O(log n) times.
+//!
+//! Invariant: every operation has the CPU engine's meaning; `CudaError::Model` (bad token, context
+//! overflow, position mismatch, ...) surfaces as `BackendError::Model`, everything device-specific
+//! (driver, cuBLAS, capacity, unsupported) as `BackendError::Device` with its source.
+
+use families::{Backend, BackendError, BackendState, ForwardOut, Wanted};
+
+use crate::error::CudaError;
+use crate::model::CudaModel;
+use crate::state::{CudaSnapshot, CudaState};
+
+/// KV positions of a new state before any `reserve` (grown on demand up to the context).
+pub const INITIAL_CAPACITY: usize = 1024;
+
+impl From<CudaError> for BackendError {
+    fn from(e: CudaError) -> Self {
+        match e {
+            CudaError::Model(m) => BackendError::Model(m),
+            other => BackendError::Device(Box::new(other)),
+        }
+    }
+}
+
+/// The capacity to grow to for `positions` (None when `current` already holds them).
+pub fn grown_capacity(current: usize, positions: usize, context: usize) -> Option<usize> {
+    let want = positions.min(context);
+    (want > current).then(|| want.next_power_of_two().min(context.max(1)))
+}
+
+impl Backend for CudaModel {
+    type State = CudaState;
+
+    fn context(&self) -> usize {
+        self.context
+    }
+
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    fn new_state(&self) -> Result<CudaState, BackendError> {
+        Ok(CudaModel::new_state(
+            self,
+            INITIAL_CAPACITY.min(self.context),
+        )?)
+    }
+
+    fn reserve(&self, state: &mut CudaState, positions: usize) -> Result<(), BackendError> {
+        let Some(capacity) = grown_capacity(state.capacity(), positions, self.context) else {
+            return Ok(());
+        };
+        let contents = state.snapshot()?;
+        let mut larger = CudaModel::new_state(self, capacity)?;
+        larger.restore(&contents)?;
+        *state = larger;
+        Ok(())
+    }
+
+    fn forward(
+        &self,
+        tokens: &[u32],
+        start: usize,
+        state: &mut CudaState,
+        wanted: &Wanted,
+    ) -> Result<ForwardOut, BackendError> {
+        Ok(CudaModel::forward(self, tokens, start, state, wanted)?)
+    }
+
+    fn begin_tape(&self, state: &mut CudaState) -> Result<(), BackendError> {
+        CudaModel::begin_tape(self, state)?;
+        Ok(())
+    }
+
+    fn rollback_retaining(
+        &self,
+        state: &mut CudaState,
+        keep: usize,
+    ) -> Result<bool, BackendError> {
+        Ok(CudaModel::rollback_retaining(self, state, keep)?)
+    }
+}
+
+impl BackendState for CudaState {
+    type Snapshot = CudaSnapshot;
+
+    fn position(&self) -> usize {
+        CudaState::position(self)
+    }
+
+    fn is_recurrent(&self) -> bool {
+        CudaState::is_recurrent(self)
+    }
+
+    fn rewind(&mut self, position: usize) -> bool {
+        CudaState::rewind(self, position)
+    }
+
+    fn has_tape(&self) -> bool {
+        CudaState::has_tape(self)
+    }
+
+    fn end_tape(&mut self) {
+        CudaState::end_tape(self)
+    }
+
+    fn save(&self) -> Result<CudaSnapshot, BackendError> {
+        Ok(self.snapshot()?)
+    }
+
+    fn restore(&mut self, snapshot: &CudaSnapshot) -> Result<(), BackendError> {
+        Ok(CudaState::restore(self, snapshot)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grown_capacity;
+
+    #[test]
+    fn capacity_doubles_to_a_power_of_two_capped_at_the_context() {
+        assert_eq!(grown_capacity(1024, 1000, 4096), None);
+        assert_eq!(grown_capacity(1024, 1024, 4096), None);
+        assert_eq!(grown_capacity(1024, 1025, 4096), Some(2048));
+        assert_eq!(grown_capacity(1024, 3000, 3500), Some(3500));
+        // Past the context: grow to the context; the forward reports the overflow itself.
+        assert_eq!(grown_capacity(1024, 9000, 4096), Some(4096));
+        assert_eq!(grown_capacity(4096, 9000, 4096), None);
+    }
+}
