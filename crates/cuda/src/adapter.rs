@@ -79,11 +79,7 @@ impl Backend for CudaModel {
         Ok(())
     }
 
-    fn rollback_retaining(
-        &self,
-        state: &mut CudaState,
-        keep: usize,
-    ) -> Result<bool, BackendError> {
+    fn rollback_retaining(&self, state: &mut CudaState, keep: usize) -> Result<bool, BackendError> {
         Ok(CudaModel::rollback_retaining(self, state, keep)?)
     }
 }

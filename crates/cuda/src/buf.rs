@@ -176,6 +176,9 @@ pub(crate) fn launch(
     if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
         return Ok(());
     }
+    if let Some(sim) = dev.sim() {
+        return sim.launch(name, grid, block, 0, args);
+    }
     let func = dev.kernel(name)?;
     let mut b = dev.gpu()?.stream.launch_builder(func);
     for a in args {

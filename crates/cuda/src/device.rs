@@ -49,6 +49,9 @@ pub const KERNELS: &[&str] = &[
     "gdn_step",
 ];
 
+/// Streaming multiprocessors the kernel simulator reports (small, so that grid-stride loops run).
+pub const SIM_SMS: i32 = 3;
+
 /// Facts about the opened device, for logs and roofline arithmetic.
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {
@@ -78,6 +81,8 @@ pub(crate) struct Gpu {
 /// backend's operations ([`CudaDevice::emulated`]).
 pub struct CudaDevice {
     gpu: Option<Gpu>,
+    /// The kernel simulator (`CudaDevice::simulated`): kernels run on the CPU.
+    sim: Option<crate::simulate::Sim>,
     pub info: DeviceInfo,
 }
 
@@ -178,6 +183,7 @@ impl CudaDevice {
             compile_seconds,
         };
         Ok(CudaDevice {
+            sim: None,
             gpu: Some(Gpu {
                 ctx,
                 stream,
@@ -195,6 +201,7 @@ impl CudaDevice {
     pub fn emulated() -> Self {
         CudaDevice {
             gpu: None,
+            sim: None,
             info: DeviceInfo {
                 name: "host emulation".into(),
                 arch: 0,
@@ -210,9 +217,47 @@ impl CudaDevice {
         }
     }
 
-    /// Whether this is the host emulation.
+    /// A device whose buffers live in host memory and whose kernels are the real CUDA kernels compiled
+    /// for the CPU by the host C++ compiler (`$CXX`, default g++) against a CUDA shim (`simulate.rs`):
+    /// every launch runs the kernel's blocks one by one, its threads as fibers. It checks the kernels'
+    /// indexing, barriers and arithmetic without a GPU; `SIM_SMS` streaming multiprocessors are
+    /// reported so that grid-size choices are exercised. cuBLAS GEMMs (passes over `gemv_max_rows`
+    /// rows) fall back to the host emulation. Slow: for the small fixtures only.
+    pub fn simulated() -> Result<Self, CudaError> {
+        let t = std::time::Instant::now();
+        let sim = crate::simulate::Sim::load(KERNELS)?;
+        let kernel_cache = sim.path.clone();
+        Ok(CudaDevice {
+            gpu: None,
+            info: DeviceInfo {
+                name: "kernel simulator (host fibers)".into(),
+                arch: 0,
+                sms: SIM_SMS,
+                total_memory: 0,
+                driver_version: 0,
+                nvrtc_version: (0, 0),
+                include_dirs: Vec::new(),
+                kernel_cache,
+                kernels_from_cache: false,
+                compile_seconds: t.elapsed().as_secs_f64(),
+            },
+            sim: Some(sim),
+        })
+    }
+
+    /// Whether buffers live in host memory (the host emulation or the kernel simulator): no GPU.
     pub fn is_emulated(&self) -> bool {
         self.gpu.is_none()
+    }
+
+    /// Whether operations run as the CPU engine computes them (host emulation, not the kernels).
+    pub(crate) fn host_ops(&self) -> bool {
+        self.gpu.is_none() && self.sim.is_none()
+    }
+
+    /// The kernel simulator, when this device is one.
+    pub(crate) fn sim(&self) -> Option<&crate::simulate::Sim> {
+        self.sim.as_ref()
     }
 
     /// The driver handles (an error on the emulated device).

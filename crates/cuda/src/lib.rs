@@ -27,6 +27,7 @@ pub mod nvrtc;
 mod ops;
 mod profile;
 pub mod selftest;
+mod simulate;
 pub mod state;
 pub mod testing;
 mod weights;

@@ -42,10 +42,14 @@ pub(crate) fn linear(
     if rows == 0 {
         return Ok(());
     }
-    if dev.is_emulated() {
+    if dev.host_ops() {
         return emu::linear(w, x, y, rows, accumulate, gemv_max_rows);
     }
     if rows > gemv_max_rows {
+        if dev.sim().is_some() {
+            // No cuBLAS in the simulator: the host GEMM with the same bf16 activation rounding.
+            return emu::linear(w, x, y, rows, accumulate, gemv_max_rows);
+        }
         return gemm(dev, w, x, y, rows, accumulate, xb);
     }
     let prefix = match w.dtype {
@@ -142,7 +146,7 @@ pub(crate) fn embed(
     x: u64,
     rows: usize,
 ) -> Result<(), CudaError> {
-    if dev.is_emulated() {
+    if dev.host_ops() {
         return emu::embed(table, ids, x, rows);
     }
     let name = match table.dtype {
@@ -175,7 +179,7 @@ pub(crate) fn rmsnorm(
     eps: f32,
     zero_centred: bool,
 ) -> Result<(), CudaError> {
-    if dev.is_emulated() {
+    if dev.host_ops() {
         return emu::rmsnorm(x, w, y, rows, width, eps, zero_centred);
     }
     launch(
@@ -202,7 +206,7 @@ pub(crate) fn silu_mul(
     rows: usize,
     inter: usize,
 ) -> Result<(), CudaError> {
-    if dev.is_emulated() {
+    if dev.host_ops() {
         return emu::silu_mul(gate_up, act, rows, inter);
     }
     let count = rows * inter;
@@ -259,7 +263,7 @@ pub(crate) fn attention(
     rows: usize,
     max_splits: usize,
 ) -> Result<(), CudaError> {
-    if dev.is_emulated() {
+    if dev.host_ops() {
         return emu::attention(s, b, q_norm, k_norm, inv_freq, rows);
     }
     let r = rows as u32;
@@ -364,7 +368,7 @@ pub(crate) fn gdn_recurrence(
     o: u64,
     rows: usize,
 ) -> Result<(), CudaError> {
-    if dev.is_emulated() {
+    if dev.host_ops() {
         return emu::gdn_recurrence(
             s, proj, conv_w, window, mixed, a_log, dt_bias, state, o, rows,
         );
@@ -421,7 +425,7 @@ pub(crate) fn gated_norm(
     eps: f32,
     rows: usize,
 ) -> Result<(), CudaError> {
-    if dev.is_emulated() {
+    if dev.host_ops() {
         return emu::gated_norm(s, o, proj, w, eps, rows);
     }
     let z = proj + (s.conv_dim() * 4) as u64;

@@ -10,6 +10,7 @@
 //! Exit code: 0 all checks passed, 1 a check failed, 2 no GPU/driver.
 //! Usage: cuda_check [--fixtures DIR] [--only NAME] [--no-bench] [--shape NAME] [--prompt N] [--new N]
 //!                   [--emulate]   (host-emulated device: checks this program's logic without a GPU)
+//!                   [--simulate]  (the real kernels compiled for the CPU: checks the kernels without a GPU)
 
 mod bench;
 mod fixtures;
@@ -27,6 +28,7 @@ struct Args {
     prompt: usize,
     new: usize,
     emulate: bool,
+    simulate: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -38,6 +40,7 @@ fn parse() -> Result<Args, String> {
         prompt: 512,
         new: 128,
         emulate: false,
+        simulate: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -47,6 +50,7 @@ fn parse() -> Result<Args, String> {
             "--only" => a.only = Some(value()?),
             "--no-bench" => a.bench = false,
             "--emulate" => a.emulate = true,
+            "--simulate" => a.simulate = true,
             "--shape" => a.shape = value()?,
             "--prompt" => a.prompt = value()?.parse().map_err(|e| format!("--prompt: {e}"))?,
             "--new" => a.new = value()?.parse().map_err(|e| format!("--new: {e}"))?,
@@ -75,6 +79,8 @@ fn main() {
     let t0 = std::time::Instant::now();
     let opened = if args.emulate {
         Ok(CudaDevice::emulated())
+    } else if args.simulate {
+        CudaDevice::simulated()
     } else {
         CudaDevice::open()
     };

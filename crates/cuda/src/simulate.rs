@@ -1,0 +1,170 @@
+//! The kernel simulator: the same CUDA C module NVRTC compiles for the GPU, compiled instead by the
+//! host C++ compiler against `src/sim/sim.h` (the CUDA device language on fibers) and loaded as a
+//! shared library, so [`crate::CudaDevice::simulated`] runs the real kernels — their indexing,
+//! barriers, shuffles and arithmetic — on the CPU, with host memory as device memory.
+//!
+//! Like the NVRTC path, the library is cached on disk under the kernel cache directory, keyed by an
+//! FNV-1a hash of (compiler, flags, shim, module source). What it cannot check: timing, races between
+//! blocks (blocks run one after another), and NVCC's multiply-add contraction (results agree with the
+//! GPU to rounding; properties such as batch invariance hold within each).
+
+use std::ffi::{c_char, c_void, CString};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::buf::Arg;
+use crate::error::CudaError;
+use crate::nvrtc;
+
+const SIM_H: &str = include_str!("sim/sim.h");
+const RUNTIME: &str = include_str!("sim/runtime.cpp");
+const FLAGS: [&str; 6] = [
+    "-std=c++20",
+    "-O2",
+    "-shared",
+    "-fPIC",
+    "-w",
+    "-fno-strict-aliasing",
+];
+
+type LaunchFn = unsafe extern "C" fn(
+    *const c_char,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    *mut *mut c_void,
+    *mut c_char,
+    u32,
+) -> i32;
+
+/// A loaded simulator library.
+pub(crate) struct Sim {
+    _lib: libloading::Library,
+    launch: LaunchFn,
+    pub path: PathBuf,
+}
+
+fn sim_error(what: impl Into<String>) -> CudaError {
+    CudaError::Unsupported {
+        what: format!("the kernel simulator: {}", what.into()),
+    }
+}
+
+/// The translation unit: shim, module source, runtime, and one table entry per kernel.
+fn translation_unit(kernels: &[&str]) -> String {
+    let mut s = String::from("#include \"sim.h\"\n");
+    s.push_str(&nvrtc::module_source());
+    s.push_str("\n#include \"runtime.cpp\"\n");
+    for k in kernels {
+        s.push_str(&format!("SIM_KERNEL({k})\n"));
+    }
+    s.push_str("SIM_END\n");
+    s
+}
+
+impl Sim {
+    /// Compiles (or finds in the cache) and loads the simulator for `kernels`.
+    pub fn load(kernels: &[&str]) -> Result<Self, CudaError> {
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+        let tu = translation_unit(kernels);
+        let key = nvrtc::cache_key(&[&cxx, &FLAGS.join(" "), SIM_H, RUNTIME, &tu]);
+        let dir = nvrtc::cache_dir().join(format!("sim-{key:016x}"));
+        let lib = dir.join("libkernsim.so");
+        if !lib.is_file() {
+            compile(&cxx, &dir, &tu, &lib)?;
+        }
+        // SAFETY: the library is our own generated code; loading runs no initialisers with effects
+        // beyond its statics.
+        let loaded = unsafe { libloading::Library::new(&lib) }
+            .map_err(|e| sim_error(format!("loading {}: {e}", lib.display())))?;
+        // SAFETY: sim_launch has exactly the LaunchFn signature (runtime.cpp).
+        let launch = unsafe { loaded.get::<LaunchFn>(b"sim_launch\0") }
+            .map(|f| *f)
+            .map_err(|e| sim_error(format!("symbol sim_launch: {e}")))?;
+        Ok(Sim {
+            _lib: loaded,
+            launch,
+            path: lib,
+        })
+    }
+
+    /// Runs kernel `name` over `grid` blocks of `block` threads (one block at a time).
+    pub fn launch(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared: u32,
+        args: &[Arg],
+    ) -> Result<(), CudaError> {
+        // Argument values in 8-byte slots, as cuLaunchKernel's kernelParams (pointers to values).
+        let mut slots: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::P(p) | Arg::U(p) => p,
+                Arg::I(i) => i as u32 as u64,
+                Arg::L(l) => l as u64,
+                Arg::F(f) => f.to_bits() as u64,
+            })
+            .collect();
+        let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| (s as *mut u64).cast()).collect();
+        let cname = CString::new(name).map_err(|_| sim_error("kernel name with a NUL"))?;
+        let mut err = vec![0 as c_char; 512];
+        // SAFETY: every pointer in `ptrs` addresses a live 8-byte slot read as the kernel's parameter
+        // type (little-endian, so an i32/f32 parameter reads the low 4 bytes); buffers passed as
+        // addresses are live host buffers of the emulated device (callers' invariant, as for the GPU).
+        let rc = unsafe {
+            (self.launch)(
+                cname.as_ptr(),
+                grid.0,
+                grid.1,
+                grid.2,
+                block,
+                shared,
+                ptrs.as_mut_ptr(),
+                err.as_mut_ptr(),
+                err.len() as u32,
+            )
+        };
+        if rc != 0 {
+            let bytes: Vec<u8> = err
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
+            return Err(sim_error(String::from_utf8_lossy(&bytes).into_owned()));
+        }
+        Ok(())
+    }
+}
+
+fn compile(cxx: &str, dir: &Path, tu: &str, lib: &Path) -> Result<(), CudaError> {
+    let io = |source| CudaError::Cache {
+        path: dir.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    std::fs::write(dir.join("sim.h"), SIM_H).map_err(io)?;
+    std::fs::write(dir.join("runtime.cpp"), RUNTIME).map_err(io)?;
+    std::fs::write(dir.join("module.cpp"), tu).map_err(io)?;
+    let tmp = dir.join(format!("libkernsim.{}.tmp", std::process::id()));
+    let out = Command::new(cxx)
+        .args(FLAGS)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(dir.join("module.cpp"))
+        .output()
+        .map_err(|e| sim_error(format!("running {cxx}: {e}")))?;
+    if !out.status.success() {
+        let log = String::from_utf8_lossy(&out.stderr);
+        let head: Vec<&str> = log.lines().take(30).collect();
+        return Err(sim_error(format!(
+            "{cxx} failed on {}:\n{}",
+            dir.join("module.cpp").display(),
+            head.join("\n")
+        )));
+    }
+    std::fs::rename(&tmp, lib).map_err(io)
+}
