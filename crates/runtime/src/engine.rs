@@ -1,11 +1,15 @@
-//! An opened checkpoint ready to generate: the target model, its tokenizer, EOS ids, chat template, and
-//! which drafters it carries. Front ends (CLI, server, C ABI) all go through this and `policy::resolve`.
+//! An opened checkpoint ready to generate: the target model on its device (`backend::Model`: the CPU
+//! engine or the CUDA backend), its tokenizer, EOS ids, chat template, and which drafters it carries.
+//! Front ends (CLI, server, C ABI) all go through this and `policy::resolve`.
+//!
+//! Drafters run on the host on either device (they read the target's embeddings and LM head through
+//! `Model::head`; the GPU forward returns their taps in host memory), so every drafter serves a GPU
+//! target exactly as a CPU one.
 
 use std::path::Path;
-use std::sync::Arc;
 
+use backend::{Device, Model, ModelState};
 use drafters::{DflashDrafter, MtpHead};
-use families::Transformer;
 use model_io::Checkpoint;
 
 use crate::chat::ChatTemplate;
@@ -37,23 +41,32 @@ pub fn availability(ck: &Checkpoint) -> DrafterAvailability {
 
 pub struct Engine {
     pub checkpoint: Checkpoint,
-    pub model: Arc<Transformer>,
+    pub model: Model,
+    /// Why `--device auto` fell back to the CPU although a GPU seemed present, if it did.
+    pub device_note: Option<String>,
     pub tokenizer: tokenizers::Tokenizer,
     pub eos: Vec<u32>,
     pub chat: Option<ChatTemplate>,
 }
 
 impl Engine {
-    /// Opens `dir` (config, weights, tokenizer); a missing chat template is not an error until `--chat`.
+    /// Opens `dir` on the CPU (config, weights, tokenizer); a missing chat template is not an error
+    /// until `--chat`.
     pub fn open(dir: &Path) -> Result<Self, RuntimeError> {
+        Self::open_on(dir, Device::Cpu)
+    }
+
+    /// Opens `dir` with the target on `device` (`cuda` on a machine without a GPU is the error).
+    pub fn open_on(dir: &Path, device: Device) -> Result<Self, RuntimeError> {
         let checkpoint = Checkpoint::open(dir)?;
-        let model = Arc::new(families::load(&checkpoint)?);
+        let loaded = Model::load(&checkpoint, device)?;
         let tokenizer = checkpoint.tokenizer()?;
         let eos = checkpoint.eos_token_ids();
         let chat = ChatTemplate::from_model_dir(dir).ok();
         Ok(Engine {
             checkpoint,
-            model,
+            model: loaded.model,
+            device_note: loaded.note,
             tokenizer,
             eos,
             chat,
@@ -85,14 +98,14 @@ impl Engine {
         )
     }
 
-    /// A new session; with the drafter the plan enabled attached.
-    pub fn session(&self, plan: &SpeculationPlan) -> Result<Session, RuntimeError> {
-        let session = Session::new(&self.model);
+    /// A new session on the model's device; with the drafter the plan enabled attached.
+    pub fn session(&self, plan: &SpeculationPlan) -> Result<Session<ModelState>, RuntimeError> {
+        let session = Session::open(&self.model)?;
         Ok(match plan {
             SpeculationPlan::Enabled {
                 drafter: Drafter::Mtp,
                 ..
-            } => match MtpHead::load(&self.checkpoint, self.model.clone())? {
+            } => match MtpHead::load(&self.checkpoint, self.model.head(&self.checkpoint)?)? {
                 Some(head) => session.with_drafter(Box::new(head)),
                 None => {
                     return Err(RuntimeError::SpeculationUnavailable {
@@ -106,7 +119,8 @@ impl Engine {
                 ..
             } => {
                 let dir = self.checkpoint.dir.join("dflash");
-                session.with_drafter(Box::new(DflashDrafter::load(&dir, self.model.clone())?))
+                let head = self.model.head(&self.checkpoint)?;
+                session.with_drafter(Box::new(DflashDrafter::load(&dir, head)?))
             }
             SpeculationPlan::Disabled { .. } => session,
         })

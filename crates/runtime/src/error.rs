@@ -48,6 +48,11 @@ pub enum RuntimeError {
     #[error(transparent)]
     Model(#[from] families::ModelError),
 
+    /// The device the model runs on failed (driver call, out of device memory, a feature the backend
+    /// does not implement); the source says which.
+    #[error(transparent)]
+    Device(Box<dyn std::error::Error + Send + Sync + 'static>),
+
     /// The checkpoint could not be loaded.
     #[error(transparent)]
     Load(#[from] model_io::LoadError),
@@ -76,6 +81,15 @@ pub enum RuntimeError {
         stage: &'static str,
         message: String,
     },
+}
+
+impl From<families::BackendError> for RuntimeError {
+    fn from(e: families::BackendError) -> Self {
+        match e {
+            families::BackendError::Model(m) => RuntimeError::Model(m),
+            families::BackendError::Device(d) => RuntimeError::Device(d),
+        }
+    }
 }
 
 impl RuntimeError {

@@ -10,11 +10,15 @@
 //! The state then keeps exactly the rows whose successors were committed — by tape replay (GDN), a KV
 //! cursor move (attention), or restoring a snapshot and re-running the kept rows.
 //! Invariant after every round: `state.position() == history.len() - 1` (only `next` is unrun).
+//!
+//! The loop touches the model and its state only through `families::Backend` / `BackendState`, so the
+//! same code runs on the CPU engine and on the GPU (verify batches, tape replay and snapshots execute on
+//! the device; logits and drafter taps come back to the host, where acceptance is judged).
 
 use std::time::Instant;
 
 use drafters::Chooser;
-use families::{Rows, Tap, Transformer, Wanted};
+use families::{Backend, BackendState, Rows, Tap, Wanted};
 use sampling::{Draft, DrawCounter, ShapedDistribution, Shaping, Verdict};
 
 use crate::config::{check_admission, GenerationConfig, GenerationResult, SpecStats};
@@ -128,14 +132,16 @@ impl Chooser for Selector<'_> {
 }
 
 /// Runs one generation on `session` (reusing what it covers of the prompt) and reports what happened.
-pub fn generate(
-    model: &Transformer,
-    session: &mut Session,
+/// `model` is any backend of the seam (`families::Backend`): the CPU engine, the CUDA backend, or the
+/// `backend::Model` enum over both; the loop is the same on every device.
+pub fn generate<B: Backend>(
+    model: &B,
+    session: &mut Session<B::State>,
     req: &Request<'_>,
     on_event: &mut dyn FnMut(Event<'_>),
 ) -> Result<GenerationResult, RuntimeError> {
     let cfg = req.config;
-    check_admission(req.prompt.len(), cfg, model.context)?;
+    check_admission(req.prompt.len(), cfg, model.context())?;
     let speculative = req
         .speculative
         .filter(|s| s.block > 0 && session.drafter.is_some());
@@ -144,7 +150,7 @@ pub fn generate(
         prompt,
         cfg,
         req.eos,
-        model.context,
+        model.context(),
         req.detok,
         req.cancel.clone(),
         on_event,
@@ -159,12 +165,18 @@ pub fn generate(
 
     // -- Prefill, in chunks; the drafter sees every row's taps.
     let prefill_start = Instant::now();
-    let reused = session.reuse(prompt);
+    let reused = session.reuse(prompt)?;
+    // Positions this request can reach: the prompt, every new token, and one verify block past them.
+    let reach = prompt
+        .len()
+        .saturating_add(cfg.max_new_tokens)
+        .saturating_add(speculative.map_or(0, |s| s.block) + 1);
+    model.reserve(&mut session.state, reach.min(model.context()))?;
     let taps: Vec<Tap> = match (&speculative, &session.drafter) {
         (Some(_), Some(d)) => d.taps(),
         _ => Vec::new(),
     };
-    let hybrid_fork = model.is_hybrid() && prompt.len() - reused > 1;
+    let hybrid_fork = session.state.is_recurrent() && prompt.len() - reused > 1;
     let mut logits = Vec::new();
     let mut pending_taps: Option<(Vec<Vec<f32>>, usize, usize)> = None; // last chunk's taps, rows, start
     let mut pos = reused;
@@ -193,7 +205,7 @@ pub fn generate(
         if last {
             logits = out.logits;
         } else if end == prompt.len() - 1 && hybrid_fork {
-            session.save_checkpoint();
+            session.save_checkpoint()?;
         }
         pos = end;
         if sink.poll_prefill(pos, prompt.len())?.is_some() {
@@ -229,7 +241,7 @@ pub fn generate(
                                              // Never propose past max tokens or the context window.
         let room = sink
             .budget_left()
-            .min(model.context.saturating_sub(base + 1));
+            .min(model.context().saturating_sub(base + 1));
         let k = speculative.map_or(0, |s| s.block.min(room));
         let draft_start = Instant::now();
         sel.drafted.clear();
@@ -251,9 +263,10 @@ pub fn generate(
         let snapshot = (!proposals.is_empty()
             && rollback == Rollback::Snapshot
             && session.state.is_recurrent())
-        .then(|| session.state.snapshot());
+        .then(|| session.state.save())
+        .transpose()?;
         if !proposals.is_empty() && rollback == Rollback::Tape {
-            model.begin_tape(&mut session.state);
+            model.begin_tape(&mut session.state)?;
         }
         let wanted = Wanted {
             logits: Rows::All,
@@ -307,11 +320,11 @@ pub fn generate(
         if rolled_back {
             match &snapshot {
                 Some(snap) => {
-                    session.state = snap.snapshot();
+                    session.state.restore(snap)?;
                     model.forward(&feed[..keep], base, &mut session.state, &Wanted::none())?;
                 }
                 None if session.state.has_tape() => {
-                    session.state.rollback_retaining(keep);
+                    model.rollback_retaining(&mut session.state, keep)?;
                 }
                 None => {
                     session.state.rewind(base + keep);
@@ -367,9 +380,9 @@ pub fn generate(
     )
 }
 
-fn finish(
+fn finish<S: BackendState>(
     sink: TokenSink<'_>,
-    session: &mut Session,
+    session: &mut Session<S>,
     reused: usize,
     prefill_seconds: f64,
     decode_seconds: f64,

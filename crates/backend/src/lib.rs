@@ -1,0 +1,365 @@
+//! Where a model runs, chosen once per process: `--device cpu|cuda|auto`.
+//!
+//! - [`Device`] is the request; [`Device::resolve`] turns it into a [`Placement`] on this machine:
+//!   `cpu` is the CPU engine; `cuda` opens GPU 0 or fails with one line saying why (no driver, no
+//!   device, a missing CUDA library); `auto` takes the GPU when a CUDA driver is present and the device
+//!   opens, else the CPU with a note saying why not (none when there is simply no driver);
+//!   `cuda-emulated` is the CUDA backend's host emulation (every GPU operation run on the CPU: slow,
+//!   for tests of the CUDA path on machines without a GPU).
+//! - [`Model`] / [`ModelState`] dispatch the decode loop's seam (`families::Backend`,
+//!   `families::BackendState`) to the CPU engine or the CUDA backend with a `match` on the variant
+//!   (candle's `enum Storage { Cpu, Cuda }`): the loop is written once, callers carry no `#[cfg]` and
+//!   no `dyn`. A state only ever runs on the model kind that made it (a mismatch is an error).
+//!
+//! Drafters stay on the host on either device: [`Model::head`] lends them the target's embedding table
+//! and LM head (the CPU engine itself, or a host copy for a GPU model), and the GPU forward returns the
+//! taps they need in host memory. Exactness is unaffected: acceptance depends only on the target's
+//! logits.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use cuda_backend::{CudaDevice, CudaError, CudaModel, CudaSnapshot, CudaState, LoadOptions};
+use families::{
+    Backend, BackendError, BackendState, ForwardOut, HostHead, ModelError, SharedHead, State,
+    Transformer, Wanted,
+};
+use model_io::Checkpoint;
+
+/// The device a run asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda,
+    /// CUDA when a driver is present and the device opens, else CPU.
+    #[default]
+    Auto,
+    /// The CUDA backend on its host emulation (tests; never chosen by `auto`).
+    CudaEmulated,
+}
+
+/// A `--device` value that is none of the known names.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown device {value:?}: expected cpu, cuda or auto")]
+pub struct UnknownDevice {
+    pub value: String,
+}
+
+impl FromStr for Device {
+    type Err = UnknownDevice;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Ok(Device::Cuda),
+            "auto" => Ok(Device::Auto),
+            "cuda-emulated" => Ok(Device::CudaEmulated),
+            _ => Err(UnknownDevice {
+                value: s.to_string(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+            Device::Auto => "auto",
+            Device::CudaEmulated => "cuda-emulated",
+        })
+    }
+}
+
+/// A resolved device.
+#[derive(Clone)]
+pub enum Placement {
+    Cpu,
+    Cuda(Arc<CudaDevice>),
+}
+
+impl Placement {
+    pub fn is_cuda(&self) -> bool {
+        matches!(self, Placement::Cuda(_))
+    }
+}
+
+/// What [`Device::resolve`] chose, and why `auto` fell back to the CPU when a GPU seemed present.
+pub struct Resolved {
+    pub placement: Placement,
+    pub note: Option<String>,
+}
+
+impl Device {
+    /// Resolves the request on this machine (see the module doc). Only `cuda` can fail.
+    pub fn resolve(self) -> Result<Resolved, BackendError> {
+        let cpu = |note| Resolved {
+            placement: Placement::Cpu,
+            note,
+        };
+        match self {
+            Device::Cpu => Ok(cpu(None)),
+            Device::CudaEmulated => Ok(Resolved {
+                placement: Placement::Cuda(Arc::new(CudaDevice::emulated())),
+                note: None,
+            }),
+            Device::Cuda => Ok(Resolved {
+                placement: Placement::Cuda(Arc::new(CudaDevice::open()?)),
+                note: None,
+            }),
+            Device::Auto if !cuda_backend::driver_present() => Ok(cpu(None)),
+            Device::Auto => match CudaDevice::open() {
+                Ok(dev) => Ok(Resolved {
+                    placement: Placement::Cuda(Arc::new(dev)),
+                    note: None,
+                }),
+                Err(e) => Ok(cpu(Some(format!("using the CPU: {e}")))),
+            },
+        }
+    }
+}
+
+/// A target model on its device.
+#[derive(Clone)]
+pub enum Model {
+    Cpu(Arc<Transformer>),
+    Cuda(Arc<CudaModel>),
+}
+
+/// The per-sequence state of a [`Model`], on the same device.
+pub enum ModelState {
+    Cpu(State),
+    Cuda(CudaState),
+}
+
+/// A saved [`ModelState`].
+pub enum ModelSnapshot {
+    Cpu(State),
+    Cuda(CudaSnapshot),
+}
+
+/// A loaded model and, when `auto` fell back to the CPU, why.
+pub struct Loaded {
+    pub model: Model,
+    pub note: Option<String>,
+}
+
+impl From<Transformer> for Model {
+    fn from(m: Transformer) -> Self {
+        Model::Cpu(Arc::new(m))
+    }
+}
+
+impl From<Arc<Transformer>> for Model {
+    fn from(m: Arc<Transformer>) -> Self {
+        Model::Cpu(m)
+    }
+}
+
+impl From<CudaModel> for Model {
+    fn from(m: CudaModel) -> Self {
+        Model::Cuda(Arc::new(m))
+    }
+}
+
+fn mismatch(model: &str, state: &str) -> BackendError {
+    ModelError::StateMismatch(format!("a {state} state given to a {model} model")).into()
+}
+
+impl Model {
+    /// Resolves `device` and loads the checkpoint's target there. The GPU keeps its default load
+    /// options (bf16 weights, batch-invariant verify kernels, decode graphs). Under `auto`, a model the
+    /// CUDA backend does not implement (e.g. Qwen3-Next) runs on the CPU, with a note.
+    pub fn load(ck: &Checkpoint, device: Device) -> Result<Loaded, BackendError> {
+        let resolved = device.resolve()?;
+        match resolved.placement {
+            Placement::Cpu => Ok(Loaded {
+                model: Model::Cpu(Arc::new(families::load(ck)?)),
+                note: resolved.note,
+            }),
+            Placement::Cuda(dev) => match CudaModel::load(&dev, ck, LoadOptions::default()) {
+                Ok(m) => Ok(Loaded {
+                    model: Model::Cuda(Arc::new(m)),
+                    note: None,
+                }),
+                Err(e @ CudaError::Unsupported { .. }) if device == Device::Auto => Ok(Loaded {
+                    model: Model::Cpu(Arc::new(families::load(ck)?)),
+                    note: Some(format!("using the CPU: {e}")),
+                }),
+                Err(e) => Err(e.into()),
+            },
+        }
+    }
+
+    /// "cpu", "cuda" or "cuda (host emulation)".
+    pub fn device_name(&self) -> &'static str {
+        match self {
+            Model::Cpu(_) => "cpu",
+            Model::Cuda(m) if m.device().is_emulated() => "cuda (host emulation)",
+            Model::Cuda(_) => "cuda",
+        }
+    }
+
+    /// The CPU engine, when the model runs on the CPU.
+    pub fn as_cpu(&self) -> Option<&Arc<Transformer>> {
+        match self {
+            Model::Cpu(m) => Some(m),
+            Model::Cuda(_) => None,
+        }
+    }
+
+    /// What host drafters read from this target: the CPU engine itself, or for a GPU model the
+    /// embedding table and LM head of `ck` loaded to host memory (f32; loaded on each call).
+    pub fn head(&self, ck: &Checkpoint) -> Result<SharedHead, BackendError> {
+        Ok(match self {
+            Model::Cpu(m) => m.clone(),
+            Model::Cuda(_) => Arc::new(HostHead::load(ck)?),
+        })
+    }
+}
+
+impl Backend for Model {
+    type State = ModelState;
+
+    fn context(&self) -> usize {
+        match self {
+            Model::Cpu(m) => m.context,
+            Model::Cuda(m) => m.context,
+        }
+    }
+
+    fn vocab(&self) -> usize {
+        match self {
+            Model::Cpu(m) => m.vocab,
+            Model::Cuda(m) => m.vocab,
+        }
+    }
+
+    fn new_state(&self) -> Result<ModelState, BackendError> {
+        Ok(match self {
+            Model::Cpu(m) => ModelState::Cpu(Backend::new_state(&**m)?),
+            Model::Cuda(m) => ModelState::Cuda(Backend::new_state(&**m)?),
+        })
+    }
+
+    fn reserve(&self, state: &mut ModelState, positions: usize) -> Result<(), BackendError> {
+        match (self, state) {
+            (Model::Cpu(m), ModelState::Cpu(s)) => m.reserve(s, positions),
+            (Model::Cuda(m), ModelState::Cuda(s)) => m.reserve(s, positions),
+            (m, s) => Err(mismatch(m.device_name(), s.device_name())),
+        }
+    }
+
+    fn forward(
+        &self,
+        tokens: &[u32],
+        start: usize,
+        state: &mut ModelState,
+        wanted: &Wanted,
+    ) -> Result<ForwardOut, BackendError> {
+        match (self, state) {
+            (Model::Cpu(m), ModelState::Cpu(s)) => Backend::forward(&**m, tokens, start, s, wanted),
+            (Model::Cuda(m), ModelState::Cuda(s)) => {
+                Backend::forward(&**m, tokens, start, s, wanted)
+            }
+            (m, s) => Err(mismatch(m.device_name(), s.device_name())),
+        }
+    }
+
+    fn begin_tape(&self, state: &mut ModelState) -> Result<(), BackendError> {
+        match (self, state) {
+            (Model::Cpu(m), ModelState::Cpu(s)) => Backend::begin_tape(&**m, s),
+            (Model::Cuda(m), ModelState::Cuda(s)) => Backend::begin_tape(&**m, s),
+            (m, s) => Err(mismatch(m.device_name(), s.device_name())),
+        }
+    }
+
+    fn rollback_retaining(
+        &self,
+        state: &mut ModelState,
+        keep: usize,
+    ) -> Result<bool, BackendError> {
+        match (self, state) {
+            (Model::Cpu(m), ModelState::Cpu(s)) => Backend::rollback_retaining(&**m, s, keep),
+            (Model::Cuda(m), ModelState::Cuda(s)) => Backend::rollback_retaining(&**m, s, keep),
+            (m, s) => Err(mismatch(m.device_name(), s.device_name())),
+        }
+    }
+}
+
+impl ModelState {
+    pub fn device_name(&self) -> &'static str {
+        match self {
+            ModelState::Cpu(_) => "cpu",
+            ModelState::Cuda(_) => "cuda",
+        }
+    }
+
+    /// The CPU state, when the model runs on the CPU.
+    pub fn as_cpu(&self) -> Option<&State> {
+        match self {
+            ModelState::Cpu(s) => Some(s),
+            ModelState::Cuda(_) => None,
+        }
+    }
+}
+
+impl BackendState for ModelState {
+    type Snapshot = ModelSnapshot;
+
+    fn position(&self) -> usize {
+        match self {
+            ModelState::Cpu(s) => s.position(),
+            ModelState::Cuda(s) => s.position(),
+        }
+    }
+
+    fn is_recurrent(&self) -> bool {
+        match self {
+            ModelState::Cpu(s) => s.is_recurrent(),
+            ModelState::Cuda(s) => s.is_recurrent(),
+        }
+    }
+
+    fn rewind(&mut self, position: usize) -> bool {
+        match self {
+            ModelState::Cpu(s) => s.rewind(position),
+            ModelState::Cuda(s) => s.rewind(position),
+        }
+    }
+
+    fn has_tape(&self) -> bool {
+        match self {
+            ModelState::Cpu(s) => s.has_tape(),
+            ModelState::Cuda(s) => s.has_tape(),
+        }
+    }
+
+    fn end_tape(&mut self) {
+        match self {
+            ModelState::Cpu(s) => s.end_tape(),
+            ModelState::Cuda(s) => s.end_tape(),
+        }
+    }
+
+    fn save(&self) -> Result<ModelSnapshot, BackendError> {
+        Ok(match self {
+            ModelState::Cpu(s) => ModelSnapshot::Cpu(s.save()?),
+            ModelState::Cuda(s) => ModelSnapshot::Cuda(s.save()?),
+        })
+    }
+
+    fn restore(&mut self, snapshot: &ModelSnapshot) -> Result<(), BackendError> {
+        match (self, snapshot) {
+            (ModelState::Cpu(s), ModelSnapshot::Cpu(v)) => BackendState::restore(s, v),
+            (ModelState::Cuda(s), ModelSnapshot::Cuda(v)) => BackendState::restore(s, v),
+            (s, _) => Err(ModelError::StateMismatch(format!(
+                "a snapshot of another device restored into a {} state",
+                s.device_name()
+            ))
+            .into()),
+        }
+    }
+}
