@@ -20,7 +20,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use cuda_backend::{CudaDevice, CudaError, CudaModel, CudaSnapshot, CudaState, LoadOptions};
+pub use cuda_backend::{CudaDevice, CudaError, CudaModel, CudaSnapshot, CudaState, LoadOptions};
 use families::{
     Backend, BackendError, BackendState, ForwardOut, HostHead, ModelError, SharedHead, State,
     Transformer, Wanted,
@@ -90,6 +90,19 @@ impl Placement {
 pub struct Resolved {
     pub placement: Placement,
     pub note: Option<String>,
+}
+
+/// Whether `e` (e.g. the source of a `BackendError::Device`) says the GPU could not be opened here:
+/// no driver, no usable device, or a missing CUDA library (as opposed to a failure while running).
+pub fn is_unavailable(e: &(dyn std::error::Error + 'static)) -> bool {
+    matches!(
+        e.downcast_ref::<CudaError>(),
+        Some(
+            CudaError::NoDriver { .. }
+                | CudaError::NoDevice { .. }
+                | CudaError::MissingLibrary { .. }
+        )
+    )
 }
 
 impl Device {

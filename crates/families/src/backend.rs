@@ -121,6 +121,45 @@ impl Backend for Transformer {
     }
 }
 
+/// A shared model is the model (`Arc<Transformer>`, `Arc<CudaModel>` drive the loop directly).
+impl<T: Backend + ?Sized> Backend for std::sync::Arc<T> {
+    type State = T::State;
+
+    fn context(&self) -> usize {
+        (**self).context()
+    }
+
+    fn vocab(&self) -> usize {
+        (**self).vocab()
+    }
+
+    fn new_state(&self) -> Result<T::State, BackendError> {
+        (**self).new_state()
+    }
+
+    fn reserve(&self, state: &mut T::State, positions: usize) -> Result<(), BackendError> {
+        (**self).reserve(state, positions)
+    }
+
+    fn forward(
+        &self,
+        tokens: &[u32],
+        start: usize,
+        state: &mut T::State,
+        wanted: &Wanted,
+    ) -> Result<ForwardOut, BackendError> {
+        (**self).forward(tokens, start, state, wanted)
+    }
+
+    fn begin_tape(&self, state: &mut T::State) -> Result<(), BackendError> {
+        (**self).begin_tape(state)
+    }
+
+    fn rollback_retaining(&self, state: &mut T::State, keep: usize) -> Result<bool, BackendError> {
+        (**self).rollback_retaining(state, keep)
+    }
+}
+
 impl BackendState for State {
     type Snapshot = State;
 
