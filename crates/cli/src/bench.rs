@@ -18,11 +18,11 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use backend::{Device, Model, ModelState};
 use drafters::MtpHead;
-use families::Transformer;
+use families::{Backend, BackendError};
 use model_io::Checkpoint;
 use runtime::{
     Detokenizer, DrafterAvailability, DrafterRequest, GenerationConfig, GenerationResult, Request,
@@ -72,6 +72,10 @@ pub struct BenchArgs {
     /// Prompt text for the speculative comparison (needs the checkpoint's tokenizer).
     #[arg(long, value_name = "TEXT")]
     pub prompt: Option<String>,
+    /// Where the model runs: cpu, cuda, or auto (CUDA when a driver is present). On the GPU the thread
+    /// counts only size the host side (drafters, sampling).
+    #[arg(long, value_name = "cpu|cuda|auto", default_value = "auto", value_parser = crate::parse_device)]
+    pub device: Device,
 }
 
 /// A detokenizer that produces no text: the benchmark measures the model, not the decoder.
@@ -141,7 +145,7 @@ fn speculative_blocks(flag: Option<&str>, has_mtp: bool) -> Result<Vec<usize>> {
 }
 
 struct Bench {
-    model: Arc<Transformer>,
+    model: Model,
     checkpoint: Checkpoint,
     config: GenerationConfig,
 }
@@ -150,11 +154,11 @@ impl Bench {
     /// One generation from an empty session (`session` is reset first).
     fn once(
         &self,
-        session: &mut Session,
+        session: &mut Session<ModelState>,
         prompt: &[u32],
         speculative: Option<Speculative>,
     ) -> Result<GenerationResult> {
-        session.reset_all();
+        session.reset_all()?;
         let request = Request {
             prompt,
             config: &self.config,
@@ -174,7 +178,7 @@ impl Bench {
     fn runs(
         &self,
         runs: usize,
-        session: &mut Session,
+        session: &mut Session<ModelState>,
         prompt: &[u32],
         speculative: Option<Speculative>,
     ) -> Result<Vec<GenerationResult>> {
@@ -242,15 +246,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
     };
     let spinner = progress::spinner(format!("loading {label}"));
-    let loaded = (|| -> Result<(Checkpoint, Transformer)> {
-        let checkpoint = Checkpoint::open(&dir)?;
-        let model = families::load(&checkpoint)?;
-        Ok((checkpoint, model))
+    let loaded = (|| -> Result<(Checkpoint, backend::Loaded)> {
+        let checkpoint = Checkpoint::open(&dir).context("cannot load the model")?;
+        let loaded = Model::load(&checkpoint, args.device).map_err(|e| {
+            let unavailable =
+                matches!(&e, BackendError::Device(d) if backend::is_unavailable(d.as_ref()));
+            crate::load_error(e, args.device, unavailable)
+        })?;
+        Ok((checkpoint, loaded))
     })();
     spinner.finish_and_clear();
-    let (checkpoint, model) = loaded.context("cannot load the model")?;
-    let model = Arc::new(model);
-    check_args(args, model.context)?;
+    let (checkpoint, loaded) = loaded?;
+    crate::note_fallback(args.device, loaded.note.as_deref());
+    let model = loaded.model;
+    check_args(args, model.context())?;
     let blocks = speculative_blocks(args.speculative.as_deref(), checkpoint.has_mtp)?;
     let bench = Bench {
         model,
@@ -269,7 +278,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "no"
         }
     );
-    let random = random_ids(args.seed, args.prompt_tokens, bench.model.vocab);
+    out!("  device: {}", bench.model.device_name());
+    let random = random_ids(args.seed, args.prompt_tokens, bench.model.vocab());
     throughput(&bench, args, &random)?;
     if !blocks.is_empty() {
         let prompt = speculative_prompt(&bench, args, random)?;
@@ -294,7 +304,7 @@ fn throughput(bench: &Bench, args: &BenchArgs, prompt: &[u32]) -> Result<()> {
     out!("{:->8}-+-{:->14}-+-{:->13}", "", "", "");
     for &threads in &args.threads_list {
         let results = pool(threads)?.install(|| {
-            let mut session = Session::new(&bench.model);
+            let mut session = Session::open(&bench.model)?;
             bench.runs(args.runs, &mut session, prompt, None)
         })?;
         let prefill: Vec<f64> = results
@@ -335,12 +345,12 @@ fn speculative_prompt(bench: &Bench, args: &BenchArgs, random: Vec<u32>) -> Resu
     if ids.is_empty() {
         bail!("--prompt is empty after tokenization");
     }
-    if ids.len() + args.gen_tokens > bench.model.context {
+    if ids.len() + args.gen_tokens > bench.model.context() {
         bail!(
             "--prompt has {} tokens; with --gen-tokens {} that exceeds the context of {}",
             ids.len(),
             args.gen_tokens,
-            bench.model.context
+            bench.model.context()
         );
     }
     Ok(ids)
@@ -357,10 +367,11 @@ fn per_position(spec: &SpecStats) -> String {
 
 fn speculative(bench: &Bench, args: &BenchArgs, prompt: &[u32], blocks: &[usize]) -> Result<()> {
     let threads = args.threads_list.iter().copied().max().unwrap_or(1);
-    let head = MtpHead::load(&bench.checkpoint, bench.model.clone())?
-        .context("the checkpoint has no MTP head")?;
+    let target = bench.model.head(&bench.checkpoint)?;
+    let head =
+        MtpHead::load(&bench.checkpoint, target)?.context("the checkpoint has no MTP head")?;
     pool(threads)?.install(|| -> Result<()> {
-        let mut plain = Session::new(&bench.model);
+        let mut plain = Session::open(&bench.model)?;
         let sequential = bench.runs(args.runs, &mut plain, prompt, None)?;
         let seq_rate = median(
             &sequential
@@ -387,7 +398,7 @@ fn speculative(bench: &Bench, args: &BenchArgs, prompt: &[u32], blocks: &[usize]
             "{:>10} | {seq_rate:>12.2} | {:>7} | {:>14} | {:>22} | {:>11}",
             "sequential", "1.00x", "-", "-", "-"
         );
-        let mut session = Session::new(&bench.model).with_drafter(Box::new(head));
+        let mut session = Session::open(&bench.model)?.with_drafter(Box::new(head));
         for &block in blocks {
             let results = bench.runs(args.runs, &mut session, prompt, Some(Speculative::new(block)))?;
             let rate = median(

@@ -97,7 +97,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             Line::Exit => return Ok(()),
             Line::Reset => {
                 messages = opening.clone();
-                loaded.session.reset_all();
+                loaded.session.reset_all()?;
                 continue;
             }
             Line::Say(text) => text,
@@ -122,7 +122,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
                     eprintln!("[reply cancelled]");
                 }
                 if args.sampling.stats {
-                    generate::print_stats(&result, &loaded.mode);
+                    generate::print_stats(&result, &loaded.mode, loaded.engine.model.device_name());
                 }
                 messages.push(ChatMessage::new("assistant", result.text));
             }
@@ -131,7 +131,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
                 crate::report(&err);
                 eprintln!("(the turn was dropped; /reset starts a new conversation)");
                 messages.pop();
-                loaded.session.reset_all();
+                loaded.session.reset_all()?;
             }
         }
     }

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{bail, Context, Result};
+use backend::ModelState;
 use model_io::Checkpoint;
 use runtime::{
     ChatMessage, DrafterRequest, Engine, Event, GenerationConfig, GenerationResult, RenderOptions,
@@ -128,7 +129,7 @@ pub struct GenerateArgs {
 /// the speculative setting to pass with each request (`None`: sequential).
 pub struct Loaded {
     pub engine: Engine,
-    pub session: Session,
+    pub session: Session<ModelState>,
     pub speculative: Option<Speculative>,
     /// "mtp, block 2" or "sequential", for the stats line.
     pub mode: String,
@@ -158,7 +159,7 @@ pub fn load(model: &ModelArgs, sampling: &SamplingArgs) -> Result<Loaded> {
     let dir = model.model_dir()?;
     preflight(&dir, sampling.speculative, sampling.drafter)?;
     let spinner = progress::spinner(format!("loading {}", dir.display()));
-    let engine = Engine::open(&dir).context("cannot load the model");
+    let engine = crate::open_engine(&dir, model.device);
     spinner.finish_and_clear();
     let engine = engine?;
     let plan = engine.plan(sampling.speculative, sampling.drafter)?;
@@ -246,7 +247,7 @@ pub fn stream(
 
 /// `--stats`: the result line, then for a speculative run the counters and a per-position table of
 /// conditional acceptance (P(accept i | position i reached)).
-pub fn print_stats(result: &GenerationResult, mode: &str) {
+pub fn print_stats(result: &GenerationResult, mode: &str, device: &str) {
     let plain = GenerationResult {
         spec: None,
         token_ids: Vec::new(),
@@ -254,6 +255,7 @@ pub fn print_stats(result: &GenerationResult, mode: &str) {
         ..result.clone()
     };
     eprintln!("stats ({mode}): {plain}");
+    eprintln!("device: {device}");
     if let Some(spec) = &result.spec {
         eprintln!("speculative: {spec}");
         let positions: Vec<String> = spec
@@ -382,7 +384,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     interrupt.end();
     let result = result?;
     if args.sampling.stats {
-        print_stats(&result, &loaded.mode);
+        print_stats(&result, &loaded.mode, loaded.engine.model.device_name());
     }
     Ok(())
 }

@@ -8,6 +8,11 @@
 //!
 //! Model resolution (every subcommand that takes `--model`): the flag, else `TURBOSPARK_MODEL`, else
 //! the embedded testbed `models/testbed` of the repository this binary was built from.
+//!
+//! Device (`--device cpu|cuda|auto` on generate, chat, perplexity and bench; default auto): the same
+//! binary runs with or without a GPU. `cuda` where none can be opened is one `error: --device cuda: ...`
+//! line; `auto` takes the GPU when a CUDA driver is present and silently uses the CPU when there is none
+//! (one `note:` line when a driver is present but the GPU could not be used).
 
 mod bench;
 mod chat;
@@ -21,7 +26,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
+use backend::Device;
 use clap::{Parser, Subcommand};
+use runtime::{Engine, RuntimeError};
 
 /// The embedded default model, resolved at compile time against this crate's directory.
 const EMBEDDED_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/testbed");
@@ -79,6 +86,50 @@ pub struct ModelArgs {
     /// CPU threads for the kernels (default: all cores, or RAYON_NUM_THREADS).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Where the model runs: cpu, cuda (GPU 0; an error where there is none), or auto (CUDA when a
+    /// driver is present, else the CPU). `cuda-emulated` runs the CUDA backend on the CPU (slow; tests).
+    #[arg(long, value_name = "cpu|cuda|auto", default_value = "auto", value_parser = parse_device)]
+    pub device: Device,
+}
+
+/// clap's parser for `--device` (the reason without the flag: clap names it).
+pub fn parse_device(value: &str) -> Result<Device, String> {
+    value.parse().map_err(|e: backend::UnknownDevice| {
+        format!("expected cpu, cuda or auto (got {:?})", e.value)
+    })
+}
+
+/// Opens the engine of `dir` on `device`: a GPU that cannot be opened is an error naming `--device`;
+/// `auto` falling back to the CPU although a driver is present prints one `note:` line.
+pub fn open_engine(dir: &Path, device: Device) -> Result<Engine> {
+    let engine = Engine::open_on(dir, device).map_err(|e| {
+        let unavailable =
+            matches!(&e, RuntimeError::Device(d) if backend::is_unavailable(d.as_ref()));
+        load_error(e, device, unavailable)
+    })?;
+    note_fallback(device, engine.device_note.as_deref());
+    Ok(engine)
+}
+
+/// `--device X: ...` when the GPU could not be opened, else `cannot load the model: ...`.
+pub fn load_error(
+    e: impl std::error::Error + Send + Sync + 'static,
+    device: Device,
+    unavailable: bool,
+) -> anyhow::Error {
+    let e = anyhow::Error::new(e);
+    if unavailable {
+        e.context(format!("--device {device}"))
+    } else {
+        e.context("cannot load the model")
+    }
+}
+
+/// The one `note:` line of an `auto` that fell back to the CPU although a driver is present.
+pub fn note_fallback(device: Device, note: Option<&str>) {
+    if let Some(note) = note {
+        eprintln!("note: --device {device}: {note}");
+    }
 }
 
 impl ModelArgs {

@@ -23,8 +23,8 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use families::{Rows, Transformer, Wanted};
-use runtime::{Engine, PREFILL_CHUNK};
+use families::{Backend, Rows, Wanted};
+use runtime::PREFILL_CHUNK;
 
 use crate::{progress, ModelArgs};
 
@@ -118,10 +118,10 @@ struct Chunks {
 }
 
 impl Chunks {
-    fn for_model(model: &Transformer) -> Chunks {
+    fn for_model(model: &impl Backend) -> Chunks {
         Chunks {
             context: PREFILL_CHUNK,
-            scored: ((16 << 20) / model.vocab.max(1)).clamp(1, PREFILL_CHUNK),
+            scored: ((16 << 20) / model.vocab().max(1)).clamp(1, PREFILL_CHUNK),
         }
     }
 }
@@ -129,13 +129,14 @@ impl Chunks {
 /// Σ nll over the scored targets `first..` of one window, from an empty state. Feeds tokens
 /// `0..ctx-1` (the last token is only a target); rows `first-1 ..= ctx-2` predict the targets, and
 /// only chunks holding such rows ask for logits.
-fn score_window(
-    model: &Transformer,
+fn score_window<B: Backend>(
+    model: &B,
     window: &[u32],
     first: usize,
     chunks: Chunks,
 ) -> Result<(f64, usize)> {
-    let mut state = model.new_state();
+    let mut state = model.new_state()?;
+    model.reserve(&mut state, window.len())?;
     let first_row = first.saturating_sub(1);
     let fed = window.len() - 1;
     let mut sum = 0.0;
@@ -178,14 +179,14 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
     args.model.apply_threads()?;
     let dir = args.model.model_dir()?;
     let spinner = progress::spinner(format!("loading {}", dir.display()));
-    let engine = Engine::open(&dir).context("cannot load the model");
+    let engine = crate::open_engine(&dir, args.model.device);
     spinner.finish_and_clear();
     let engine = engine?;
-    if args.ctx > engine.model.context {
+    if args.ctx > engine.model.context() {
         bail!(
             "invalid value {} for --ctx: the model's context is {} tokens",
             args.ctx,
-            engine.model.context
+            engine.model.context()
         );
     }
     let tokens = engine

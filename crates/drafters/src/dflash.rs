@@ -441,7 +441,8 @@ impl DflashDrafter {
                 "dflash_config.mask_token_id",
                 format!(
                     "{} is outside the target vocabulary ({})",
-                    c.mask_token_id, target.vocab()
+                    c.mask_token_id,
+                    target.vocab()
                 ),
             ));
         }
@@ -458,7 +459,12 @@ impl DflashDrafter {
             .map(|i| BlockLayer::load(&t.sub(&format!("layers.{i}.")), &c))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(DflashDrafter {
-            fc: Linear::load(&t, "fc.weight", h, c.target_layer_ids.len() * target.hidden())?,
+            fc: Linear::load(
+                &t,
+                "fc.weight",
+                h,
+                c.target_layer_ids.len() * target.hidden(),
+            )?,
             hidden_norm: Norm::load(&t, "hidden_norm.weight", h, c.rms_norm_eps, false)?,
             norm: Norm::load(&t, "norm.weight", h, c.rms_norm_eps, false)?,
             context: vec![ContextKv::default(); layers.len()],

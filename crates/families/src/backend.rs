@@ -57,8 +57,11 @@ pub trait Backend {
     fn begin_tape(&self, state: &mut Self::State) -> Result<(), BackendError>;
     /// Keeps the first `keep` rows run since `begin_tape` and drops the rest; ends the tape. `Ok(false)`
     /// (state untouched) when there is no tape or `keep` exceeds what was recorded.
-    fn rollback_retaining(&self, state: &mut Self::State, keep: usize)
-        -> Result<bool, BackendError>;
+    fn rollback_retaining(
+        &self,
+        state: &mut Self::State,
+        keep: usize,
+    ) -> Result<bool, BackendError>;
 }
 
 /// The per-sequence state of a [`Backend`].

@@ -210,10 +210,15 @@ fn check_greedy_exactness(name: &str, mtp: bool) {
         "max tokens",
         "cancelled",
     ] {
-        assert!(branches.contains(b), "{name}: branch '{b}' never ran: {branches:?}");
+        assert!(
+            branches.contains(b),
+            "{name}: branch '{b}' never ran: {branches:?}"
+        );
     }
     if mtp {
-        println!("{name}: MTP head on the device's taps accepted {mtp_accepted} in {mtp_rounds} rounds");
+        println!(
+            "{name}: MTP head on the device's taps accepted {mtp_accepted} in {mtp_rounds} rounds"
+        );
         assert!(mtp_rounds > 0);
     }
     assert_eq!(runs, 3 * 6 * 8 * 4);
@@ -288,8 +293,15 @@ fn check_sampled_determinism(name: &str) {
         }
     }
     // Sampling is really on: the seeds give different streams, not the greedy one.
-    assert!(streams.len() >= 3, "{name}: {} distinct streams", streams.len());
-    assert!(!streams.contains(&greedy_ids), "{name}: a sampled run was greedy");
+    assert!(
+        streams.len() >= 3,
+        "{name}: {} distinct streams",
+        streams.len()
+    );
+    assert!(
+        !streams.contains(&greedy_ids),
+        "{name}: a sampled run was greedy"
+    );
 }
 
 #[test]
@@ -431,8 +443,14 @@ fn testbed_drafters_run_on_the_device_taps() {
             assert_eq!(got.token_ids, sequential.token_ids, "{label}");
             assert_eq!(got.text, sequential.text, "{label}");
             let s = got.spec.unwrap();
-            println!("{label}: accepted {} of {} in {} rounds", s.accepted, s.proposed, s.rounds);
-            assert!(s.accepted * 5 > s.rounds, "{label}: the drafter is almost never accepted");
+            println!(
+                "{label}: accepted {} of {} in {} rounds",
+                s.accepted, s.proposed, s.rounds
+            );
+            assert!(
+                s.accepted * 5 > s.rounds,
+                "{label}: the drafter is almost never accepted"
+            );
         }
     }
 }
