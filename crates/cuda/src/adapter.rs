@@ -118,7 +118,43 @@ impl BackendState for CudaState {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use families::{Backend, BackendState, Wanted};
+
     use super::grown_capacity;
+    use crate::{CudaDevice, CudaModel, LoadOptions};
+
+    /// A state grown by `reserve` continues bit-identically to one created large enough.
+    #[test]
+    fn reserve_moves_the_contents_into_a_larger_state() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_5");
+        let ck = model_io::Checkpoint::open(&dir).unwrap();
+        let dev = Arc::new(CudaDevice::emulated());
+        let m = CudaModel::load(&dev, &ck, LoadOptions::default()).unwrap();
+        let prompt: Vec<u32> = (0..20).map(|i| (i * 41 + 3) % 512).collect();
+        let mut small = CudaModel::new_state(&m, 8).unwrap();
+        m.forward(&prompt[..8], 0, &mut small, &Wanted::none())
+            .unwrap();
+        assert!(Backend::forward(&m, &prompt[8..], 8, &mut small, &Wanted::all()).is_err());
+        Backend::reserve(&m, &mut small, 20).unwrap();
+        assert_eq!((small.capacity(), BackendState::position(&small)), (32, 8));
+        let a = m
+            .forward(&prompt[8..], 8, &mut small, &Wanted::all())
+            .unwrap();
+        let mut big = CudaModel::new_state(&m, 64).unwrap();
+        m.forward(&prompt[..8], 0, &mut big, &Wanted::none())
+            .unwrap();
+        let b = m
+            .forward(&prompt[8..], 8, &mut big, &Wanted::all())
+            .unwrap();
+        assert!(a
+            .logits
+            .iter()
+            .zip(&b.logits)
+            .all(|(x, y)| x.to_bits() == y.to_bits()));
+        assert_eq!(a.logits.len(), 12 * m.vocab);
+    }
 
     #[test]
     fn capacity_doubles_to_a_power_of_two_capped_at_the_context() {
