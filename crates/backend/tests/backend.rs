@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use backend::{Device, Model, ModelSnapshot, ModelState, Placement};
-use families::{Backend, BackendState, TargetHead, Wanted};
+use families::{Backend, BackendState, Wanted};
 use model_io::Checkpoint;
 
 fn checkpoint(name: &str) -> Checkpoint {
