@@ -137,7 +137,10 @@ fn device_auto_without_a_gpu_runs_on_the_cpu_silently() {
     // Silent: the same stderr as `--device cpu` (its speculation warning included), no `note:` line.
     assert_eq!(auto_err, cpu_err);
     assert_eq!(default_err, cpu_err);
-    assert!(!auto_err.contains("note:") && !auto_err.contains("device"), "{auto_err}");
+    assert!(
+        !auto_err.contains("note:") && !auto_err.contains("device"),
+        "{auto_err}"
+    );
     assert!(stats_err.lines().any(|l| l == "device: cpu"), "{stats_err}");
 }
 
