@@ -173,11 +173,23 @@ pub(crate) fn launch(
     block: u32,
     args: &[Arg],
 ) -> Result<(), CudaError> {
+    launch_smem(dev, name, grid, block, 0, args)
+}
+
+/// [`launch`] with `shared` bytes of dynamic shared memory (at most 48 KiB: no opt-in attribute).
+pub(crate) fn launch_smem(
+    dev: &CudaDevice,
+    name: &str,
+    grid: (u32, u32, u32),
+    block: u32,
+    shared: u32,
+    args: &[Arg],
+) -> Result<(), CudaError> {
     if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
         return Ok(());
     }
     if let Some(sim) = dev.sim() {
-        return sim.launch(name, grid, block, 0, args);
+        return sim.launch(name, grid, block, shared, args);
     }
     let func = dev.kernel(name)?;
     let mut b = dev.gpu()?.stream.launch_builder(func);
@@ -192,7 +204,7 @@ pub(crate) fn launch(
     let cfg = LaunchConfig {
         grid_dim: grid,
         block_dim: (block, 1, 1),
-        shared_mem_bytes: 0,
+        shared_mem_bytes: shared,
     };
     // SAFETY: the argument list matches the kernel's C signature (each launcher in ops.rs mirrors its
     // kernel), and every address points into a live buffer sized for the shapes passed with it.

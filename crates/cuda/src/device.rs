@@ -43,10 +43,12 @@ pub const KERNELS: &[&str] = &[
     "silu_mul",
     "fill_normal_bf16",
     "attn_prep",
-    "attn_split",
+    "attn_split_1",
+    "attn_split_2",
+    "attn_split_4",
     "attn_combine",
-    "conv1d_silu",
-    "gdn_step",
+    "gdn_conv_prep",
+    "gdn_rec",
 ];
 
 /// Streaming multiprocessors the kernel simulator reports (small, so that grid-stride loops run).

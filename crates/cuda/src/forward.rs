@@ -15,7 +15,7 @@ use crate::buf::{dtoh, htod, DBuf};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
 use crate::model::{CudaModel, LayerW, MixerW};
-use crate::ops::{self, AttnBufs, ATT_CHUNK};
+use crate::ops::{self, AttnBufs, GdnArgs, NormW};
 use crate::profile::{mark, Prof};
 use crate::state::{check_signature, CudaState, LayerState, Scratch, Tape, LOGIT_ROWS};
 
@@ -140,17 +140,17 @@ impl CudaModel {
         let dev = &*self.dev;
         let m = tokens.len();
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let splits = (start + m).div_ceil(ATT_CHUNK);
+        let row_splits = m * ops::att_splits(m, self.opts.gemv_max_rows);
         if m > 1 {
             let fits = state
                 .many
                 .as_ref()
-                .is_some_and(|s| s.rows >= m && s.splits >= splits);
+                .is_some_and(|s| s.rows >= m && s.row_splits >= row_splits);
             if !fits {
                 let rows = m.max(state.many.as_ref().map_or(0, |s| s.rows));
-                let sp = splits.max(state.many.as_ref().map_or(0, |s| s.splits));
+                let rs = row_splits.max(state.many.as_ref().map_or(0, |s| s.row_splits));
                 state.many = None;
-                state.many = Some(Scratch::new(dev, &state.widths, rows, sp)?);
+                state.many = Some(Scratch::new(dev, &state.widths, rows, rs)?);
             }
         }
         let CudaState {
@@ -241,7 +241,17 @@ impl CudaModel {
         Ok(logits)
     }
 
-    /// One decoder layer over the m rows in `sc.x` (updated in place).
+    /// The RMSNorm with weight `w` and the model's eps / centring.
+    fn norm(&self, w: &DBuf) -> NormW {
+        NormW {
+            w: w.ptr,
+            eps: self.eps,
+            zero_centred: self.zero_centred,
+        }
+    }
+
+    /// One decoder layer over the m rows in `sc.x` (updated in place). The input norms are fused into
+    /// the projections that read them (ops::linear_normed / linear_swiglu), SwiGLU into gate_up.
     pub(crate) fn layer(
         &self,
         l: &LayerW,
@@ -253,13 +263,12 @@ impl CudaModel {
     ) -> Result<(), CudaError> {
         let dev = &*self.dev;
         let gm = self.opts.gemv_max_rows;
-        let (h, eps, zc) = (self.hidden, self.eps, self.zero_centred);
-        ops::rmsnorm(dev, sc.x.ptr, l.input_norm.ptr, sc.h.ptr, m, h, eps, zc)?;
-        mark(prof, dev, "norm", 0)?;
+        let input_norm = self.norm(&l.input_norm);
         match (&l.mixer, ls) {
             (MixerW::Attention(a), LayerState::Attention { k, v, .. }) => {
-                ops::linear(dev, &a.qkv, sc.h.ptr, sc.big.ptr, m, false, sc.xb.ptr, gm)?;
-                mark(prof, dev, "attn qkv linear", a.qkv.bytes())?;
+                let (x, h, big, xb) = (sc.x.ptr, sc.h.ptr, sc.big.ptr, sc.xb.ptr);
+                ops::linear_normed(dev, &a.qkv, x, input_norm, h, big, m, xb, gm)?;
+                mark(prof, dev, "attn norm+qkv linear", a.qkv.bytes())?;
                 let bufs = AttnBufs {
                     qkv: sc.big.ptr,
                     q: sc.q.ptr,
@@ -280,20 +289,24 @@ impl CudaModel {
                     a.k_norm.ptr,
                     a.inv_freq.ptr,
                     m,
-                    sc.splits,
+                    ops::att_splits(m, gm),
                 )?;
                 mark(prof, dev, "attn core", 0)?;
                 ops::linear(dev, &a.o, sc.mid.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
                 mark(prof, dev, "attn o linear", a.o.bytes())?;
             }
             (MixerW::Gdn(g), LayerState::Recurrent { s, conv, .. }) => {
-                ops::linear(dev, &g.proj, sc.h.ptr, sc.big.ptr, m, false, sc.xb.ptr, gm)?;
-                mark(prof, dev, "gdn proj linear", g.proj.bytes())?;
+                let (x, h, big, xb) = (sc.x.ptr, sc.h.ptr, sc.big.ptr, sc.xb.ptr);
+                ops::linear_normed(dev, &g.proj, x, input_norm, h, big, m, xb, gm)?;
+                mark(prof, dev, "gdn norm+proj linear", g.proj.bytes())?;
                 if let Some(t) = tape {
                     t.record(dev, g.shape, s, conv, sc.big.ptr, m)?;
                 }
-                self.gdn_core(g, s, conv, sc.big.ptr, sc, m)?;
-                mark(prof, dev, "gdn conv+step+norm", 0)?;
+                let args = self.gdn_args(g);
+                let fine = m <= gm;
+                let (prep, o) = (sc.mid.ptr, sc.o.ptr);
+                ops::gdn_recurrence(dev, g.shape, &args, big, conv.ptr, prep, s.ptr, o, m, fine)?;
+                mark(prof, dev, "gdn conv+rec+norm", 0)?;
                 ops::linear(dev, &g.out, sc.o.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
                 mark(prof, dev, "gdn out linear", g.out.bytes())?;
             }
@@ -303,43 +316,24 @@ impl CudaModel {
                 )
             }
         }
-        ops::rmsnorm(dev, sc.x.ptr, l.post_norm.ptr, sc.h.ptr, m, h, eps, zc)?;
-        mark(prof, dev, "norm", 0)?;
         let (gu, down) = (&l.gate_up, &l.down);
-        ops::linear(dev, gu, sc.h.ptr, sc.big.ptr, m, false, sc.xb.ptr, gm)?;
-        mark(prof, dev, "mlp gate_up linear", gu.bytes())?;
-        ops::silu_mul(dev, sc.big.ptr, sc.mid.ptr, m, down.cols)?;
-        mark(prof, dev, "silu_mul", 0)?;
+        let post_norm = self.norm(&l.post_norm);
+        let (x, h, big, act) = (sc.x.ptr, sc.h.ptr, sc.big.ptr, sc.mid.ptr);
+        ops::linear_swiglu(dev, gu, x, post_norm, h, big, act, m, sc.xb.ptr, gm)?;
+        mark(prof, dev, "mlp norm+gate_up+silu", gu.bytes())?;
         ops::linear(dev, down, sc.mid.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
         mark(prof, dev, "mlp down linear", down.bytes())
     }
 
-    /// conv + recurrence + gated norm of a GDN layer from its fused projection rows at `proj`;
-    /// leaves o [m, hv*dv] in `sc.o`.
-    fn gdn_core(
-        &self,
-        g: &crate::model::GdnW,
-        s: &DBuf,
-        conv: &DBuf,
-        proj: u64,
-        sc: &Scratch,
-        m: usize,
-    ) -> Result<(), CudaError> {
-        let dev = &*self.dev;
-        ops::gdn_recurrence(
-            dev,
-            g.shape,
-            proj,
-            g.conv_w.ptr,
-            conv.ptr,
-            sc.mid.ptr,
-            g.a_log.ptr,
-            g.dt_bias.ptr,
-            s.ptr,
-            sc.o.ptr,
-            m,
-        )?;
-        ops::gated_norm(dev, g.shape, sc.o.ptr, proj, g.norm_w.ptr, self.eps, m)
+    /// The recurrence parameters of a GDN layer.
+    fn gdn_args(&self, g: &crate::model::GdnW) -> GdnArgs {
+        GdnArgs {
+            conv_w: g.conv_w.ptr,
+            a_log: g.a_log.ptr,
+            dt_bias: g.dt_bias.ptr,
+            norm_w: g.norm_w.ptr,
+            eps: self.eps,
+        }
     }
 
     /// One-row decode through the state's captured graph (captured on first use).
@@ -402,29 +396,20 @@ impl CudaModel {
         for (layer, ls) in self.layers.iter().zip(layers.iter_mut()) {
             self.layer(layer, ls, None, one, 1, prof)?;
         }
-        ops::rmsnorm(
-            dev,
-            one.x.ptr,
-            self.final_norm.ptr,
-            one.h.ptr,
-            1,
-            self.hidden,
-            self.eps,
-            self.zero_centred,
-        )?;
-        mark(prof, dev, "norm", 0)?;
+        // The final norm fused into the LM head (pass() runs them apart, with identical results).
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        ops::linear(
+        ops::linear_normed(
             dev,
             head,
+            one.x.ptr,
+            self.norm(&self.final_norm),
             one.h.ptr,
             one.logits.ptr,
             1,
-            false,
             one.xb.ptr,
             self.opts.gemv_max_rows,
         )?;
-        mark(prof, dev, "lm head linear", head.bytes())
+        mark(prof, dev, "final norm+lm head", head.bytes())
     }
 
     /// Keeps the first `keep` rows run since `begin_tape` and drops the rest: GDN layers are rebuilt by
@@ -451,9 +436,9 @@ impl CudaModel {
         if keep > 1 {
             let fits = state.many.as_ref().is_some_and(|s| s.rows >= keep);
             if !fits {
-                let sp = state.many.as_ref().map_or(1, |s| s.splits);
+                let rs = state.many.as_ref().map_or(1, |s| s.row_splits);
                 state.many = None;
-                state.many = Some(Scratch::new(dev, &state.widths, keep, sp)?);
+                state.many = Some(Scratch::new(dev, &state.widths, keep, rs)?);
             }
         }
         let sc = if keep > 1 {
@@ -474,18 +459,12 @@ impl CudaModel {
                 crate::buf::dtod(dev, s.ptr, lt.s0.ptr, s.bytes)?;
                 crate::buf::dtod(dev, conv.ptr, lt.conv0.ptr, conv.bytes)?;
                 if keep > 0 {
+                    // The same kernels on the same recorded inputs: S and the window come out bit for
+                    // bit as if only `keep` rows had run (the outputs in sc.o are discarded).
+                    let args = self.gdn_args(g);
+                    let (proj, prep, o) = (lt.proj.ptr, sc.mid.ptr, sc.o.ptr);
                     ops::gdn_recurrence(
-                        dev,
-                        g.shape,
-                        lt.proj.ptr,
-                        g.conv_w.ptr,
-                        conv.ptr,
-                        sc.mid.ptr,
-                        g.a_log.ptr,
-                        g.dt_bias.ptr,
-                        s.ptr,
-                        sc.o.ptr,
-                        keep,
+                        dev, g.shape, &args, proj, conv.ptr, prep, s.ptr, o, keep, true,
                     )?;
                 }
             }

@@ -15,7 +15,7 @@ use model_io::{Checkpoint, Family, LayerKind, ModelConfig};
 use crate::buf::DBuf;
 use crate::device::CudaDevice;
 use crate::error::CudaError;
-use crate::ops::{AttnShape, GdnShape, ATT_CHUNK, ATT_MAX_D, CONV_MAX_K, GDN_MAX_DK};
+use crate::ops::{AttnShape, GdnShape, ATT_MAX_D, ATT_SPLITS_FINE, CONV_MAX_K, GDN_MAX_DK};
 use crate::state::{CudaState, LayerState, Scratch, Widths};
 use crate::weights::{Init, Mat, Source, Uploader, WeightFormat};
 
@@ -185,7 +185,7 @@ impl CudaModel {
                     kinds.push('L');
                     let g = load_gdn(&up, c, &format!("{lp}linear_attn."))?;
                     widths.big = widths.big.max(g.proj.rows);
-                    widths.mid = widths.mid.max(g.shape.conv_dim());
+                    widths.mid = widths.mid.max(g.shape.prep_width());
                     widths.o = widths.o.max(g.out.cols);
                     widths.max_in = widths.max_in.max(g.out.cols);
                     MixerW::Gdn(g)
@@ -292,7 +292,7 @@ impl CudaModel {
                 }
             });
         }
-        let one = Scratch::new(dev, &self.widths, 1, capacity.div_ceil(ATT_CHUNK))?;
+        let one = Scratch::new(dev, &self.widths, 1, ATT_SPLITS_FINE)?;
         dev.synchronize()?;
         Ok(CudaState {
             dev: self.dev.clone(),
@@ -367,7 +367,10 @@ fn load_gdn(up: &Uploader<'_>, c: &ModelConfig, gp: &str) -> Result<GdnW, CudaEr
         dv: l.value_head_dim,
         kernel: l.conv_kernel,
     };
+    // gdn_rec: 16 value columns per warp, 2 threads per column, one block per head (<= 1024 threads).
     if s.dk > GDN_MAX_DK
+        || !s.dv.is_multiple_of(16)
+        || s.dv > 512
         || s.kernel == 0
         || s.kernel > CONV_MAX_K
         || s.hk == 0
@@ -375,8 +378,8 @@ fn load_gdn(up: &Uploader<'_>, c: &ModelConfig, gp: &str) -> Result<GdnW, CudaEr
     {
         return Err(CudaError::Unsupported {
             what: format!(
-                "GDN shape (key heads {}, value heads {}, dk {} (max {GDN_MAX_DK}), conv kernel {} (max {CONV_MAX_K}))",
-                s.hk, s.hv, s.dk, s.kernel
+                "GDN shape (key heads {}, value heads {}, dk {} (max {GDN_MAX_DK}), dv {} (a multiple of 16, max 512), conv kernel {} (max {CONV_MAX_K}))",
+                s.hk, s.hv, s.dk, s.dv, s.kernel
             ),
         });
     }

@@ -1,31 +1,148 @@
 //! Typed launchers, one per kernel in `src/cu/`, each mirroring its kernel's C signature. Shapes are in
 //! rows of f32 unless said otherwise; every address is a device address of a buffer sized for them.
 //!
-//! `linear` picks the path by row count: up to `gemv_max_rows` rows run the hand-written matrix-vector
+//! `linear*` pick the path by row count: up to `gemv_max_rows` rows run the hand-written matrix-vector
 //! kernel in groups of at most 8 rows (weights streamed once per group, f32 activations, batch-invariant
-//! per row); more rows go to cuBLAS (`cublasGemmEx`: bf16 weights with activations rounded to bf16, or
-//! f32 x f32, f32 accumulation and output), which is compute-bound-fast for prefill.
+//! per row), with the input RMSNorm and the SwiGLU product fused when the rows fit in shared memory;
+//! more rows go to cuBLAS (`cublasGemmEx`: bf16 weights with activations rounded to bf16, or f32 x f32,
+//! f32 accumulation and output) after a separate norm, which is compute-bound-fast for prefill.
 
 use cudarc::cublas::{result as blas, sys as bsys};
 
-use crate::buf::{bind, elementwise_grid, launch, Arg};
+use crate::buf::{bind, elementwise_grid, launch, launch_smem, Arg};
 use crate::device::CudaDevice;
 use crate::emu;
 use crate::error::CudaError;
 use crate::weights::{Mat, WDtype};
 
-/// Output features per GEMV block (8 warps, one feature each).
+/// Warps per GEMV block.
 const LIN_WARPS: usize = 8;
 /// Rows per GEMV launch (the kernels are instantiated for 1..=8).
 const LIN_MAX_ROWS: usize = 8;
-/// Keys per attention split (ATT_CHUNK in attention.cu).
-pub(crate) const ATT_CHUNK: usize = 256;
+/// Largest staged input (rows x width x 4 bytes) of a GEMV block: dynamic shared memory without the
+/// opt-in attribute is limited to 48 KiB, and 4 such blocks still fit on an SM.
+const LIN_STAGE_BYTES: usize = 40 * 1024;
+/// Resident GEMV blocks per SM aimed for (grid of a staged, grid-stride launch; wpr choice).
+const LIN_BLOCKS_PER_SM: usize = 4;
 /// Largest head_dim the attention kernels hold per lane (ATT_MAX_D).
 pub(crate) const ATT_MAX_D: usize = 256;
-/// Largest key head dim of the GDN step kernel (GDN_MAX_DK).
+/// Key chunks per row for passes of at most `gemv_max_rows` rows (decode, verify): enough blocks for a
+/// one-row decode at any context (ATT_MAX_SPLITS in attention.cu).
+pub(crate) const ATT_SPLITS_FINE: usize = 64;
+/// Key chunks per row for larger (prefill) passes, whose rows already fill the GPU; bounds the partials.
+pub(crate) const ATT_SPLITS_COARSE: usize = 8;
+/// Largest key head dim of the GDN kernels (GDN_MAX_DK).
 pub(crate) const GDN_MAX_DK: usize = 128;
-/// Largest conv kernel of conv1d_silu.
+/// Largest conv kernel of gdn_conv_prep.
 pub(crate) const CONV_MAX_K: usize = 8;
+
+/// Chunks per attention row for a pass of `rows` rows (the kernels' s_max).
+pub(crate) fn att_splits(rows: usize, gemv_max_rows: usize) -> usize {
+    if rows <= gemv_max_rows {
+        ATT_SPLITS_FINE
+    } else {
+        ATT_SPLITS_COARSE
+    }
+}
+
+/// Warps per output row of a GEMV over a matrix with `out` rows: the fewest (1, 2, 4 or 8) that give
+/// at least 2 * LIN_BLOCKS_PER_SM blocks per SM. A function of the shape and the device only, so that
+/// every row count sums a row in the same order. SwiGLU needs two row slots per block (<= 4).
+fn gemv_wpr(out: usize, swiglu: bool, sms: usize) -> usize {
+    let target = 2 * LIN_BLOCKS_PER_SM * sms.max(1);
+    let cap = if swiglu { 4 } else { 8 };
+    let mut wpr = 1;
+    while wpr < cap && (out * wpr).div_ceil(LIN_WARPS) < target {
+        wpr *= 2;
+    }
+    wpr
+}
+
+/// The RMSNorm applied to a GEMV's input rows.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NormW {
+    pub w: u64,
+    pub eps: f32,
+    pub zero_centred: bool,
+}
+
+/// What a GEMV launch does with its input and output.
+#[derive(Clone, Copy)]
+struct GemvMode {
+    accumulate: bool,
+    /// SwiGLU epilogue over [gate ; up] rows: act [rows, I] with I = w.rows / 2.
+    swiglu: bool,
+    /// Normalise the input rows in the kernel's prologue (requires staging).
+    norm: Option<NormW>,
+    stage: bool,
+}
+
+/// The GEMV kernel over `rows` rows (groups of at most 8).
+fn gemv(
+    dev: &CudaDevice,
+    w: &Mat,
+    x: u64,
+    y: u64,
+    rows: usize,
+    mode: GemvMode,
+) -> Result<(), CudaError> {
+    let prefix = match w.dtype {
+        WDtype::Bf16 => "linear_bf16_",
+        WDtype::F32 => "linear_f32_",
+    };
+    let sms = dev.info.sms.max(1) as usize;
+    let wpr = gemv_wpr(w.rows, mode.swiglu, sms);
+    let per_group = LIN_WARPS / wpr;
+    let (y_width, groups, inter) = if mode.swiglu {
+        let inter = w.rows / 2;
+        (inter, inter.div_ceil(per_group / 2), inter)
+    } else {
+        (w.rows, w.rows.div_ceil(per_group), 0)
+    };
+    let blocks = if mode.stage {
+        groups.min(LIN_BLOCKS_PER_SM * sms)
+    } else {
+        groups
+    };
+    let mut r0 = 0;
+    while r0 < rows {
+        let n = (rows - r0).min(LIN_MAX_ROWS);
+        let shared = if mode.stage { n * w.cols * 4 } else { 0 };
+        let norm = mode.norm.unwrap_or(NormW {
+            w: 0,
+            eps: 0.0,
+            zero_centred: false,
+        });
+        launch_smem(
+            dev,
+            &format!("{prefix}{n}"),
+            (blocks as u32, 1, 1),
+            (LIN_WARPS * 32) as u32,
+            shared as u32,
+            &[
+                Arg::P(w.buf.ptr),
+                Arg::P(x + (r0 * w.cols * 4) as u64),
+                Arg::P(y + (r0 * y_width * 4) as u64),
+                Arg::I(w.cols as i32),
+                Arg::I(w.rows as i32),
+                Arg::I(mode.accumulate as i32),
+                Arg::I(wpr as i32),
+                Arg::I(inter as i32),
+                Arg::P(norm.w),
+                Arg::F(norm.eps),
+                Arg::I(norm.zero_centred as i32),
+                Arg::I(mode.stage as i32),
+            ],
+        )?;
+        r0 += n;
+    }
+    Ok(())
+}
+
+/// Whether groups of up to `rows` input rows of width `cols` fit the GEMV's shared-memory stage.
+fn stageable(rows: usize, cols: usize) -> bool {
+    rows.min(LIN_MAX_ROWS) * cols * 4 <= LIN_STAGE_BYTES
+}
 
 /// y [rows, w.rows] (+)= x [rows, w.cols] · wᵀ. `xb` is bf16 scratch of rows * w.cols for the cuBLAS path.
 #[allow(clippy::too_many_arguments)]
@@ -52,31 +169,85 @@ pub(crate) fn linear(
         }
         return gemm(dev, w, x, y, rows, accumulate, xb);
     }
-    let prefix = match w.dtype {
-        WDtype::Bf16 => "linear_bf16_",
-        WDtype::F32 => "linear_f32_",
+    let mode = GemvMode {
+        accumulate,
+        swiglu: false,
+        norm: None,
+        stage: false,
     };
-    let grid = (w.rows.div_ceil(LIN_WARPS) as u32, 1, 1);
-    let mut r0 = 0;
-    while r0 < rows {
-        let n = (rows - r0).min(LIN_MAX_ROWS);
-        launch(
-            dev,
-            &format!("{prefix}{n}"),
-            grid,
-            (LIN_WARPS * 32) as u32,
-            &[
-                Arg::P(w.buf.ptr),
-                Arg::P(x + (r0 * w.cols * 4) as u64),
-                Arg::P(y + (r0 * w.rows * 4) as u64),
-                Arg::I(w.cols as i32),
-                Arg::I(w.rows as i32),
-                Arg::I(accumulate as i32),
-            ],
-        )?;
-        r0 += n;
+    gemv(dev, w, x, y, rows, mode)
+}
+
+/// y [rows, w.rows] = RMSNorm(x) · wᵀ. The normalised rows go to `h` [rows, w.cols] whenever the norm
+/// is not fused into the GEMV (more rows than stage, or the cuBLAS path).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linear_normed(
+    dev: &CudaDevice,
+    w: &Mat,
+    x: u64,
+    norm: NormW,
+    h: u64,
+    y: u64,
+    rows: usize,
+    xb: u64,
+    gemv_max_rows: usize,
+) -> Result<(), CudaError> {
+    if rows == 0 {
+        return Ok(());
     }
-    Ok(())
+    if rows <= gemv_max_rows && !dev.host_ops() && stageable(rows, w.cols) {
+        let mode = GemvMode {
+            accumulate: false,
+            swiglu: false,
+            norm: Some(norm),
+            stage: true,
+        };
+        return gemv(dev, w, x, y, rows, mode);
+    }
+    rmsnorm(dev, x, norm.w, h, rows, w.cols, norm.eps, norm.zero_centred)?;
+    linear(dev, w, h, y, rows, false, xb, gemv_max_rows)
+}
+
+/// act [rows, I] = silu(g) * u with [g ; u] = RMSNorm(x) · wᵀ (w = [gate ; up], [2I, cols]). `h` takes
+/// the normalised rows and `big` [rows, 2I] the projection when they are not fused.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linear_swiglu(
+    dev: &CudaDevice,
+    w: &Mat,
+    x: u64,
+    norm: NormW,
+    h: u64,
+    big: u64,
+    act: u64,
+    rows: usize,
+    xb: u64,
+    gemv_max_rows: usize,
+) -> Result<(), CudaError> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let gemv_path = rows <= gemv_max_rows && !dev.host_ops();
+    if gemv_path && stageable(rows, w.cols) {
+        let mode = GemvMode {
+            accumulate: false,
+            swiglu: true,
+            norm: Some(norm),
+            stage: true,
+        };
+        return gemv(dev, w, x, act, rows, mode);
+    }
+    rmsnorm(dev, x, norm.w, h, rows, w.cols, norm.eps, norm.zero_centred)?;
+    if gemv_path {
+        let mode = GemvMode {
+            accumulate: false,
+            swiglu: true,
+            norm: None,
+            stage: false,
+        };
+        return gemv(dev, w, h, act, rows, mode);
+    }
+    linear(dev, w, h, big, rows, false, xb, gemv_max_rows)?;
+    silu_mul(dev, big, act, rows, w.rows / 2)
 }
 
 fn gemm(
@@ -250,8 +421,8 @@ pub(crate) struct AttnBufs {
     pub out: u64,
 }
 
-/// attn_prep + attn_split + attn_combine over `rows` rows; `max_splits` is the stride of the split
-/// buffers and the grid's split extent (>= ceil((start + rows) / ATT_CHUNK)).
+/// attn_prep + attn_split + attn_combine over `rows` rows; `s_max` (<= ATT_SPLITS_FINE) is the number
+/// of key chunks per row and the stride of the split buffers [rows, hq, s_max(, d)].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     dev: &CudaDevice,
@@ -261,7 +432,7 @@ pub(crate) fn attention(
     k_norm: u64,
     inv_freq: u64,
     rows: usize,
-    max_splits: usize,
+    s_max: usize,
 ) -> Result<(), CudaError> {
     if dev.host_ops() {
         return emu::attention(s, b, q_norm, k_norm, inv_freq, rows);
@@ -292,10 +463,13 @@ pub(crate) fn attention(
         ],
     )?;
     let scale = 1.0f32 / (s.d as f32).sqrt();
+    // Query heads per block: the largest of 4, 2, 1 dividing the GQA group.
+    let group = s.hq / s.hkv;
+    let gq = [4, 2, 1].into_iter().find(|g| group % g == 0).unwrap_or(1);
     launch(
         dev,
-        "attn_split",
-        (max_splits as u32, s.hq as u32, r),
+        &format!("attn_split_{gq}"),
+        (s_max as u32, (s.hkv * group / gq) as u32, r),
         128,
         &[
             Arg::P(b.q),
@@ -308,7 +482,7 @@ pub(crate) fn attention(
             Arg::I(s.hq as i32),
             Arg::I(s.hkv as i32),
             Arg::I(s.d as i32),
-            Arg::I(max_splits as i32),
+            Arg::I(s_max as i32),
             Arg::F(scale),
         ],
     )?;
@@ -326,7 +500,7 @@ pub(crate) fn attention(
             Arg::P(b.out),
             Arg::I(s.hq as i32),
             Arg::I(s.d as i32),
-            Arg::I(max_splits as i32),
+            Arg::I(s_max as i32),
             Arg::I(s.gated as i32),
         ],
     )
@@ -350,96 +524,118 @@ impl GdnShape {
     pub fn proj_width(&self) -> usize {
         self.conv_dim() + self.hv * self.dv + 2 * self.hv
     }
+    /// Width of a gdn_conv_prep output row [q ; k ; v ; beta ; decay].
+    pub fn prep_width(&self) -> usize {
+        self.conv_dim() + 2 * self.hv
+    }
 }
 
-/// conv1d_silu then gdn_step over `rows` rows of the fused projection `proj` [rows, proj_width]:
-/// mixed [rows, conv_dim] (scratch), o [rows, hv, dv]; window and state updated in place.
+/// Buffers and parameters of one GDN layer's recurrence.
+pub(crate) struct GdnArgs {
+    pub conv_w: u64,
+    pub a_log: u64,
+    pub dt_bias: u64,
+    pub norm_w: u64,
+    pub eps: f32,
+}
+
+/// gdn_conv_prep then gdn_rec (+ gated_rmsnorm) over `rows` rows of the fused projection `proj`
+/// [rows, proj_width]: prep [rows, prep_width] (scratch), o [rows, hv, dv] = gated-normed outputs;
+/// window and state updated in place. `fine`: one block per value head (the gated norm fused; decode
+/// and verify), else the columns split over more blocks (prefill); the results are the same.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gdn_recurrence(
     dev: &CudaDevice,
     s: GdnShape,
+    g: &GdnArgs,
     proj: u64,
-    conv_w: u64,
     window: u64,
-    mixed: u64,
-    a_log: u64,
-    dt_bias: u64,
+    prep: u64,
     state: u64,
     o: u64,
     rows: usize,
+    fine: bool,
 ) -> Result<(), CudaError> {
+    if rows == 0 {
+        return Ok(());
+    }
     if dev.host_ops() {
-        return emu::gdn_recurrence(
-            s, proj, conv_w, window, mixed, a_log, dt_bias, state, o, rows,
-        );
+        emu::gdn_recurrence(
+            s, proj, g.conv_w, window, prep, g.a_log, g.dt_bias, state, o, rows,
+        )?;
+        return emu::gated_norm(s, o, proj, g.norm_w, g.eps, rows);
     }
     let cd = s.conv_dim();
-    let ldp = s.proj_width() as i32;
+    let (ldp, ldq) = (s.proj_width() as i32, s.prep_width() as i32);
     launch(
         dev,
-        "conv1d_silu",
-        (cd.div_ceil(128) as u32, 1, 1),
-        128,
+        "gdn_conv_prep",
+        ((s.hk + (s.hv * s.dv).div_ceil(256)) as u32, rows as u32, 1),
+        256,
         &[
             Arg::P(proj),
             Arg::I(ldp),
-            Arg::P(conv_w),
+            Arg::P(g.conv_w),
             Arg::P(window),
-            Arg::P(mixed),
-            Arg::I(rows as i32),
-            Arg::I(cd as i32),
+            Arg::P(g.a_log),
+            Arg::P(g.dt_bias),
+            Arg::P(prep),
+            Arg::I(ldq),
+            Arg::I(s.hk as i32),
+            Arg::I(s.hv as i32),
+            Arg::I(s.dk as i32),
+            Arg::I(s.dv as i32),
             Arg::I(s.kernel as i32),
         ],
     )?;
+    // Column blocks per head: 16 columns per warp, 2 threads per column.
+    let cb = if fine {
+        1
+    } else {
+        [4, 2, 1]
+            .into_iter()
+            .find(|c| s.dv % (16 * c) == 0)
+            .unwrap_or(1)
+    };
     launch(
         dev,
-        "gdn_step",
-        (s.hv as u32, s.dv.div_ceil(32) as u32, 1),
-        128,
+        "gdn_rec",
+        (s.hv as u32, cb as u32, 1),
+        (2 * s.dv / cb) as u32,
         &[
-            Arg::P(mixed),
+            Arg::P(prep),
+            Arg::I(ldq),
             Arg::P(proj),
             Arg::I(ldp),
-            Arg::I((cd + s.hv * s.dv) as i32),
-            Arg::P(a_log),
-            Arg::P(dt_bias),
+            Arg::P(window),
             Arg::P(state),
             Arg::P(o),
+            Arg::P(g.norm_w),
+            Arg::F(g.eps),
             Arg::I(rows as i32),
             Arg::I(s.hk as i32),
             Arg::I(s.hv as i32),
             Arg::I(s.dk as i32),
             Arg::I(s.dv as i32),
+            Arg::I(s.kernel as i32),
         ],
-    )
-}
-
-/// o [rows, hv, dv] <- (RMSNorm(o) * w) * silu(z), z read from the fused projection.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gated_norm(
-    dev: &CudaDevice,
-    s: GdnShape,
-    o: u64,
-    proj: u64,
-    w: u64,
-    eps: f32,
-    rows: usize,
-) -> Result<(), CudaError> {
-    if dev.host_ops() {
-        return emu::gated_norm(s, o, proj, w, eps, rows);
+    )?;
+    if cb == 1 {
+        return Ok(());
     }
-    let z = proj + (s.conv_dim() * 4) as u64;
+    let warps = rows * s.hv;
     launch(
         dev,
         "gated_rmsnorm",
-        ((rows * s.hv) as u32, 1, 1),
-        128,
+        (warps.div_ceil(8) as u32, 1, 1),
+        256,
         &[
             Arg::P(o),
-            Arg::P(z),
-            Arg::I(s.proj_width() as i32),
-            Arg::P(w),
-            Arg::F(eps),
+            Arg::P(proj + (cd * 4) as u64),
+            Arg::I(ldp),
+            Arg::P(g.norm_w),
+            Arg::F(g.eps),
+            Arg::I(rows as i32),
             Arg::I(s.hv as i32),
             Arg::I(s.dv as i32),
         ],

@@ -33,22 +33,23 @@ pub(crate) enum LayerState {
     },
 }
 
-/// Scratch of forward passes of up to `rows` rows with up to `splits` attention splits.
+/// Scratch of forward passes of up to `rows` rows whose attention partials need at most `row_splits`
+/// (rows x key chunks per row) slots per head.
 pub(crate) struct Scratch {
     pub rows: usize,
-    pub splits: usize,
+    pub row_splits: usize,
     pub ids: DBuf,      // i32 [rows]
     pub start: DBuf,    // i32 [1]
     pub x: DBuf,        // [rows, hidden] residual stream
     pub h: DBuf,        // [rows, hidden] normed
     pub big: DBuf,      // [rows, widest fused projection]
-    pub mid: DBuf,      // [rows, widest mixer / MLP inner width]
+    pub mid: DBuf,      // [rows, widest of: MLP inner width, hq * d, GDN prep row]
     pub o: DBuf,        // [rows, widest GDN output]
     pub q: DBuf,        // [rows, hq * d]
     pub gate: DBuf,     // [rows, hq * d]
-    pub part_m: DBuf,   // [rows, hq, splits]
-    pub part_l: DBuf,   // [rows, hq, splits]
-    pub part_acc: DBuf, // [rows, hq, splits, d]
+    pub part_m: DBuf,   // [rows, hq, s_max] (row_splits >= rows * s_max)
+    pub part_l: DBuf,   // [rows, hq, s_max]
+    pub part_acc: DBuf, // [rows, hq, s_max, d]
     pub xb: DBuf,       // bf16 [rows, widest input] for cuBLAS
     pub logits: DBuf,   // [min(rows, LOGIT_ROWS), vocab]
 }
@@ -75,12 +76,12 @@ impl Scratch {
         dev: &CudaDevice,
         w: &Widths,
         rows: usize,
-        splits: usize,
+        row_splits: usize,
     ) -> Result<Self, CudaError> {
-        let parts = rows * w.heads * splits;
+        let parts = row_splits * w.heads;
         Ok(Scratch {
             rows,
-            splits,
+            row_splits,
             ids: DBuf::zeros(dev, rows * 4)?,
             start: DBuf::zeros(dev, 4)?,
             x: DBuf::f32s(dev, rows * w.hidden)?,

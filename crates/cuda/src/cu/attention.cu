@@ -5,15 +5,27 @@
 // RoPE at position start + row (angle = f32(pos) * inv_freq[j], cos/sin taken in f64 as the CPU engine),
 // q (and the output gate) to their buffers, k and v into the cache at that position.
 //
-// attn_split + attn_combine (split-K flash decoding): query row r of head h sees keys 0..start+r.
-// Block (split, h, r) folds keys [split*ATT_CHUNK, ...) with an online softmax (running max m, sum l,
-// accumulator acc = sum exp(s - m) v), 4 warps over interleaved keys, merged in shared memory; the
-// combine kernel merges the splits: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, then
-// out *= sigmoid(gate) for gated attention. The same kernels serve decode, verify and prefill rows.
-#define ATT_CHUNK 256
+// attn_split + attn_combine (split-K flash decoding). Query row r sees keys 0..len, len = start + r + 1,
+// cut into chunks of att_chunk(len, s_max) keys (a multiple of 16, at least ATT_MIN_CHUNK, at most s_max
+// chunks). Block (split, kv head group, r) folds one chunk for GQ query heads that share a KV head, so
+// each K/V row is loaded once for the group: 4 warps take 4 consecutive keys at a time (loads of 4 keys
+// in flight), online softmax per query head (running max m, sum l, acc = sum exp(s - m) v), warps merged
+// in shared memory. attn_combine merges the chunks in order: out = sum_s e^(m_s - M) acc_s /
+// sum_s e^(m_s - M) l_s, then out *= sigmoid(gate) for gated attention.
+// Batch invariance: a row's chunking depends only on its own len and s_max, and every merge runs in a
+// fixed order, so a verify row equals the same row decoded alone when both use the same s_max.
 #define ATT_WARPS 4
+#define ATT_U 4
+#define ATT_MIN_CHUNK 32
+#define ATT_MAX_SPLITS 64
 #define ATT_MAX_D 256
 #define ATT_PER_LANE (ATT_MAX_D / 32)
+
+__device__ __forceinline__ int att_chunk(int len, int s_max) {
+    int c = (len + s_max - 1) / s_max;
+    c = (c + 15) & ~15;
+    return c < ATT_MIN_CHUNK ? ATT_MIN_CHUNK : c;
+}
 
 extern "C" __global__ void attn_prep(const float* __restrict__ qkv, const float* __restrict__ q_norm,
                                      const float* __restrict__ k_norm, const float* __restrict__ inv_freq,
@@ -69,92 +81,157 @@ extern "C" __global__ void attn_prep(const float* __restrict__ qkv, const float*
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
-    attn_split(const float* __restrict__ q, const float* __restrict__ k_cache,
-               const float* __restrict__ v_cache, const int* __restrict__ start_p,
-               float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_acc, int hq,
-               int hkv, int d, int max_splits, float scale) {
-    __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
-    __shared__ float sacc[ATT_WARPS][ATT_MAX_D];
-    const int split = blockIdx.x, head = blockIdx.y, row = blockIdx.z;
+template <int GQ>
+__device__ __forceinline__ void attn_split_body(const float* __restrict__ q, const float* __restrict__ k_cache,
+                                                const float* __restrict__ v_cache, const int* __restrict__ start_p,
+                                                float* __restrict__ part_m, float* __restrict__ part_l,
+                                                float* __restrict__ part_acc, int hq, int hkv, int d, int s_max,
+                                                float scale) {
+    __shared__ float sm[ATT_WARPS][GQ], sl[ATT_WARPS][GQ];
+    __shared__ float sacc[ATT_WARPS][GQ][ATT_MAX_D];
+    const int split = blockIdx.x, row = blockIdx.z;
+    const int group = hq / hkv, blocks_per_kv = group / GQ;
+    const int kvh = blockIdx.y / blocks_per_kv;
+    const int h0 = kvh * group + (blockIdx.y % blocks_per_kv) * GQ;
     const int len = *start_p + row + 1;
-    const int k0 = split * ATT_CHUNK;
+    const int chunk = att_chunk(len, s_max);
+    const int k0 = split * chunk;
     if (k0 >= len) return;  // uniform over the block
-    const int k1 = min(len, k0 + ATT_CHUNK);
-    const int kvh = head / (hq / hkv);
+    const int k1 = min(len, k0 + chunk);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float qv[ATT_PER_LANE], acc[ATT_PER_LANE];
-    const float* qr = q + ((size_t)row * hq + head) * d;
+    float qv[GQ][ATT_PER_LANE], acc[GQ][ATT_PER_LANE], m[GQ], l[GQ];
 #pragma unroll
-    for (int j = 0; j < ATT_PER_LANE; ++j) {
-        const int i = lane + 32 * j;
-        qv[j] = i < d ? qr[i] : 0.0f;
-        acc[j] = 0.0f;
-    }
-    float m = NEG_INF, l = 0.0f;
-    for (int t = k0 + warp; t < k1; t += ATT_WARPS) {
-        const float* kr = k_cache + ((size_t)t * hkv + kvh) * d;
-        float s = 0.0f;
+    for (int g = 0; g < GQ; ++g) {
+        const float* qr = q + ((size_t)row * hq + h0 + g) * d;
 #pragma unroll
         for (int j = 0; j < ATT_PER_LANE; ++j) {
             const int i = lane + 32 * j;
-            if (i < d) s = fmaf(qv[j], kr[i], s);
+            qv[g][j] = i < d ? qr[i] : 0.0f;
+            acc[g][j] = 0.0f;
         }
-        s = warp_sum(s) * scale;
-        const float mn = fmaxf(m, s);
-        const float corr = expf(m - mn);  // m = -inf on the first key: corr = 0
-        const float p = expf(s - mn);
-        l = l * corr + p;
-        const float* vr = v_cache + ((size_t)t * hkv + kvh) * d;
+        m[g] = NEG_INF;
+        l[g] = 0.0f;
+    }
+    for (int base = k0 + warp * ATT_U; base < k1; base += ATT_WARPS * ATT_U) {
+        // [U keys][d / 32 per lane], masked keys (t >= k1) read as zeros; key `base` is always valid.
+        float kr[ATT_U][ATT_PER_LANE], vr[ATT_U][ATT_PER_LANE];
+#pragma unroll
+        for (int u = 0; u < ATT_U; ++u) {
+            const int t = base + u;
+            const bool ok = t < k1;
+            const float* kp = k_cache + ((size_t)(ok ? t : base) * hkv + kvh) * d;
+            const float* vp = v_cache + ((size_t)(ok ? t : base) * hkv + kvh) * d;
+#pragma unroll
+            for (int j = 0; j < ATT_PER_LANE; ++j) {
+                const int i = lane + 32 * j;
+                kr[u][j] = (ok && i < d) ? kp[i] : 0.0f;
+                vr[u][j] = (ok && i < d) ? vp[i] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < GQ; ++g) {
+            float s[ATT_U];
+#pragma unroll
+            for (int u = 0; u < ATT_U; ++u) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int j = 0; j < ATT_PER_LANE; ++j) dot = fmaf(qv[g][j], kr[u][j], dot);
+                dot = warp_sum(dot) * scale;
+                s[u] = base + u < k1 ? dot : NEG_INF;
+            }
+            float mx = m[g];
+#pragma unroll
+            for (int u = 0; u < ATT_U; ++u) mx = fmaxf(mx, s[u]);
+            const float corr = expf(m[g] - mx);  // m = -inf before the first key: corr = 0
+            float p[ATT_U], ps = 0.0f;
+#pragma unroll
+            for (int u = 0; u < ATT_U; ++u) {
+                p[u] = expf(s[u] - mx);  // masked keys: exp(-inf) = 0
+                ps += p[u];
+            }
+            l[g] = l[g] * corr + ps;
+#pragma unroll
+            for (int j = 0; j < ATT_PER_LANE; ++j) {
+                float a = acc[g][j] * corr;
+#pragma unroll
+                for (int u = 0; u < ATT_U; ++u) a = fmaf(p[u], vr[u][j], a);
+                acc[g][j] = a;
+            }
+            m[g] = mx;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < GQ; ++g) {
+        if (lane == 0) {
+            sm[warp][g] = m[g];
+            sl[warp][g] = l[g];
+        }
 #pragma unroll
         for (int j = 0; j < ATT_PER_LANE; ++j) {
             const int i = lane + 32 * j;
-            if (i < d) acc[j] = acc[j] * corr + p * vr[i];
+            if (i < d) sacc[warp][g][i] = acc[g][j];
         }
-        m = mn;
-    }
-    if (lane == 0) { sm[warp] = m; sl[warp] = l; }
-#pragma unroll
-    for (int j = 0; j < ATT_PER_LANE; ++j) {
-        const int i = lane + 32 * j;
-        if (i < d) sacc[warp][i] = acc[j];
     }
     __syncthreads();
-    float mx = NEG_INF;
-    for (int w = 0; w < ATT_WARPS; ++w) mx = fmaxf(mx, sm[w]);
-    const size_t slot = ((size_t)row * hq + head) * max_splits + split;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float a = 0.0f;
-        for (int w = 0; w < ATT_WARPS; ++w)
-            if (sl[w] > 0.0f) a += sacc[w][i] * expf(sm[w] - mx);
-        part_acc[slot * d + i] = a;
-    }
-    if (threadIdx.x == 0) {
-        float tl = 0.0f;
-        for (int w = 0; w < ATT_WARPS; ++w)
-            if (sl[w] > 0.0f) tl += sl[w] * expf(sm[w] - mx);
-        part_m[slot] = mx;
-        part_l[slot] = tl;
+#pragma unroll
+    for (int g = 0; g < GQ; ++g) {
+        float mx = NEG_INF;
+        for (int w = 0; w < ATT_WARPS; ++w) mx = fmaxf(mx, sm[w][g]);
+        const size_t slot = ((size_t)row * hq + h0 + g) * s_max + split;
+        for (int i = threadIdx.x; i < d; i += blockDim.x) {
+            float a = 0.0f;
+            for (int w = 0; w < ATT_WARPS; ++w)
+                if (sl[w][g] > 0.0f) a += sacc[w][g][i] * expf(sm[w][g] - mx);
+            part_acc[slot * d + i] = a;
+        }
+        if (threadIdx.x == 0) {
+            float tl = 0.0f;
+            for (int w = 0; w < ATT_WARPS; ++w)
+                if (sl[w][g] > 0.0f) tl += sl[w][g] * expf(sm[w][g] - mx);
+            part_m[slot] = mx;
+            part_l[slot] = tl;
+        }
     }
 }
+
+#define ATTN_SPLIT_KERNEL(NAME, GQ)                                                                       \
+    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                          \
+        NAME(const float* q, const float* k_cache, const float* v_cache, const int* start_p, float* part_m, \
+             float* part_l, float* part_acc, int hq, int hkv, int d, int s_max, float scale) {             \
+        attn_split_body<GQ>(q, k_cache, v_cache, start_p, part_m, part_l, part_acc, hq, hkv, d, s_max,     \
+                            scale);                                                                        \
+    }
+ATTN_SPLIT_KERNEL(attn_split_1, 1)
+ATTN_SPLIT_KERNEL(attn_split_2, 2)
+ATTN_SPLIT_KERNEL(attn_split_4, 4)
 
 // One block per (head, row); out [n, hq, d].
 extern "C" __global__ void attn_combine(const float* __restrict__ part_m, const float* __restrict__ part_l,
                                         const float* __restrict__ part_acc, const int* __restrict__ start_p,
                                         const float* __restrict__ gate, float* __restrict__ out, int hq, int d,
-                                        int max_splits, int gated) {
+                                        int s_max, int gated) {
+    __shared__ float weight[ATT_MAX_SPLITS];
+    __shared__ float inv_total;
     const int head = blockIdx.x, row = blockIdx.y;
     const int len = *start_p + row + 1;
-    const int splits = (len + ATT_CHUNK - 1) / ATT_CHUNK;
-    const size_t base = ((size_t)row * hq + head) * max_splits;
-    float mx = NEG_INF;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_m[base + s]);
-    float tl = 0.0f;
-    for (int s = 0; s < splits; ++s) tl += part_l[base + s] * expf(part_m[base + s] - mx);
-    const float inv = 1.0f / tl;
+    const int chunk = att_chunk(len, s_max);
+    const int splits = (len + chunk - 1) / chunk;
+    const size_t base = ((size_t)row * hq + head) * s_max;
+    if (threadIdx.x == 0) {
+        float mx = NEG_INF;
+        for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_m[base + s]);
+        float tl = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+            weight[s] = expf(part_m[base + s] - mx);
+            tl += part_l[base + s] * weight[s];
+        }
+        inv_total = 1.0f / tl;
+    }
+    __syncthreads();
+    const float inv = inv_total;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         float a = 0.0f;
-        for (int s = 0; s < splits; ++s) a += part_acc[(base + s) * d + i] * expf(part_m[base + s] - mx);
+        for (int s = 0; s < splits; ++s) a += part_acc[(base + s) * d + i] * weight[s];
         float o = a * inv;
         if (gated) o *= sigmoid_f(gate[((size_t)row * hq + head) * d + i]);
         out[((size_t)row * hq + head) * d + i] = o;

@@ -40,3 +40,26 @@ __device__ __forceinline__ double block_sum_d(double v, double* scratch) {
     for (int w = 0; w < warps; ++w) t += scratch[w];
     return t;
 }
+
+// Dynamic shared memory of a launch (the launcher passes its size), 16-byte aligned.
+#ifdef KERNEL_SIM
+#define DYN_SMEM(T) (reinterpret_cast<T*>(sim_dyn_smem()))
+#define PREFETCH_L2(p) ((void)(p))
+#else
+extern __shared__ __align__(16) unsigned char dyn_smem_[];
+#define DYN_SMEM(T) (reinterpret_cast<T*>(dyn_smem_))
+#define PREFETCH_L2(p) asm volatile("prefetch.global.L2 [%0];" ::"l"(p))
+#endif
+
+// 1 / sqrt(mean(x^2) + eps) of one row, for a block of 256 threads: f64 sum of squares strided by the
+// thread index, block_sum_d. Every RMSNorm of the residual stream (the rmsnorm kernel and the GEMV
+// prologue that normalises its input) calls this with 256 threads, so a row is normalised bit for bit
+// the same wherever it is done.
+#define NORM_THREADS 256
+__device__ __forceinline__ float rms_inv(const float* __restrict__ xr, int width, float eps, double* scratch) {
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) ss += (double)xr[i] * (double)xr[i];
+    ss = block_sum_d(ss, scratch);
+    const float variance = (float)(ss / (double)width);
+    return 1.0f / sqrtf(variance + eps);
+}

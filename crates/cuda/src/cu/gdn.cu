@@ -1,136 +1,177 @@
-// Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention) on the GPU, step form.
+// Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention) on the GPU, step form, in two kernels.
 //
-// conv1d_silu, one thread per channel: the depthwise causal conv (kernel K <= 8) + SiLU over the rows in
-// order, reading inputs from the fused projection (stride ldp) and the carried window of the previous
-// K-1 inputs (oldest first), which it updates. Same tap order as crates/kernels/src/conv.rs.
+// gdn_conv_prep, grid (hk + ceil(hv*dv / 256), n), 256 threads: everything that does not depend on the
+// recurrent state, for all rows in parallel. The depthwise causal conv (kernel K <= 8, taps oldest
+// first as crates/kernels/src/conv.rs) + SiLU of each channel at row t reads inputs t-K+1..t from the
+// fused projection (stride ldp) or, before row 0, from the carried window (not updated here). Blocks
+// bx < hk own key head bx: q and k channels (threads 0..dk and 128..128+dk), L2-normalised (f64 sum of
+// squares, eps 1e-6 inside the sqrt), q *= dk^-1/2; and, for the value heads of that key head,
+// beta = sigmoid(b), decay = exp(-exp(A_log) * softplus(a + dt_bias)). Other blocks convolve v channels.
+// Output row layout (stride ldq): [q (hk*dk) | k (hk*dk) | v (hv*dv) | beta (hv) | decay (hv)].
 //
-// gdn_step, one block per (value head, 32 value columns), 4 warps; lane = value column, warp w owns key
-// rows [w*rpw, (w+1)*rpw) of S [dk, dv] in registers (dk <= 128). Per row t, in order:
-//   q, k = L2-normalised key-head vectors (f64 sum of squares, eps 1e-6 inside the sqrt), q *= dk^-1/2;
-//   beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias);
-//   S <- exp(g) S; kv = S^T k; delta = beta (v - kv); S <- S + k delta^T; o = S^T q.
-// Value columns are independent given (q, k, g, beta), so the column split needs no communication.
-// A row's result depends only on the state before it, so n rows in one launch equal n launches of one
-// row bit for bit: decode, verify and the tape replay all run this kernel.
-#define GDN_WARPS 4
-#define GDN_MAX_RPW 32
-#define GDN_MAX_DK (GDN_WARPS * GDN_MAX_RPW)
+// gdn_rec, grid (hv, cb), 2*dv/cb threads: the recurrence, rows in order. Thread = (value column, half);
+// the half owns state rows i = 2j + half of S [dk, dv] in registers (dk <= 128). Per row:
+//   S <- decay S; kv = S^T k; delta = beta (v - kv); S <- S + k delta^T; o = S^T q,
+// each column sum as 4 interleaved partial sums then one shuffle between the halves (a + b == b + a, so
+// both halves hold the same value). q/k rows are double-buffered in shared memory and the next row's
+// inputs are loaded while the current one is computed (one barrier per row). The kernel also moves the
+// conv window forward (the last K-1 conv inputs), and with cb == 1 applies the gated RMSNorm to its
+// head's outputs at the end (gated_norm_warp; with cb > 1 the gated_rmsnorm kernel does, identically).
+// Invariant: a column's arithmetic depends only on the state before each row and that row's inputs, so
+// n rows in one launch equal n launches of one row bit for bit, for any cb: decode, verify and the tape
+// replay all run these kernels.
+#define GDN_MAX_DK 128
+#define GDN_RPT (GDN_MAX_DK / 2)
+#define GDN_PREP_THREADS 256
+#define GDN_NEXT 8
 
-extern "C" __global__ void conv1d_silu(const float* __restrict__ proj, int ldp, const float* __restrict__ w,
-                                       float* __restrict__ window, float* __restrict__ out, int n, int c,
-                                       int kernel) {
-    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= c) return;
-    float hist[7];
-    const int h = kernel - 1;
-#pragma unroll
-    for (int j = 0; j < 7; ++j) hist[j] = j < h ? window[(size_t)j * c + ch] : 0.0f;
-    float wt[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) wt[j] = j < kernel ? w[(size_t)ch * kernel + j] : 0.0f;
-    for (int t = 0; t < n; ++t) {
-        const float x = proj[(size_t)t * ldp + ch];
+extern "C" __global__ void __launch_bounds__(GDN_PREP_THREADS)
+    gdn_conv_prep(const float* __restrict__ proj, int ldp, const float* __restrict__ conv_w,
+                  const float* __restrict__ window, const float* __restrict__ a_log,
+                  const float* __restrict__ dt_bias, float* __restrict__ prep, int ldq, int hk, int hv, int dk,
+                  int dv, int kernel) {
+    __shared__ double sums[GDN_PREP_THREADS / 32];
+    const int t = blockIdx.y, tid = threadIdx.x;
+    const int cd = 2 * hk * dk + hv * dv;
+    auto conv = [&](int c) {
         float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            if (j < h) acc += wt[j] * hist[j];
-            else if (j == h) acc += wt[j] * x;
+        for (int j = 0; j < kernel; ++j) {
+            const int tt = t - (kernel - 1) + j;
+            const float xv = tt >= 0 ? proj[(size_t)tt * ldp + c] : window[(size_t)(tt + kernel - 1) * cd + c];
+            acc += conv_w[(size_t)c * kernel + j] * xv;
         }
-        out[(size_t)t * c + ch] = silu_f(acc);
-        // Shift the window (constant indices only, so it stays in registers).
-#pragma unroll
-        for (int j = 0; j < 7; ++j) {
-            if (j + 1 < h) hist[j] = hist[j + 1];
-            else if (j + 1 == h) hist[j] = x;
-        }
+        return silu_f(acc);
+    };
+    float* out = prep + (size_t)t * ldq;
+    if (blockIdx.x >= hk) {
+        const int c = 2 * hk * dk + (blockIdx.x - hk) * GDN_PREP_THREADS + tid;
+        if (c < cd) out[c] = conv(c);
+        return;
     }
-#pragma unroll
-    for (int j = 0; j < 7; ++j)
-        if (j < h) window[(size_t)j * c + ch] = hist[j];
+    const int kh = blockIdx.x;
+    const bool is_k = tid >= 128;
+    const int i = is_k ? tid - 128 : tid;
+    const bool ok = i < dk;
+    const int c = is_k ? hk * dk + kh * dk + i : kh * dk + i;
+    const float val = ok ? conv(c) : 0.0f;
+    double ss = ok ? (double)val * (double)val : 0.0;
+    ss = warp_sum_d(ss);
+    if ((tid & 31) == 0) sums[tid >> 5] = ss;
+    __syncthreads();
+    const int w0 = is_k ? 4 : 0;
+    const double tot = ((sums[w0] + sums[w0 + 1]) + sums[w0 + 2]) + sums[w0 + 3];
+    const float inv = 1.0f / sqrtf((float)tot + 1e-6f);
+    if (ok) out[c] = is_k ? val * inv : (val * inv) * (1.0f / sqrtf((float)dk));
+    const int group = hv / hk;
+    if (tid < group) {
+        const int h = kh * group + tid;
+        const float* pr = proj + (size_t)t * ldp + cd + hv * dv;
+        out[cd + h] = sigmoid_f(pr[h]);
+        const float g = -expf(a_log[h]) * softplus_f(pr[hv + h] + dt_bias[h]);
+        out[cd + hv + h] = expf(g);
+    }
 }
 
-extern "C" __global__ void __launch_bounds__(GDN_WARPS * 32)
-    gdn_step(const float* __restrict__ mixed, const float* __restrict__ proj, int ldp, int ba_off,
-             const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ state,
-             float* __restrict__ out, int n, int hk, int hv, int dk, int dv) {
-    __shared__ float qs[GDN_MAX_DK], ks[GDN_MAX_DK];
-    __shared__ float red[GDN_WARPS][32];
-    __shared__ float norms[2];
-    const int head = blockIdx.x;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int col = blockIdx.y * 32 + lane;
+extern "C" __global__ void __launch_bounds__(256)
+    gdn_rec(const float* __restrict__ prep, int ldq, const float* __restrict__ proj, int ldp,
+            float* __restrict__ window, float* __restrict__ state, float* __restrict__ out,
+            const float* __restrict__ norm_w, float eps, int n, int hk, int hv, int dk, int dv, int kernel) {
+    __shared__ float qk[2][2 * GDN_MAX_DK];
+    const int h = blockIdx.x, kh = h / (hv / hk);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, half = lane >> 4;
+    const int cols = blockDim.x / 2;
+    const int col = blockIdx.y * cols + warp * 16 + (lane & 15);
     const bool col_ok = col < dv;
-    const int rpw = (dk + GDN_WARPS - 1) / GDN_WARPS;
-    const int i0 = warp * rpw;
-    const int kh = head / (hv / hk);
-    const int conv_dim = 2 * hk * dk + hv * dv;
-    const float qscale = 1.0f / sqrtf((float)dk);
-    const float neg_a = -expf(a_log[head]);
-    const float dtb = dt_bias[head];
-    float* sh = state + (size_t)head * dk * dv;
-    float s[GDN_MAX_RPW];
-#pragma unroll
-    for (int j = 0; j < GDN_MAX_RPW; ++j) {
-        const int i = i0 + j;
-        s[j] = (j < rpw && i < dk && col_ok) ? sh[(size_t)i * dv + col] : 0.0f;
+    const int cd = 2 * hk * dk + hv * dv;
+    const int nqk = 2 * dk;
+    // Conv window: new slot j = element n + j of [old window (K-1) ; the n new inputs]; in place, slot
+    // j only reads slots > j.
+    {
+        const int stride = gridDim.x * gridDim.y * blockDim.x;
+        for (int c = (blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + tid; c < cd; c += stride)
+            for (int j = 0; j < kernel - 1; ++j) {
+                const int src = n + j;
+                window[(size_t)j * cd + c] =
+                    src < kernel - 1 ? window[(size_t)src * cd + c] : proj[(size_t)(src - (kernel - 1)) * ldp + c];
+            }
     }
+    auto qk_index = [&](int i) { return i < dk ? kh * dk + i : hk * dk + kh * dk + (i - dk); };
+    const int rpt = (dk + 1) / 2;
+    float* sh = state + (size_t)h * dk * dv;
+    float s[GDN_RPT];
+#pragma unroll
+    for (int j = 0; j < GDN_RPT; ++j) {
+        const int i = 2 * j + half;
+        s[j] = (j < rpt && i < dk && col_ok) ? sh[(size_t)i * dv + col] : 0.0f;
+    }
+    for (int i = tid; i < nqk; i += blockDim.x) qk[0][i] = prep[qk_index(i)];
+    float v_c = col_ok ? prep[2 * hk * dk + (size_t)h * dv + col] : 0.0f;
+    float beta_c = prep[cd + h], decay_c = prep[cd + hv + h];
+    __syncthreads();
     for (int t = 0; t < n; ++t) {
-        const float* mr = mixed + (size_t)t * conv_dim;
-        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-            qs[i] = mr[(size_t)kh * dk + i];
-            ks[i] = mr[(size_t)hk * dk + (size_t)kh * dk + i];
-        }
-        __syncthreads();
-        if (warp < 2) {
-            const float* src = warp == 0 ? qs : ks;
-            double acc = 0.0;
-            for (int i = lane; i < dk; i += 32) acc += (double)src[i] * (double)src[i];
-            acc = warp_sum_d(acc);
-            if (lane == 0) norms[warp] = 1.0f / sqrtf((float)acc + 1e-6f);
-        }
-        __syncthreads();
-        const float nq = norms[0], nk = norms[1];
-        const float* pr = proj + (size_t)t * ldp + ba_off;
-        const float beta = sigmoid_f(pr[head]);
-        const float g = neg_a * softplus_f(pr[hv + head] + dtb);
-        const float decay = expf(g);
-        float part = 0.0f;
+        const int b = t & 1;
+        float nxt[GDN_NEXT];
+        float v_n = 0.0f, beta_n = 0.0f, decay_n = 0.0f;
+        const bool more = t + 1 < n;
+        if (more) {
+            const float* pr = prep + (size_t)(t + 1) * ldq;
 #pragma unroll
-        for (int j = 0; j < GDN_MAX_RPW; ++j) {
-            const int i = i0 + j;
-            if (j < rpw && i < dk) {
-                s[j] *= decay;
-                part = fmaf(s[j], ks[i] * nk, part);
+            for (int k = 0; k < GDN_NEXT; ++k) {
+                const int i = tid + k * blockDim.x;
+                nxt[k] = i < nqk ? pr[qk_index(i)] : 0.0f;
+            }
+            v_n = col_ok ? pr[2 * hk * dk + (size_t)h * dv + col] : 0.0f;
+            beta_n = pr[cd + h];
+            decay_n = pr[cd + hv + h];
+        }
+        const float* qs = qk[b];
+        const float* ks = qk[b] + dk;
+        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < GDN_RPT; ++j) {
+            const int i = 2 * j + half;
+            if (j < rpt && i < dk) {
+                s[j] *= decay_c;
+                a[j & 3] = fmaf(s[j], ks[i], a[j & 3]);
             }
         }
-        red[warp][lane] = part;
-        __syncthreads();
-        float kv = 0.0f;
-        for (int w = 0; w < GDN_WARPS; ++w) kv += red[w][lane];
-        const float v = col_ok ? mr[(size_t)2 * hk * dk + (size_t)head * dv + col] : 0.0f;
-        const float delta = (v - kv) * beta;
-        __syncthreads();
-        part = 0.0f;
+        float kv = (a[0] + a[1]) + (a[2] + a[3]);
+        kv += __shfl_xor_sync(0xffffffffu, kv, 16);
+        const float delta = (v_c - kv) * beta_c;
+        float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int j = 0; j < GDN_MAX_RPW; ++j) {
-            const int i = i0 + j;
-            if (j < rpw && i < dk) {
-                s[j] = fmaf(ks[i] * nk, delta, s[j]);
-                part = fmaf(s[j], (qs[i] * nq) * qscale, part);
+        for (int j = 0; j < GDN_RPT; ++j) {
+            const int i = 2 * j + half;
+            if (j < rpt && i < dk) {
+                s[j] = fmaf(ks[i], delta, s[j]);
+                c4[j & 3] = fmaf(s[j], qs[i], c4[j & 3]);
             }
         }
-        red[warp][lane] = part;
-        __syncthreads();
-        if (warp == 0 && col_ok) {
-            float o = 0.0f;
-            for (int w = 0; w < GDN_WARPS; ++w) o += red[w][lane];
-            out[((size_t)t * hv + head) * dv + col] = o;
+        float o = (c4[0] + c4[1]) + (c4[2] + c4[3]);
+        o += __shfl_xor_sync(0xffffffffu, o, 16);
+        if (half == 0 && col_ok) out[((size_t)t * hv + h) * dv + col] = o;
+        if (more) {
+#pragma unroll
+            for (int k = 0; k < GDN_NEXT; ++k) {
+                const int i = tid + k * blockDim.x;
+                if (i < nqk) qk[b ^ 1][i] = nxt[k];
+            }
+            v_c = v_n;
+            beta_c = beta_n;
+            decay_c = decay_n;
         }
         __syncthreads();
     }
 #pragma unroll
-    for (int j = 0; j < GDN_MAX_RPW; ++j) {
-        const int i = i0 + j;
-        if (j < rpw && i < dk && col_ok) sh[(size_t)i * dv + col] = s[j];
+    for (int j = 0; j < GDN_RPT; ++j) {
+        const int i = 2 * j + half;
+        if (j < rpt && i < dk && col_ok) sh[(size_t)i * dv + col] = s[j];
+    }
+    if (gridDim.y == 1) {
+        // All of the head's columns are in this block: its outputs are complete after the last barrier.
+        const int warps = blockDim.x >> 5;
+        for (int t = warp; t < n; t += warps)
+            gated_norm_warp(out + ((size_t)t * hv + h) * dv, proj + (size_t)t * ldp + cd + (size_t)h * dv, norm_w,
+                            eps, dv, lane);
     }
 }

@@ -1,9 +1,21 @@
 // y[r, o] (+)= sum_i W[o, i] * x[r, i] for N <= 8 rows: the memory-bound matrix-vector path (decode,
-// verify blocks). One warp per output feature, 8 warps per block; each lane streams 16-byte weight
-// vectors (8 bf16 or 4 f32) with a streaming cache hint and reuses them for all N rows.
-// Batch invariance: a row's sum is formed in the same order (lane-strided fmaf chain, then a fixed
-// xor-shuffle tree) whatever N is, so a verify row is bit-identical to the same row decoded alone.
+// verify blocks). A block is 8 warps; `wpr` warps share one output row (split-K inside the block, so
+// matrices with few rows still fill the GPU), so a block covers 8 / wpr rows per step and loops over
+// row groups (grid-stride). Each lane streams 16-byte weight vectors (8 bf16 or 4 f32) with a streaming
+// cache hint, LIN_U vectors in flight, and reuses them for all N rows.
+//
+// Input modes: `x` rows from global memory, or, with `stage`, the N input rows copied into shared
+// memory first, RMSNorm-ed on the way when `norm_w` is given (rms_inv: the same arithmetic as the
+// rmsnorm kernel, so a fused norm equals the separate one bit for bit). Epilogue: y = acc, y += acc
+// (`accumulate`), or SwiGLU (`swiglu_inter` = I > 0): W is [gate ; up] ([2I, in]) and each step's row
+// slots are half gate rows j, half the matching up rows I + j; y = act [N, I] = silu(gate) * up.
+//
+// Batch invariance: a row's sum is formed in one order whatever N is — each lane's fmaf chain over the
+// vectors part*32 + lane + k*32*wpr, a fixed xor-shuffle tree, then the wpr partial sums in part order —
+// and wpr is chosen from the matrix shape alone (ops.rs), so a verify row is bit-identical to the same
+// row decoded alone, staged or not.
 #define LIN_WARPS 8
+#define LIN_U 4
 
 template <typename W> struct WVec;
 template <> struct WVec<bf16_t> {
@@ -26,56 +38,132 @@ template <> struct WVec<float> {
 
 template <typename W, int N>
 __device__ __forceinline__ void linear_rows(const W* __restrict__ w, const float* __restrict__ x,
-                                            float* __restrict__ y, int in, int out, int accumulate) {
-    const int lane = threadIdx.x & 31;
-    const int o = blockIdx.x * LIN_WARPS + (threadIdx.x >> 5);
-    if (o >= out) return;
-    const W* wr = w + (size_t)o * in;
-    float acc[N];
-#pragma unroll
-    for (int r = 0; r < N; ++r) acc[r] = 0.0f;
+                                            float* __restrict__ y, int in, int out, int accumulate, int wpr,
+                                            int swiglu_inter, const float* __restrict__ norm_w, float eps,
+                                            int zero_centred, int stage) {
+    __shared__ double scratch[32];
+    __shared__ float red[LIN_WARPS][N];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int per_group = LIN_WARPS / wpr;   // row slots per step
+    const int slot = warp / wpr, part = warp % wpr;
+    const int half = per_group / 2;          // SwiGLU: gate slots [0, half), up slots [half, per_group)
+    const int groups = swiglu_inter ? (swiglu_inter + half - 1) / half : (out + per_group - 1) / per_group;
     const int E = WVec<W>::E;
-    if (in % E == 0) {
-        const int nv = in / E;
-#pragma unroll 4
-        for (int v = lane; v < nv; v += 32) {
-            float wf[E];
-            WVec<W>::load(wr + (size_t)v * E, wf);
+    const bool vec = in % E == 0;
+    const int nv = in / E;
+    auto row_of = [&](int g, bool* valid) {
+        if (swiglu_inter) {
+            const int j = g * half + (slot < half ? slot : slot - half);
+            *valid = j < swiglu_inter;
+            return slot < half ? j : swiglu_inter + j;
+        }
+        const int o = g * per_group + slot;
+        *valid = o < out;
+        return o;
+    };
+    const float* xs = x;
+    if (stage) {
+        // Warm L2 with this block's first weight vectors while the input rows are staged.
+        bool valid;
+        const int o = row_of(blockIdx.x, &valid);
+        if (valid && vec && blockIdx.x < groups)
+            for (int u = 0; u < LIN_U; ++u) {
+                const int v = part * 32 + lane + u * 32 * wpr;
+                if (v < nv) PREFETCH_L2(w + (size_t)o * in + (size_t)v * E);
+            }
+        float* hs = DYN_SMEM(float);
+        for (int r = 0; r < N; ++r) {
+            const float* xr = x + (size_t)r * in;
+            float* hr = hs + (size_t)r * in;
+            if (norm_w) {
+                const float inv = rms_inv(xr, in, eps, scratch);
+                for (int i = threadIdx.x; i < in; i += blockDim.x) {
+                    const float scale = zero_centred ? 1.0f + norm_w[i] : norm_w[i];
+                    hr[i] = (xr[i] * inv) * scale;
+                }
+            } else {
+                for (int i = threadIdx.x; i < in; i += blockDim.x) hr[i] = xr[i];
+            }
+        }
+        __syncthreads();
+        xs = hs;
+    }
+    for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+        bool valid;
+        const int o = row_of(g, &valid);
+        float acc[N];
 #pragma unroll
-            for (int r = 0; r < N; ++r) {
-                const float4* xp = reinterpret_cast<const float4*>(x + (size_t)r * in + (size_t)v * E);
+        for (int r = 0; r < N; ++r) acc[r] = 0.0f;
+        if (valid) {
+            const W* wr = w + (size_t)o * in;
+            if (vec) {
+                for (int v0 = part * 32 + lane; v0 < nv; v0 += 32 * wpr * LIN_U) {
+                    float wf[LIN_U][E];
 #pragma unroll
-                for (int q = 0; q < E / 4; ++q) {
-                    float4 xv = __ldg(xp + q);
-                    acc[r] = fmaf(wf[4 * q + 0], xv.x, acc[r]);
-                    acc[r] = fmaf(wf[4 * q + 1], xv.y, acc[r]);
-                    acc[r] = fmaf(wf[4 * q + 2], xv.z, acc[r]);
-                    acc[r] = fmaf(wf[4 * q + 3], xv.w, acc[r]);
+                    for (int u = 0; u < LIN_U; ++u) {
+                        const int v = v0 + u * 32 * wpr;
+                        if (v < nv) WVec<W>::load(wr + (size_t)v * E, wf[u]);
+                    }
+#pragma unroll
+                    for (int u = 0; u < LIN_U; ++u) {
+                        const int v = v0 + u * 32 * wpr;
+                        if (v < nv) {
+#pragma unroll
+                            for (int r = 0; r < N; ++r) {
+                                const float4* xp = reinterpret_cast<const float4*>(xs + (size_t)r * in + (size_t)v * E);
+#pragma unroll
+                                for (int q = 0; q < E / 4; ++q) {
+                                    const float4 xv = xp[q];
+                                    acc[r] = fmaf(wf[u][4 * q + 0], xv.x, acc[r]);
+                                    acc[r] = fmaf(wf[u][4 * q + 1], xv.y, acc[r]);
+                                    acc[r] = fmaf(wf[u][4 * q + 2], xv.z, acc[r]);
+                                    acc[r] = fmaf(wf[u][4 * q + 3], xv.w, acc[r]);
+                                }
+                            }
+                        }
+                    }
+                }
+            } else {
+                for (int i = part * 32 + lane; i < in; i += 32 * wpr) {
+                    const float wf = WVec<W>::one(wr + i);
+#pragma unroll
+                    for (int r = 0; r < N; ++r) acc[r] = fmaf(wf, xs[(size_t)r * in + i], acc[r]);
                 }
             }
         }
-    } else {
-        for (int i = lane; i < in; i += 32) {
-            float wf = WVec<W>::one(wr + i);
 #pragma unroll
-            for (int r = 0; r < N; ++r) acc[r] = fmaf(wf, x[(size_t)r * in + i], acc[r]);
+        for (int r = 0; r < N; ++r) acc[r] = warp_sum(acc[r]);
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < N; ++r) red[warp][r] = acc[r];
         }
-    }
+        __syncthreads();
+        if (part == 0 && lane == 0 && valid && !(swiglu_inter && slot >= half)) {
 #pragma unroll
-    for (int r = 0; r < N; ++r) acc[r] = warp_sum(acc[r]);
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < N; ++r) {
-            float* dst = y + (size_t)r * out + o;
-            *dst = accumulate ? *dst + acc[r] : acc[r];
+            for (int r = 0; r < N; ++r) {
+                float t = red[slot * wpr][r];
+                for (int p = 1; p < wpr; ++p) t += red[slot * wpr + p][r];
+                if (swiglu_inter) {
+                    const int up_slot = slot + half;
+                    float u = red[up_slot * wpr][r];
+                    for (int p = 1; p < wpr; ++p) u += red[up_slot * wpr + p][r];
+                    y[(size_t)r * swiglu_inter + o] = silu_f(t) * u;
+                } else {
+                    float* dst = y + (size_t)r * out + o;
+                    *dst = accumulate ? *dst + t : t;
+                }
+            }
         }
+        __syncthreads();
     }
 }
 
-#define LINEAR_KERNEL(NAME, W, N)                                                                  \
-    extern "C" __global__ void __launch_bounds__(LIN_WARPS * 32)                                   \
-        NAME(const W* w, const float* x, float* y, int in, int out, int accumulate) {              \
-        linear_rows<W, N>(w, x, y, in, out, accumulate);                                           \
+#define LINEAR_KERNEL(NAME, W, N)                                                                     \
+    extern "C" __global__ void __launch_bounds__(LIN_WARPS * 32)                                      \
+        NAME(const W* w, const float* x, float* y, int in, int out, int accumulate, int wpr,          \
+             int swiglu_inter, const float* norm_w, float eps, int zero_centred, int stage) {         \
+        linear_rows<W, N>(w, x, y, in, out, accumulate, wpr, swiglu_inter, norm_w, eps, zero_centred, \
+                          stage);                                                                     \
     }
 LINEAR_KERNEL(linear_bf16_1, bf16_t, 1)
 LINEAR_KERNEL(linear_bf16_2, bf16_t, 2)

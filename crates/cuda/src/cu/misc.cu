@@ -15,40 +15,45 @@ extern "C" __global__ void embed_f32(const float* __restrict__ table, const int*
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = src[i];
 }
 
-// One block per row: y = (x * 1/sqrt(mean(x^2) + eps)) * (zero_centred ? 1 + w : w), sum of squares in
-// f64, the rest in f32 in torch's order (as crates/kernels/src/norm.rs).
-extern "C" __global__ void rmsnorm(const float* __restrict__ x, const float* __restrict__ w,
-                                   float* __restrict__ y, int width, float eps, int zero_centred) {
+// One block of NORM_THREADS per row: y = (x * rms_inv(x)) * (zero_centred ? 1 + w : w), sum of squares
+// in f64, the rest in f32 in torch's order (as crates/kernels/src/norm.rs).
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+    rmsnorm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int width,
+            float eps, int zero_centred) {
     __shared__ double scratch[32];
     const float* xr = x + (size_t)blockIdx.x * width;
     float* yr = y + (size_t)blockIdx.x * width;
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) ss += (double)xr[i] * (double)xr[i];
-    ss = block_sum_d(ss, scratch);
-    float variance = (float)(ss / (double)width);
-    float inv = 1.0f / sqrtf(variance + eps);
+    const float inv = rms_inv(xr, width, eps, scratch);
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
         float scale = zero_centred ? 1.0f + w[i] : w[i];
         yr[i] = (xr[i] * inv) * scale;
     }
 }
 
-// Gated DeltaNet output norm, one block per (row, value head): o <- (rmsnorm(o) * w) * (z * sigmoid(z)).
-// o: [n, hv, dv]; z: rows of the fused projection (stride ldz), head h at z[h * dv].
-extern "C" __global__ void gated_rmsnorm(float* __restrict__ o, const float* __restrict__ z, int ldz,
-                                         const float* __restrict__ w, float eps, int hv, int dv) {
-    __shared__ double scratch[32];
-    const int row = blockIdx.x / hv, head = blockIdx.x % hv;
-    float* orow = o + (size_t)blockIdx.x * dv;
-    const float* zrow = z + (size_t)row * ldz + (size_t)head * dv;
+// Gated DeltaNet output norm of one (row, value head) by one warp: o <- (rmsnorm(o) * w) * (z * sigmoid(z)),
+// f64 sum of squares over the lanes then the xor tree. gdn_rec's epilogue and gated_rmsnorm both call
+// it, so the result does not depend on which of them ran.
+__device__ __forceinline__ void gated_norm_warp(float* __restrict__ o, const float* __restrict__ z,
+                                                const float* __restrict__ w, float eps, int dv, int lane) {
     double ss = 0.0;
-    for (int i = threadIdx.x; i < dv; i += blockDim.x) ss += (double)orow[i] * (double)orow[i];
-    ss = block_sum_d(ss, scratch);
-    float inv = 1.0f / sqrtf((float)(ss / (double)dv) + eps);
-    for (int i = threadIdx.x; i < dv; i += blockDim.x) {
-        float zz = zrow[i];
-        orow[i] = ((orow[i] * inv) * w[i]) * (zz * sigmoid_f(zz));
+    for (int i = lane; i < dv; i += 32) ss += (double)o[i] * (double)o[i];
+    ss = warp_sum_d(ss);
+    const float inv = 1.0f / sqrtf((float)(ss / (double)dv) + eps);
+    for (int i = lane; i < dv; i += 32) {
+        const float zz = z[i];
+        o[i] = ((o[i] * inv) * w[i]) * (zz * sigmoid_f(zz));
     }
+}
+
+// o: [n, hv, dv]; z: rows of the fused projection (stride ldz), head h at z[h * dv]. One warp per
+// (row, head), 8 per block.
+extern "C" __global__ void gated_rmsnorm(float* __restrict__ o, const float* __restrict__ z, int ldz,
+                                         const float* __restrict__ w, float eps, int n, int hv, int dv) {
+    const int idx = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (idx >= n * hv) return;  // whole warps
+    const int row = idx / hv, head = idx % hv;
+    gated_norm_warp(o + (size_t)idx * dv, z + (size_t)row * ldz + (size_t)head * dv, w, eps, dv,
+                    threadIdx.x & 31);
 }
 
 // SwiGLU: gate_up [n, 2I] (gate rows first, then up, per row) -> act [n, I] = silu(gate) * up.
