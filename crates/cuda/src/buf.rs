@@ -192,6 +192,13 @@ pub(crate) fn launch_smem(
         return sim.launch(name, grid, block, shared, args);
     }
     let func = dev.kernel(name)?;
+    if dev.pdl() {
+        match launch_programmatic(dev, func, grid, block, shared, args) {
+            Ok(()) => return Ok(()),
+            // Not available here (driver, capture): plain launches from now on, reported by pdl_failure.
+            Err(e) => dev.disable_pdl(format!("launching {name}: {e}")),
+        }
+    }
     let mut b = dev.gpu()?.stream.launch_builder(func);
     for a in args {
         match a {
@@ -210,6 +217,69 @@ pub(crate) fn launch_smem(
     // kernel), and every address points into a live buffer sized for the shapes passed with it.
     unsafe { b.launch(cfg) }.map_err(CudaError::driver(format!("launching {name}")))?;
     Ok(())
+}
+
+/// Argument values in 8-byte slots, as cuLaunchKernel's kernelParams point to them (little-endian, so a
+/// 4-byte parameter reads the low half of its slot).
+pub(crate) fn arg_slots(args: &[Arg]) -> Vec<u64> {
+    args.iter()
+        .map(|a| match *a {
+            Arg::P(p) | Arg::U(p) => p,
+            Arg::I(i) => i as u32 as u64,
+            Arg::L(l) => l as u64,
+            Arg::F(f) => f.to_bits() as u64,
+        })
+        .collect()
+}
+
+/// cuLaunchKernelEx with programmatic stream serialization: the kernel may start before the previous
+/// kernel in the stream has finished; it waits for it with griddepcontrol.wait (PDL_WAIT in
+/// common.cuh). Inside stream capture this becomes a programmatic edge of the graph.
+fn launch_programmatic(
+    dev: &CudaDevice,
+    func: &cudarc::driver::CudaFunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    shared: u32,
+    args: &[Arg],
+) -> Result<(), String> {
+    use cudarc::driver::sys;
+    let gpu = dev.gpu().map_err(|e| e.to_string())?;
+    bind(dev).map_err(|e| e.to_string())?;
+    let mut slots = arg_slots(args);
+    let mut params: Vec<*mut std::ffi::c_void> =
+        slots.iter_mut().map(|s| (s as *mut u64).cast()).collect();
+    // SAFETY: CUlaunchAttribute is a plain C struct/union; all-zero is a valid (empty) value.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: shared,
+        hStream: gpu.stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: `params` points to one live 8-byte slot per kernel parameter, in the kernel's order and
+    // of at least its size (ops.rs mirrors each kernel's signature); `cfg` and `attr` outlive the call;
+    // every address argument is a live device buffer (callers' invariant, as for `launch`).
+    let rc = unsafe {
+        sys::cuLaunchKernelEx(
+            &cfg,
+            func.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    match rc {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        other => Err(format!("{other:?}")),
+    }
 }
 
 /// Blocks for an element-wise kernel over `count` items (grid-stride loops cover the rest).

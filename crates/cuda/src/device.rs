@@ -8,7 +8,8 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{sys as dsys, CudaContext, CudaFunction, CudaModule, CudaStream};
@@ -83,6 +84,10 @@ pub(crate) struct Gpu {
 /// backend's operations ([`CudaDevice::emulated`]).
 pub struct CudaDevice {
     gpu: Option<Gpu>,
+    /// Launch kernels with programmatic dependent launch (see `set_pdl`).
+    pdl: AtomicBool,
+    /// Why programmatic launches were turned off after a failure.
+    pdl_failure: Mutex<Option<String>>,
     /// The kernel simulator (`CudaDevice::simulated`): kernels run on the CPU.
     sim: Option<crate::simulate::Sim>,
     pub info: DeviceInfo,
@@ -186,6 +191,8 @@ impl CudaDevice {
         };
         Ok(CudaDevice {
             sim: None,
+            pdl: AtomicBool::new(arch >= 90),
+            pdl_failure: Mutex::new(None),
             gpu: Some(Gpu {
                 ctx,
                 stream,
@@ -204,6 +211,8 @@ impl CudaDevice {
         CudaDevice {
             gpu: None,
             sim: None,
+            pdl: AtomicBool::new(false),
+            pdl_failure: Mutex::new(None),
             info: DeviceInfo {
                 name: "host emulation".into(),
                 arch: 0,
@@ -231,6 +240,8 @@ impl CudaDevice {
         let kernel_cache = sim.path.clone();
         Ok(CudaDevice {
             gpu: None,
+            pdl: AtomicBool::new(false),
+            pdl_failure: Mutex::new(None),
             info: DeviceInfo {
                 name: "kernel simulator (host fibers)".into(),
                 arch: 0,
@@ -245,6 +256,34 @@ impl CudaDevice {
             },
             sim: Some(sim),
         })
+    }
+
+    /// Turns programmatic dependent launch on or off for launches from now on (on by default on sm_90+):
+    /// each kernel may then start while its predecessor finishes, hiding launch gaps and, for GEMVs,
+    /// prefetching weights; results are the same either way (see PDL_WAIT in `src/cu/common.cuh`).
+    /// A decode graph keeps the mode it was captured with. No effect without a GPU.
+    pub fn set_pdl(&self, on: bool) {
+        self.pdl.store(
+            on && self.gpu.is_some() && self.info.arch >= 90,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Whether kernels are launched with programmatic dependent launch.
+    pub fn pdl(&self) -> bool {
+        self.pdl.load(Ordering::Relaxed)
+    }
+
+    /// Why programmatic launches were turned off by a failed launch (then plain launches are used).
+    pub fn pdl_failure(&self) -> Option<String> {
+        self.pdl_failure.lock().ok().and_then(|g| g.clone())
+    }
+
+    pub(crate) fn disable_pdl(&self, why: String) {
+        self.pdl.store(false, Ordering::Relaxed);
+        if let Ok(mut g) = self.pdl_failure.lock() {
+            g.get_or_insert(why);
+        }
     }
 
     /// Whether buffers live in host memory (the host emulation or the kernel simulator): no GPU.

@@ -20,7 +20,7 @@ use crate::profile::{mark, Prof};
 use crate::state::{check_signature, CudaState, LayerState, Scratch, Tape, LOGIT_ROWS};
 
 /// What one pass returns to the host.
-struct PassOut {
+pub(crate) struct PassOut {
     logits: Vec<f32>,
     taps: Vec<Vec<f32>>,
 }
@@ -113,6 +113,7 @@ impl CudaModel {
                 state,
                 first.saturating_sub(p0).min(p1 - p0),
                 &wanted.taps,
+                &mut None,
             )?;
             out.logits.extend_from_slice(&pass.logits);
             for (slot, t) in out.taps.iter_mut().zip(pass.taps) {
@@ -129,13 +130,14 @@ impl CudaModel {
     }
 
     /// One pass of m rows at `start`; logits for rows first..m (pass-relative).
-    fn pass(
+    pub(crate) fn pass(
         &self,
         tokens: &[u32],
         start: usize,
         state: &mut CudaState,
         first: usize,
         taps: &[Tap],
+        prof: &mut Option<Prof>,
     ) -> Result<PassOut, CudaError> {
         let dev = &*self.dev;
         let m = tokens.len();
@@ -170,13 +172,14 @@ impl CudaModel {
         htod(dev, sc.ids.ptr, &ids)?;
         htod(dev, sc.start.ptr, &[start as i32])?;
         ops::embed(dev, &self.embed, sc.ids.ptr, sc.x.ptr, m)?;
+        mark(prof, dev, "embed", 0)?;
         let mut tap_out: Vec<Vec<f32>> = vec![Vec::new(); taps.len()];
         for (i, (layer, ls)) in self.layers.iter().zip(layers.iter_mut()).enumerate() {
             let lt = tape
                 .as_mut()
                 .and_then(|t: &mut Tape| t.layers.get_mut(i))
                 .and_then(|t| t.as_mut());
-            self.layer(layer, ls, lt, sc, m, &mut None)?;
+            self.layer(layer, ls, lt, sc, m, prof)?;
             for (slot, tap) in tap_out.iter_mut().zip(taps) {
                 if *tap == Tap::LayerOutput(i) {
                     *slot = vec![0.0; m * self.hidden];
@@ -209,6 +212,13 @@ impl CudaModel {
                 }
             }
             logits = self.lm_head_rows(sc, first, m)?;
+            let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+            mark(
+                prof,
+                dev,
+                "final norm+lm head",
+                head.bytes() * (m - first).div_ceil(LOGIT_ROWS),
+            )?;
         }
         Ok(PassOut {
             logits,

@@ -15,7 +15,9 @@ use model_io::{Checkpoint, Family, LayerKind, ModelConfig};
 use crate::buf::DBuf;
 use crate::device::CudaDevice;
 use crate::error::CudaError;
-use crate::ops::{AttnShape, GdnShape, ATT_MAX_D, ATT_SPLITS_FINE, CONV_MAX_K, GDN_MAX_DK};
+use crate::ops::{
+    AttnShape, GdnShape, ATT_MAX_D, ATT_SPLITS_FINE, CONV_MAX_K, GDN_MAX_DK, GDN_MAX_DV,
+};
 use crate::state::{CudaState, LayerState, Scratch, Widths};
 use crate::weights::{Init, Mat, Source, Uploader, WeightFormat};
 
@@ -367,10 +369,10 @@ fn load_gdn(up: &Uploader<'_>, c: &ModelConfig, gp: &str) -> Result<GdnW, CudaEr
         dv: l.value_head_dim,
         kernel: l.conv_kernel,
     };
-    // gdn_rec: 16 value columns per warp, 2 threads per column, one block per head (<= 1024 threads).
+    // gdn_rec: 16 value columns per warp, 2 threads per column, one block per head (<= 256 threads).
     if s.dk > GDN_MAX_DK
         || !s.dv.is_multiple_of(16)
-        || s.dv > 512
+        || s.dv > GDN_MAX_DV
         || s.kernel == 0
         || s.kernel > CONV_MAX_K
         || s.hk == 0
@@ -378,7 +380,7 @@ fn load_gdn(up: &Uploader<'_>, c: &ModelConfig, gp: &str) -> Result<GdnW, CudaEr
     {
         return Err(CudaError::Unsupported {
             what: format!(
-                "GDN shape (key heads {}, value heads {}, dk {} (max {GDN_MAX_DK}), dv {} (a multiple of 16, max 512), conv kernel {} (max {CONV_MAX_K}))",
+                "GDN shape (key heads {}, value heads {}, dk {} (max {GDN_MAX_DK}), dv {} (a multiple of 16, max {GDN_MAX_DV}), conv kernel {} (max {CONV_MAX_K}))",
                 s.hk, s.hv, s.dk, s.dv, s.kernel
             ),
         });

@@ -33,6 +33,8 @@ pub(crate) const ATT_SPLITS_FINE: usize = 64;
 pub(crate) const ATT_SPLITS_COARSE: usize = 8;
 /// Largest key head dim of the GDN kernels (GDN_MAX_DK).
 pub(crate) const GDN_MAX_DK: usize = 128;
+/// Largest value head dim of gdn_rec (2 threads per column in one block of at most 256).
+pub(crate) const GDN_MAX_DV: usize = 128;
 /// Largest conv kernel of gdn_conv_prep.
 pub(crate) const CONV_MAX_K: usize = 8;
 
@@ -99,14 +101,21 @@ fn gemv(
     } else {
         (w.rows, w.rows.div_ceil(per_group), 0)
     };
-    let blocks = if mode.stage {
-        groups.min(LIN_BLOCKS_PER_SM * sms)
-    } else {
-        groups
-    };
     let mut r0 = 0;
     while r0 < rows {
         let n = (rows - r0).min(LIN_MAX_ROWS);
+        // Staged launches loop over row groups with as many blocks as are resident at once (the
+        // kernels' __launch_bounds__ minimum by row count).
+        let per_sm = match n {
+            1..=2 => LIN_BLOCKS_PER_SM,
+            3..=4 => LIN_BLOCKS_PER_SM / 2,
+            _ => 1,
+        };
+        let blocks = if mode.stage {
+            groups.min(per_sm * sms)
+        } else {
+            groups
+        };
         let shared = if mode.stage { n * w.cols * 4 } else { 0 };
         let norm = mode.norm.unwrap_or(NormW {
             w: 0,

@@ -1,8 +1,8 @@
-//! Per-operation GPU timing of one decode step (direct launches, no graph), for finding which kernel
-//! keeps a decode step from the memory roofline. Events are recorded after each operation; an
-//! operation's time is the gap between its event and the previous one, summed over layers by label.
-//! Launch gaps count against the operation that follows them, so small kernels look slower here than
-//! inside a graph; the total is the un-graphed step time.
+//! Per-operation GPU timing of one decode step or one prefill pass (direct launches, no graph), for
+//! finding which kernel keeps a step from the memory roofline. Events are recorded after each
+//! operation; an operation's time is the gap between its event and the previous one, summed over layers
+//! by label. Launch gaps count against the operation that follows them, so small kernels look slower
+//! here than inside a graph; the total is the un-graphed step time.
 
 use cudarc::driver::{sys::CUevent_flags, CudaEvent};
 
@@ -62,37 +62,69 @@ impl CudaModel {
         }
         htod(dev, state.one.ids.ptr, &[token as i32])?;
         htod(dev, state.one.start.ptr, &[start as i32])?;
-        let first = dev
-            .gpu()?
-            .stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(CudaError::driver("recording a profiling event"))?;
+        let first = record(dev)?;
         let mut prof = Some(Prof { marks: Vec::new() });
         self.decode_body(state, &mut prof)?;
         dev.synchronize()?;
         state.position = start + 1;
-        let mut rows: Vec<ProfileRow> = Vec::new();
-        let mut prev = &first;
-        for (label, bytes, e) in prof.as_ref().map_or(&[][..], |p| &p.marks[..]) {
-            let ms = prev
-                .elapsed_ms(e)
-                .map_err(CudaError::driver("reading a profiling event"))?
-                as f64;
-            match rows.iter_mut().find(|r| r.label == *label) {
-                Some(r) => {
-                    r.calls += 1;
-                    r.ms += ms;
-                    r.bytes += bytes;
-                }
-                None => rows.push(ProfileRow {
-                    label,
-                    calls: 1,
-                    ms,
-                    bytes: *bytes,
-                }),
-            }
-            prev = e;
-        }
-        Ok(rows)
+        summarize(&first, prof)
     }
+
+    /// Runs `tokens` as one forward pass (the prefill path for more than `gemv_max_rows` rows) at the
+    /// state's position with a timing event after every operation, logits for the last row only;
+    /// advances the state like `forward`. Rows are in first-seen order.
+    pub fn profile_pass(
+        &self,
+        state: &mut CudaState,
+        tokens: &[u32],
+    ) -> Result<Vec<ProfileRow>, CudaError> {
+        let dev = &*self.dev;
+        let (start, n) = (state.position, tokens.len());
+        let fits = n > 0 && n <= self.opts.max_pass_rows.max(1) && start + n <= state.capacity;
+        if !fits || tokens.iter().any(|&t| t as usize >= self.vocab) {
+            return Err(CudaError::Unsupported {
+                what: format!("profiling a pass of {n} tokens at position {start}"),
+            });
+        }
+        let first = record(dev)?;
+        let mut prof = Some(Prof { marks: Vec::new() });
+        self.pass(tokens, start, state, n - 1, &[], &mut prof)?;
+        dev.synchronize()?;
+        state.position = start + n;
+        summarize(&first, prof)
+    }
+}
+
+fn record(dev: &CudaDevice) -> Result<CudaEvent, CudaError> {
+    dev.gpu()?
+        .stream
+        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(CudaError::driver("recording a profiling event"))
+}
+
+/// Per-label sums of the gaps between consecutive marks, starting at `first`.
+fn summarize(first: &CudaEvent, prof: Option<Prof>) -> Result<Vec<ProfileRow>, CudaError> {
+    let mut rows: Vec<ProfileRow> = Vec::new();
+    let mut prev = first;
+    let marks = prof.map(|p| p.marks).unwrap_or_default();
+    for (label, bytes, e) in &marks {
+        let ms = prev
+            .elapsed_ms(e)
+            .map_err(CudaError::driver("reading a profiling event"))? as f64;
+        match rows.iter_mut().find(|r| r.label == *label) {
+            Some(r) => {
+                r.calls += 1;
+                r.ms += ms;
+                r.bytes += bytes;
+            }
+            None => rows.push(ProfileRow {
+                label,
+                calls: 1,
+                ms,
+                bytes: *bytes,
+            }),
+        }
+        prev = e;
+    }
+    Ok(rows)
 }

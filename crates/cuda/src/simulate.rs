@@ -12,7 +12,7 @@ use std::ffi::{c_char, c_void, CString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::buf::Arg;
+use crate::buf::{arg_slots, Arg};
 use crate::error::CudaError;
 use crate::nvrtc;
 
@@ -99,16 +99,7 @@ impl Sim {
         shared: u32,
         args: &[Arg],
     ) -> Result<(), CudaError> {
-        // Argument values in 8-byte slots, as cuLaunchKernel's kernelParams (pointers to values).
-        let mut slots: Vec<u64> = args
-            .iter()
-            .map(|a| match *a {
-                Arg::P(p) | Arg::U(p) => p,
-                Arg::I(i) => i as u32 as u64,
-                Arg::L(l) => l as u64,
-                Arg::F(f) => f.to_bits() as u64,
-            })
-            .collect();
+        let mut slots = arg_slots(args);
         let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| (s as *mut u64).cast()).collect();
         let cname = CString::new(name).map_err(|_| sim_error("kernel name with a NUL"))?;
         let mut err = vec![0 as c_char; 512];

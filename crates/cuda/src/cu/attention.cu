@@ -33,6 +33,7 @@ extern "C" __global__ void attn_prep(const float* __restrict__ qkv, const float*
                                      float* __restrict__ gate_out, float* __restrict__ k_cache,
                                      float* __restrict__ v_cache, int hq, int hkv, int d, int rot_half,
                                      int gated, float eps, int zero_centred) {
+    PDL_ENTER();
     __shared__ double scratch[32];
     __shared__ float vals[ATT_MAX_D];
     const int head = blockIdx.x, row = blockIdx.y;
@@ -89,6 +90,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
                                                 float scale) {
     __shared__ float sm[ATT_WARPS][GQ], sl[ATT_WARPS][GQ];
     __shared__ float sacc[ATT_WARPS][GQ][ATT_MAX_D];
+    PDL_ENTER();
     const int split = blockIdx.x, row = blockIdx.z;
     const int group = hq / hkv, blocks_per_kv = group / GQ;
     const int kvh = blockIdx.y / blocks_per_kv;
@@ -210,6 +212,7 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_m, const 
                                         const float* __restrict__ part_acc, const int* __restrict__ start_p,
                                         const float* __restrict__ gate, float* __restrict__ out, int hq, int d,
                                         int s_max, int gated) {
+    PDL_ENTER();
     __shared__ float weight[ATT_MAX_SPLITS];
     __shared__ float inv_total;
     const int head = blockIdx.x, row = blockIdx.y;

@@ -42,14 +42,31 @@ __device__ __forceinline__ double block_sum_d(double v, double* scratch) {
 }
 
 // Dynamic shared memory of a launch (the launcher passes its size), 16-byte aligned.
+//
+// Programmatic dependent launch (sm_90; launches with the programmatic-stream-serialization attribute,
+// buf.rs): a kernel may start while the previous one in the stream finishes. PDL_WAIT blocks until the
+// previous kernel has completed and its writes are visible; PDL_LAUNCH lets the next kernel start. The
+// discipline that keeps this exact: every kernel executes PDL_WAIT in every thread before it reads or
+// writes any buffer another kernel touches (only weights, which no kernel writes, may be read before
+// it), and before any early exit, so a kernel can never complete ahead of its predecessor. Without the
+// attribute both are no-ops.
 #ifdef KERNEL_SIM
 #define DYN_SMEM(T) (reinterpret_cast<T*>(sim_dyn_smem()))
 #define PREFETCH_L2(p) ((void)(p))
+#define PDL_WAIT() ((void)0)
+#define PDL_LAUNCH() ((void)0)
 #else
 extern __shared__ __align__(16) unsigned char dyn_smem_[];
 #define DYN_SMEM(T) (reinterpret_cast<T*>(dyn_smem_))
 #define PREFETCH_L2(p) asm volatile("prefetch.global.L2 [%0];" ::"l"(p))
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define PDL_LAUNCH() asm volatile("griddepcontrol.launch_dependents;" :::)
 #endif
+#define PDL_ENTER() \
+    do {             \
+        PDL_WAIT();  \
+        PDL_LAUNCH(); \
+    } while (0)
 
 // 1 / sqrt(mean(x^2) + eps) of one row, for a block of 256 threads: f64 sum of squares strided by the
 // thread index, block_sum_d. Every RMSNorm of the residual stream (the rmsnorm kernel and the GEMV

@@ -30,6 +30,7 @@ extern "C" __global__ void __launch_bounds__(GDN_PREP_THREADS)
                   const float* __restrict__ window, const float* __restrict__ a_log,
                   const float* __restrict__ dt_bias, float* __restrict__ prep, int ldq, int hk, int hv, int dk,
                   int dv, int kernel) {
+    PDL_ENTER();
     __shared__ double sums[GDN_PREP_THREADS / 32];
     const int t = blockIdx.y, tid = threadIdx.x;
     const int cd = 2 * hk * dk + hv * dv;
@@ -76,6 +77,7 @@ extern "C" __global__ void __launch_bounds__(256)
     gdn_rec(const float* __restrict__ prep, int ldq, const float* __restrict__ proj, int ldp,
             float* __restrict__ window, float* __restrict__ state, float* __restrict__ out,
             const float* __restrict__ norm_w, float eps, int n, int hk, int hv, int dk, int dv, int kernel) {
+    PDL_ENTER();
     __shared__ float qk[2][2 * GDN_MAX_DK];
     const int h = blockIdx.x, kh = h / (hv / hk);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, half = lane >> 4;

@@ -20,19 +20,20 @@
 template <typename W> struct WVec;
 template <> struct WVec<bf16_t> {
     enum { E = 8 };
-    static __device__ __forceinline__ void load(const bf16_t* p, float* o) {
-        uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
-        o[0] = bf16_lo(u.x); o[1] = bf16_hi(u.x); o[2] = bf16_lo(u.y); o[3] = bf16_hi(u.y);
-        o[4] = bf16_lo(u.z); o[5] = bf16_hi(u.z); o[6] = bf16_lo(u.w); o[7] = bf16_hi(u.w);
+    typedef uint4 Raw;
+    static __device__ __forceinline__ Raw load(const bf16_t* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
+    // Elements 4q..4q+3 of a vector.
+    static __device__ __forceinline__ float4 quad(const Raw& u, int q) {
+        const unsigned a = q == 0 ? u.x : u.z, b = q == 0 ? u.y : u.w;
+        return make_float4(bf16_lo(a), bf16_hi(a), bf16_lo(b), bf16_hi(b));
     }
     static __device__ __forceinline__ float one(const bf16_t* p) { return bf2f(*p); }
 };
 template <> struct WVec<float> {
     enum { E = 4 };
-    static __device__ __forceinline__ void load(const float* p, float* o) {
-        float4 f = __ldcs(reinterpret_cast<const float4*>(p));
-        o[0] = f.x; o[1] = f.y; o[2] = f.z; o[3] = f.w;
-    }
+    typedef float4 Raw;
+    static __device__ __forceinline__ Raw load(const float* p) { return __ldcs(reinterpret_cast<const float4*>(p)); }
+    static __device__ __forceinline__ float4 quad(const Raw& f, int) { return f; }
     static __device__ __forceinline__ float one(const float* p) { return *p; }
 };
 
@@ -61,16 +62,20 @@ __device__ __forceinline__ void linear_rows(const W* __restrict__ w, const float
         *valid = o < out;
         return o;
     };
-    const float* xs = x;
-    if (stage) {
-        // Warm L2 with this block's first weight vectors while the input rows are staged.
+    // Warm L2 with this block's first weight vectors: weights are never written, so this may run before
+    // the previous kernel has finished (PDL_WAIT).
+    if (vec && blockIdx.x < groups) {
         bool valid;
         const int o = row_of(blockIdx.x, &valid);
-        if (valid && vec && blockIdx.x < groups)
+        if (valid)
             for (int u = 0; u < LIN_U; ++u) {
                 const int v = part * 32 + lane + u * 32 * wpr;
                 if (v < nv) PREFETCH_L2(w + (size_t)o * in + (size_t)v * E);
             }
+    }
+    PDL_ENTER();
+    const float* xs = x;
+    if (stage) {
         float* hs = DYN_SMEM(float);
         for (int r = 0; r < N; ++r) {
             const float* xr = x + (size_t)r * in;
@@ -98,11 +103,11 @@ __device__ __forceinline__ void linear_rows(const W* __restrict__ w, const float
             const W* wr = w + (size_t)o * in;
             if (vec) {
                 for (int v0 = part * 32 + lane; v0 < nv; v0 += 32 * wpr * LIN_U) {
-                    float wf[LIN_U][E];
+                    typename WVec<W>::Raw raw[LIN_U];
 #pragma unroll
                     for (int u = 0; u < LIN_U; ++u) {
                         const int v = v0 + u * 32 * wpr;
-                        if (v < nv) WVec<W>::load(wr + (size_t)v * E, wf[u]);
+                        if (v < nv) raw[u] = WVec<W>::load(wr + (size_t)v * E);
                     }
 #pragma unroll
                     for (int u = 0; u < LIN_U; ++u) {
@@ -114,10 +119,11 @@ __device__ __forceinline__ void linear_rows(const W* __restrict__ w, const float
 #pragma unroll
                                 for (int q = 0; q < E / 4; ++q) {
                                     const float4 xv = xp[q];
-                                    acc[r] = fmaf(wf[u][4 * q + 0], xv.x, acc[r]);
-                                    acc[r] = fmaf(wf[u][4 * q + 1], xv.y, acc[r]);
-                                    acc[r] = fmaf(wf[u][4 * q + 2], xv.z, acc[r]);
-                                    acc[r] = fmaf(wf[u][4 * q + 3], xv.w, acc[r]);
+                                    const float4 wv = WVec<W>::quad(raw[u], q);
+                                    acc[r] = fmaf(wv.x, xv.x, acc[r]);
+                                    acc[r] = fmaf(wv.y, xv.y, acc[r]);
+                                    acc[r] = fmaf(wv.z, xv.z, acc[r]);
+                                    acc[r] = fmaf(wv.w, xv.w, acc[r]);
                                 }
                             }
                         }
@@ -158,8 +164,10 @@ __device__ __forceinline__ void linear_rows(const W* __restrict__ w, const float
     }
 }
 
+// Minimum resident blocks per SM by row count: 4 (<= 64 registers) for 1-2 rows, so that the staged
+// grid of 4 blocks per SM (ops.rs) is resident at once; fewer for more rows (more accumulators).
 #define LINEAR_KERNEL(NAME, W, N)                                                                     \
-    extern "C" __global__ void __launch_bounds__(LIN_WARPS * 32)                                      \
+    extern "C" __global__ void __launch_bounds__(LIN_WARPS * 32, (N) <= 2 ? 4 : ((N) <= 4 ? 2 : 1))   \
         NAME(const W* w, const float* x, float* y, int in, int out, int accumulate, int wpr,          \
              int swiglu_inter, const float* norm_w, float eps, int zero_centred, int stage) {         \
         linear_rows<W, N>(w, x, y, in, out, accumulate, wpr, swiglu_inter, norm_w, eps, zero_centred, \
@@ -184,6 +192,7 @@ LINEAR_KERNEL(linear_f32_8, float, 8)
 
 // x f32 [count] -> bf16 (round to nearest even): the activations fed to cuBLAS on the GEMM path.
 extern "C" __global__ void to_bf16(const float* __restrict__ x, bf16_t* __restrict__ y, long long count) {
+    PDL_ENTER();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long stride = (long long)gridDim.x * blockDim.x;
     for (; i < count; i += stride) y[i] = f2bf(x[i]);

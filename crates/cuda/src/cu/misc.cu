@@ -4,12 +4,14 @@
 // x[r, :] = embed[ids[r], :] (bf16 or f32 table -> f32). Ids were range-checked on the host.
 extern "C" __global__ void embed_bf16(const bf16_t* __restrict__ table, const int* __restrict__ ids,
                                       float* __restrict__ x, int hidden) {
+    PDL_ENTER();
     const bf16_t* src = table + (size_t)ids[blockIdx.x] * hidden;
     float* dst = x + (size_t)blockIdx.x * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = bf2f(src[i]);
 }
 extern "C" __global__ void embed_f32(const float* __restrict__ table, const int* __restrict__ ids,
                                      float* __restrict__ x, int hidden) {
+    PDL_ENTER();
     const float* src = table + (size_t)ids[blockIdx.x] * hidden;
     float* dst = x + (size_t)blockIdx.x * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = src[i];
@@ -20,6 +22,7 @@ extern "C" __global__ void embed_f32(const float* __restrict__ table, const int*
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     rmsnorm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int width,
             float eps, int zero_centred) {
+    PDL_ENTER();
     __shared__ double scratch[32];
     const float* xr = x + (size_t)blockIdx.x * width;
     float* yr = y + (size_t)blockIdx.x * width;
@@ -49,6 +52,7 @@ __device__ __forceinline__ void gated_norm_warp(float* __restrict__ o, const flo
 // (row, head), 8 per block.
 extern "C" __global__ void gated_rmsnorm(float* __restrict__ o, const float* __restrict__ z, int ldz,
                                          const float* __restrict__ w, float eps, int n, int hv, int dv) {
+    PDL_ENTER();
     const int idx = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (idx >= n * hv) return;  // whole warps
     const int row = idx / hv, head = idx % hv;
@@ -59,6 +63,7 @@ extern "C" __global__ void gated_rmsnorm(float* __restrict__ o, const float* __r
 // SwiGLU: gate_up [n, 2I] (gate rows first, then up, per row) -> act [n, I] = silu(gate) * up.
 extern "C" __global__ void silu_mul(const float* __restrict__ gate_up, float* __restrict__ act, int inter,
                                     long long count) {
+    PDL_ENTER();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long stride = (long long)gridDim.x * blockDim.x;
     for (; i < count; i += stride) {
@@ -78,6 +83,7 @@ __device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
 }
 extern "C" __global__ void fill_normal_bf16(bf16_t* __restrict__ p, long long count, unsigned long long seed,
                                             float std) {
+    PDL_ENTER();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long stride = (long long)gridDim.x * blockDim.x;
     for (; i < count; i += stride) {

@@ -34,6 +34,8 @@ struct uint2 { unsigned x, y; };
 struct int4 { int x, y, z, w; };
 struct float4 { float x, y, z, w; };
 struct float2 { float x, y; };
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 
 inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 

@@ -39,78 +39,180 @@ fn copy_bandwidth(dev: &CudaDevice) -> Result<f64> {
     Ok(2.0 * (bytes * iters) as f64 / t.elapsed().as_secs_f64())
 }
 
+/// One benchmark configuration's outcome.
+struct Outcome {
+    tokens: Vec<u32>,
+    last_logits: Vec<f32>,
+}
+
+/// Decode and prefill throughput per launch configuration (CUDA graphs, programmatic dependent launch),
+/// the per-operation profiles of one decode step and one prefill pass, and a verify-block round. Every
+/// configuration must produce the same tokens and bitwise the same final logits (returns false if not).
 pub fn run(
     dev: &Arc<CudaDevice>,
     shape_name: &str,
     prompt_len: usize,
     new_tokens: usize,
-) -> Result<()> {
+) -> Result<bool> {
     let shape = synth::shape(shape_name)?;
     let config = ModelConfig::from_json_str(
         &shape.config_json().to_string(),
         Path::new(&format!("synth:{shape_name}/config.json")),
     )?;
-    let bw = copy_bandwidth(dev)?;
+    // The kernel simulator has no bandwidth to measure: its numbers check the logic, not the speed.
+    let bw = if dev.is_emulated() {
+        f64::NAN
+    } else {
+        copy_bandwidth(dev)?
+    };
     println!("bench: D2D copy {:.0} GB/s (read + write)", bw / 1e9);
-    for graphs in [true, false] {
-        let t = Instant::now();
-        let opts = LoadOptions {
-            graphs,
-            ..LoadOptions::default()
-        };
-        let model = CudaModel::random(dev, &config, 7, opts)?;
-        let load_s = t.elapsed().as_secs_f64();
-        let wbytes = model.weight_bytes() as f64;
-        let roof = bw / wbytes;
-        let prompt: Vec<u32> = (0..prompt_len)
-            .map(|i| ((i * 7919 + 13) % model.vocab) as u32)
-            .collect();
-        let mut st = model.new_state(prompt_len + new_tokens + 1)?;
-        dev.synchronize()?;
-        let t = Instant::now();
-        let mut out = model.forward(&prompt, 0, &mut st, &Wanted::last())?;
-        let prefill_s = t.elapsed().as_secs_f64();
-        // Warm-up step (captures the graph), not timed.
-        let mut next = kernels::argmax(out.row(0)) as u32;
-        out = model.forward(&[next], st.position(), &mut st, &Wanted::last())?;
-        let steps = new_tokens.saturating_sub(1).max(1);
-        let t = Instant::now();
-        for _ in 0..steps {
-            next = kernels::argmax(out.row(0)) as u32;
-            out = model.forward(&[next], st.position(), &mut st, &Wanted::last())?;
-        }
-        let decode_s = t.elapsed().as_secs_f64();
-        if graphs {
-            println!("bench: decode graph status {:?}", st.graph_status());
-        }
-        let tps = steps as f64 / decode_s;
-        println!(
-            "bench {shape_name} graphs={graphs}: weights {:.2} GB (generated in {load_s:.1} s); prefill {prompt_len} tokens {:.1} ms ({:.0} tok/s); \
-             decode {steps} tokens at ctx {}..{}: {tps:.1} tok/s = {:.1}% of roofline {roof:.0} tok/s ({:.0} GB/s effective)",
-            wbytes / 1e9,
-            prefill_s * 1e3,
-            prompt_len as f64 / prefill_s,
-            prompt_len + 1,
-            st.position(),
-            100.0 * tps / roof,
-            tps * wbytes / 1e9,
-        );
-        if graphs {
-            let rows = model.profile_decode(&mut st, next)?;
-            let total: f64 = rows.iter().map(|r| r.ms).sum();
-            println!("bench profile of one un-graphed decode step ({total:.3} ms):");
-            for r in &rows {
-                let gbs = if r.bytes > 0 {
-                    format!(" {:.0} GB/s", r.bytes as f64 / (r.ms * 1e-3) / 1e9)
-                } else {
-                    String::new()
-                };
-                println!("  {:<22} x{:<3} {:8.3} ms{gbs}", r.label, r.calls, r.ms);
+    let default_pdl = dev.pdl();
+    let mut reference: Option<Outcome> = None;
+    let mut consistent = true;
+    for (i, (graphs, pdl)) in [(true, true), (true, false), (false, true)]
+        .into_iter()
+        .enumerate()
+    {
+        dev.set_pdl(pdl);
+        let detail = i == 0;
+        let outcome = one_config(
+            dev, &config, shape_name, prompt_len, new_tokens, graphs, bw, detail,
+        )?;
+        let name = format!("graphs={graphs} pdl={}", dev.pdl());
+        match &reference {
+            None => reference = Some(outcome),
+            Some(r) => {
+                let same = r.tokens == outcome.tokens
+                    && r.last_logits.len() == outcome.last_logits.len()
+                    && r.last_logits
+                        .iter()
+                        .zip(&outcome.last_logits)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                consistent &= same;
+                println!(
+                    "bench {name}: tokens and final logits vs the first configuration: {}",
+                    if same { "identical (bits)" } else { "DIFFER" }
+                );
             }
         }
-        if !out.logits.iter().all(|x| x.is_finite()) {
-            println!("bench: WARNING non-finite logits");
-        }
     }
-    Ok(())
+    dev.set_pdl(default_pdl);
+    if let Some(why) = dev.pdl_failure() {
+        println!("bench: programmatic dependent launch was turned off: {why}");
+    }
+    Ok(consistent)
+}
+
+fn print_profile(title: &str, rows: &[cuda_backend::ProfileRow]) {
+    let total: f64 = rows.iter().map(|r| r.ms).sum();
+    println!("bench profile of {title} ({total:.3} ms):");
+    for r in rows {
+        let gbs = if r.bytes > 0 {
+            format!(" {:.0} GB/s", r.bytes as f64 / (r.ms * 1e-3) / 1e9)
+        } else {
+            String::new()
+        };
+        println!("  {:<24} x{:<3} {:8.3} ms{gbs}", r.label, r.calls, r.ms);
+    }
+}
+
+/// One configuration; `detail` adds the verify round and the profiles.
+#[allow(clippy::too_many_arguments)]
+fn one_config(
+    dev: &Arc<CudaDevice>,
+    config: &ModelConfig,
+    shape_name: &str,
+    prompt_len: usize,
+    new_tokens: usize,
+    graphs: bool,
+    bw: f64,
+    detail: bool,
+) -> Result<Outcome> {
+    let t = Instant::now();
+    let opts = LoadOptions {
+        graphs,
+        ..LoadOptions::default()
+    };
+    let model = CudaModel::random(dev, config, 7, opts)?;
+    let load_s = t.elapsed().as_secs_f64();
+    let wbytes = model.weight_bytes() as f64;
+    let roof = bw / wbytes;
+    let prompt: Vec<u32> = (0..prompt_len)
+        .map(|i| ((i * 7919 + 13) % model.vocab) as u32)
+        .collect();
+    // Warm-up prefill (cuBLAS picks its algorithms on first use), not timed.
+    let mut warm = model.new_state(prompt_len + 1)?;
+    model.forward(&prompt, 0, &mut warm, &Wanted::last())?;
+    drop(warm);
+    let mut st = model.new_state(prompt_len + new_tokens + 16)?; // + a verify block
+    dev.synchronize()?;
+    let t = Instant::now();
+    let mut out = model.forward(&prompt, 0, &mut st, &Wanted::last())?;
+    let prefill_s = t.elapsed().as_secs_f64();
+    // Warm-up step (captures the graph), not timed.
+    let mut next = kernels::argmax(out.row(0)) as u32;
+    let mut tokens = vec![next];
+    out = model.forward(&[next], st.position(), &mut st, &Wanted::last())?;
+    let steps = new_tokens.saturating_sub(1).max(1);
+    let t = Instant::now();
+    for _ in 0..steps {
+        next = kernels::argmax(out.row(0)) as u32;
+        tokens.push(next);
+        out = model.forward(&[next], st.position(), &mut st, &Wanted::last())?;
+    }
+    let decode_s = t.elapsed().as_secs_f64();
+    let tps = steps as f64 / decode_s;
+    let name = format!("graphs={graphs} pdl={}", dev.pdl());
+    if graphs {
+        println!("bench {name}: decode graph status {:?}", st.graph_status());
+    }
+    println!(
+        "bench {shape_name} {name}: weights {:.2} GB (generated in {load_s:.1} s); prefill {prompt_len} tokens {:.1} ms ({:.0} tok/s); \
+         decode {steps} tokens at ctx {}..{}: {tps:.1} tok/s = {:.1}% of roofline {roof:.0} tok/s ({:.0} GB/s effective)",
+        wbytes / 1e9,
+        prefill_s * 1e3,
+        prompt_len as f64 / prefill_s,
+        prompt_len + 1,
+        st.position(),
+        100.0 * tps / roof,
+        tps * wbytes / 1e9,
+    );
+    let outcome = Outcome {
+        tokens,
+        last_logits: out.logits.clone(),
+    };
+    if !out.logits.iter().all(|x| x.is_finite()) {
+        println!("bench: WARNING non-finite logits");
+    }
+    if detail {
+        // A verify round of speculative decoding: 8 rows with all logits, then rolled back.
+        let drafts: Vec<u32> = (0..8)
+            .map(|i| (next as usize + 31 * i) as u32 % model.vocab as u32)
+            .collect();
+        let rounds = 10;
+        let t = Instant::now();
+        for _ in 0..rounds {
+            let pos = st.position();
+            model.begin_tape(&mut st)?;
+            model.forward(&drafts, pos, &mut st, &Wanted::all())?;
+            model.rollback_retaining(&mut st, 0)?;
+        }
+        println!(
+            "bench {name}: verify round of 8 rows (all logits to the host) + rollback: {:.3} ms",
+            t.elapsed().as_secs_f64() * 1e3 / rounds as f64
+        );
+        if dev.is_emulated() {
+            return Ok(outcome);
+        }
+        print_profile(
+            "one un-graphed decode step",
+            &model.profile_decode(&mut st, next)?,
+        );
+        let mut ps = model.new_state(prompt_len + 1)?;
+        print_profile(
+            &format!("one prefill pass of {prompt_len} tokens"),
+            &model.profile_pass(&mut ps, &prompt)?,
+        );
+    }
+    Ok(outcome)
 }

@@ -92,6 +92,7 @@ fn main() {
         }
     };
     println!("device: {}", dev.summary());
+    println!("programmatic dependent launch: {}", dev.pdl());
     println!("kernel cache: {}", dev.info.kernel_cache.display());
     let probe = if dev.is_emulated() {
         Err(cuda_backend::CudaError::Unsupported {
@@ -156,10 +157,14 @@ fn main() {
             }
         }
     }
-    if args.bench && !dev.is_emulated() {
-        if let Err(e) = bench::run(&dev, &args.shape, args.prompt, args.new) {
-            all_ok = false;
-            println!("bench: ERROR {e:#}");
+    // The simulator runs the benchmark's logic too (give it a small --shape).
+    if args.bench && (!dev.is_emulated() || args.simulate) {
+        match bench::run(&dev, &args.shape, args.prompt, args.new) {
+            Ok(consistent) => all_ok &= consistent,
+            Err(e) => {
+                all_ok = false;
+                println!("bench: ERROR {e:#}");
+            }
         }
     }
     println!(
