@@ -111,8 +111,10 @@ fn gemv(
             3..=4 => LIN_BLOCKS_PER_SM / 2,
             _ => 1,
         };
+        // Balanced: every block takes the same number of row groups (rounds), so none idles at the end.
         let blocks = if mode.stage {
-            groups.min(per_sm * sms)
+            let rounds = groups.div_ceil(per_sm * sms);
+            groups.div_ceil(rounds)
         } else {
             groups
         };

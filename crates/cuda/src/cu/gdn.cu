@@ -13,8 +13,10 @@
 // the half owns state rows i = 2j + half of S [dk, dv] in registers (dk <= 128). Per row:
 //   S <- decay S; kv = S^T k; delta = beta (v - kv); S <- S + k delta^T; o = S^T q,
 // each column sum as 4 interleaved partial sums then one shuffle between the halves (a + b == b + a, so
-// both halves hold the same value). q/k rows are double-buffered in shared memory and the next row's
-// inputs are loaded while the current one is computed (one barrier per row). The kernel also moves the
+// both halves hold the same value). q/k rows are double-buffered in shared memory, split by half
+// (plane = half, element j = row 2j + half; planes padded so the halves hit different banks) so a thread
+// reads its rows as float4, and the next row's inputs are loaded while the current one is computed (one
+// barrier per row). The kernel also moves the
 // conv window forward (the last K-1 conv inputs), and with cb == 1 applies the gated RMSNorm to its
 // head's outputs at the end (gated_norm_warp; with cb > 1 the gated_rmsnorm kernel does, identically).
 // Invariant: a column's arithmetic depends only on the state before each row and that row's inputs, so
@@ -24,6 +26,7 @@
 #define GDN_RPT (GDN_MAX_DK / 2)
 #define GDN_PREP_THREADS 256
 #define GDN_NEXT 8
+#define GDN_PLANE (GDN_RPT + 4)
 
 extern "C" __global__ void __launch_bounds__(GDN_PREP_THREADS)
     gdn_conv_prep(const float* __restrict__ proj, int ldp, const float* __restrict__ conv_w,
@@ -78,7 +81,8 @@ extern "C" __global__ void __launch_bounds__(256)
             float* __restrict__ window, float* __restrict__ state, float* __restrict__ out,
             const float* __restrict__ norm_w, float eps, int n, int hk, int hv, int dk, int dv, int kernel) {
     PDL_ENTER();
-    __shared__ float qk[2][2 * GDN_MAX_DK];
+    // [buffer][q half 0, q half 1, k half 0, k half 1][j]
+    __shared__ __align__(16) float qk[2][4][GDN_PLANE];
     const int h = blockIdx.x, kh = h / (hv / hk);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, half = lane >> 4;
     const int cols = blockDim.x / 2;
@@ -97,7 +101,12 @@ extern "C" __global__ void __launch_bounds__(256)
                     src < kernel - 1 ? window[(size_t)src * cd + c] : proj[(size_t)(src - (kernel - 1)) * ldp + c];
             }
     }
+    // Element i of [q ; k] (2 dk values): its column in a prep row, and its shared-memory plane slot.
     auto qk_index = [&](int i) { return i < dk ? kh * dk + i : hk * dk + kh * dk + (i - dk); };
+    auto qk_slot = [&](float* buf, int i) -> float* {
+        const int e = i < dk ? i : i - dk;
+        return buf + ((i < dk ? 0 : 2) + (e & 1)) * GDN_PLANE + (e >> 1);
+    };
     const int rpt = (dk + 1) / 2;
     float* sh = state + (size_t)h * dk * dv;
     float s[GDN_RPT];
@@ -106,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(256)
         const int i = 2 * j + half;
         s[j] = (j < rpt && i < dk && col_ok) ? sh[(size_t)i * dv + col] : 0.0f;
     }
-    for (int i = tid; i < nqk; i += blockDim.x) qk[0][i] = prep[qk_index(i)];
+    for (int i = tid; i < nqk; i += blockDim.x) *qk_slot(&qk[0][0][0], i) = prep[qk_index(i)];
     float v_c = col_ok ? prep[2 * hk * dk + (size_t)h * dv + col] : 0.0f;
     float beta_c = prep[cd + h], decay_c = prep[cd + hv + h];
     __syncthreads();
@@ -126,15 +135,20 @@ extern "C" __global__ void __launch_bounds__(256)
             beta_n = pr[cd + h];
             decay_n = pr[cd + hv + h];
         }
-        const float* qs = qk[b];
-        const float* ks = qk[b] + dk;
+        const float4* q4 = reinterpret_cast<const float4*>(qk[b][half]);
+        const float4* k4 = reinterpret_cast<const float4*>(qk[b][2 + half]);
         float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int j = 0; j < GDN_RPT; ++j) {
-            const int i = 2 * j + half;
-            if (j < rpt && i < dk) {
-                s[j] *= decay_c;
-                a[j & 3] = fmaf(s[j], ks[i], a[j & 3]);
+        for (int jj = 0; jj < GDN_RPT / 4; ++jj) {
+            const float4 kq = k4[jj];
+            const float kv4[4] = {kq.x, kq.y, kq.z, kq.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int j = 4 * jj + e, i = 2 * j + half;
+                if (j < rpt && i < dk) {
+                    s[j] *= decay_c;
+                    a[e] = fmaf(s[j], kv4[e], a[e]);
+                }
             }
         }
         float kv = (a[0] + a[1]) + (a[2] + a[3]);
@@ -142,11 +156,16 @@ extern "C" __global__ void __launch_bounds__(256)
         const float delta = (v_c - kv) * beta_c;
         float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int j = 0; j < GDN_RPT; ++j) {
-            const int i = 2 * j + half;
-            if (j < rpt && i < dk) {
-                s[j] = fmaf(ks[i], delta, s[j]);
-                c4[j & 3] = fmaf(s[j], qs[i], c4[j & 3]);
+        for (int jj = 0; jj < GDN_RPT / 4; ++jj) {
+            const float4 kq = k4[jj], qq = q4[jj];
+            const float kv4[4] = {kq.x, kq.y, kq.z, kq.w}, qv4[4] = {qq.x, qq.y, qq.z, qq.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int j = 4 * jj + e, i = 2 * j + half;
+                if (j < rpt && i < dk) {
+                    s[j] = fmaf(kv4[e], delta, s[j]);
+                    c4[e] = fmaf(s[j], qv4[e], c4[e]);
+                }
             }
         }
         float o = (c4[0] + c4[1]) + (c4[2] + c4[3]);
@@ -156,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
             for (int k = 0; k < GDN_NEXT; ++k) {
                 const int i = tid + k * blockDim.x;
-                if (i < nqk) qk[b ^ 1][i] = nxt[k];
+                if (i < nqk) *qk_slot(&qk[b ^ 1][0][0], i) = nxt[k];
             }
             v_c = v_n;
             beta_c = beta_n;
