@@ -3,8 +3,10 @@
 //! n; logits come back only for the rows asked for, plus any hidden-state taps.
 //!
 //! Passes: a forward of more than `LoadOptions::max_pass_rows` rows runs as consecutive passes (causal, so the result
-//! is the same) to bound scratch memory. Each pass: embed → per layer [norm → mixer (+= x) → norm →
-//! SwiGLU (+= x)] → final norm of the rows that need it → LM head in groups of `LOGIT_ROWS` rows.
+//! is the same) to bound scratch memory. Each pass: embed → per layer [norm+mixer projection → mixer
+//! core → output projection (+= x) → norm+gate_up+SwiGLU → down (+= x)] → final norm of the rows that
+//! need it → LM head in groups of `LOGIT_ROWS` rows (norms and SwiGLU fused into the GEMV for rows that
+//! fit its shared-memory stage, separate kernels otherwise, with identical results).
 //! Row position `start` lives in device memory (`Scratch::start`), so the one-row decode pass can be
 //! captured once as a CUDA graph and replayed at any position: only the token id and position are
 //! copied in before each launch, and the logits row is copied out after it.

@@ -39,6 +39,10 @@ type LaunchFn = unsafe extern "C" fn(
     u32,
 ) -> i32;
 
+/// The simulator's state (fibers, the current block, `__shared__` statics) is process-wide: one launch
+/// at a time, whichever thread or device asks.
+static LAUNCH_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A loaded simulator library.
 pub(crate) struct Sim {
     _lib: libloading::Library,
@@ -103,6 +107,8 @@ impl Sim {
         let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| (s as *mut u64).cast()).collect();
         let cname = CString::new(name).map_err(|_| sim_error("kernel name with a NUL"))?;
         let mut err = vec![0 as c_char; 512];
+        // A poisoned lock only means another launch panicked; the simulator holds no Rust state.
+        let _one_at_a_time = LAUNCH_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: every pointer in `ptrs` addresses a live 8-byte slot read as the kernel's parameter
         // type (little-endian, so an i32/f32 parameter reads the low 4 bytes); buffers passed as
         // addresses are live host buffers of the emulated device (callers' invariant, as for the GPU).
