@@ -216,6 +216,16 @@ impl Model {
         }
     }
 
+    /// Most proposals per speculative round whose verify pass computes every row exactly as a one-row
+    /// decode step (so speculative decoding reproduces sequential decoding): unbounded on the CPU; on
+    /// the GPU, rows up to `LoadOptions::gemv_max_rows` stay on the batch-invariant kernel.
+    pub fn max_exact_block(&self) -> Option<usize> {
+        match self {
+            Model::Cpu(_) => None,
+            Model::Cuda(m) => Some(m.options().gemv_max_rows.saturating_sub(1)),
+        }
+    }
+
     /// The CPU engine, when the model runs on the CPU.
     pub fn as_cpu(&self) -> Option<&Arc<Transformer>> {
         match self {

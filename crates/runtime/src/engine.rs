@@ -84,18 +84,49 @@ impl Engine {
     }
 
     /// Resolves the request against what the checkpoint carries (errors for a named block that cannot be
-    /// served; `auto` comes back Disabled with a warning).
+    /// served; `auto` comes back Disabled with a warning). On a device whose verify pass is exact only
+    /// up to some rows (`Model::max_exact_block`), a named larger block is refused and `auto`'s block is
+    /// capped, so speculative decoding always reproduces sequential decoding.
     pub fn plan(
         &self,
         spec: Speculation,
         drafter: DrafterRequest,
     ) -> Result<SpeculationPlan, RuntimeError> {
-        policy::resolve(
+        let plan = policy::resolve(
             spec,
             drafter,
             &self.availability(),
             self.speculation_blocker(),
-        )
+        )?;
+        match (plan, self.model.max_exact_block()) {
+            (SpeculationPlan::Enabled { drafter, block }, Some(max)) if block > max => {
+                if let Speculation::Block(n) = spec {
+                    return Err(RuntimeError::SpeculationUnavailable {
+                        request: format!("--speculative {n}"),
+                        reason: format!(
+                            "on {} a verify pass of more than {} rows is not batch-invariant, so it \
+                             would not reproduce sequential decoding; use a block of at most {max}",
+                            self.model.device_name(),
+                            max + 1
+                        ),
+                    });
+                }
+                Ok(if max == 0 {
+                    SpeculationPlan::Disabled {
+                        warning: Some(format!(
+                            "speculative decoding is off: {} verifies one row at a time exactly",
+                            self.model.device_name()
+                        )),
+                    }
+                } else {
+                    SpeculationPlan::Enabled {
+                        drafter,
+                        block: max,
+                    }
+                })
+            }
+            (plan, _) => Ok(plan),
+        }
     }
 
     /// A new session on the model's device; with the drafter the plan enabled attached.

@@ -432,6 +432,21 @@ fn testbed_drafters_run_on_the_device_taps() {
         };
         generate(&engine.model, &mut session, &req, &mut |_| {}).unwrap()
     };
+    // Verify passes stay on the batch-invariant kernel (16 rows by default): a larger named block is
+    // refused on the device, as it would not reproduce sequential decoding; the CPU serves it.
+    let max = engine.model.max_exact_block().unwrap();
+    let err = engine
+        .plan(Speculation::Block(max + 1), DrafterRequest::Mtp)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("batch-invariant"), "{err}");
+    assert!(engine
+        .plan(Speculation::Block(max), DrafterRequest::Mtp)
+        .is_ok());
+    let on_cpu = Engine::open_on(&dir, Device::Cpu).unwrap();
+    assert!(on_cpu
+        .plan(Speculation::Block(max + 1), DrafterRequest::Mtp)
+        .is_ok());
     let off = engine.plan(Speculation::Off, DrafterRequest::Auto).unwrap();
     let sequential = generate_with(&off, Rollback::Tape);
     assert_eq!(sequential.token_ids.len(), 48);
