@@ -476,7 +476,10 @@ pub(crate) fn attention(
     let scale = 1.0f32 / (s.d as f32).sqrt();
     // Query heads per block: the largest of 4, 2, 1 dividing the GQA group.
     let group = s.hq / s.hkv;
-    let gq = [4, 2, 1].into_iter().find(|g| group % g == 0).unwrap_or(1);
+    let gq = [4, 2, 1]
+        .into_iter()
+        .find(|g| group.is_multiple_of(*g))
+        .unwrap_or(1);
     launch(
         dev,
         &format!("attn_split_{gq}"),
@@ -605,7 +608,7 @@ pub(crate) fn gdn_recurrence(
     } else {
         [4, 2, 1]
             .into_iter()
-            .find(|c| s.dv % (16 * c) == 0)
+            .find(|c| s.dv.is_multiple_of(16 * c))
             .unwrap_or(1)
     };
     launch(

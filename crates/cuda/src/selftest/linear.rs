@@ -89,6 +89,7 @@ fn run(
 
 /// The host reference of `op` in f64 (norm: the CPU engine's f32 rms_norm; cuBLAS passes round the
 /// GEMM input to bf16 for bf16 weights).
+#[allow(clippy::too_many_arguments)]
 fn reference(
     op: Op,
     w: &[f32],

@@ -52,6 +52,9 @@ pub(super) fn checks(
     Ok(())
 }
 
+/// (out, k cache, v cache) after an attention run.
+type AttnOut = (Vec<f32>, Vec<f32>, Vec<f32>);
+
 /// Runs the attention kernels on copies of the inputs; returns (out, k cache, v cache).
 #[allow(clippy::too_many_arguments)]
 fn run_attention(
@@ -64,7 +67,7 @@ fn run_attention(
     start: usize,
     n: usize,
     s_max: usize,
-) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>), CudaError> {
+) -> Result<AttnOut, CudaError> {
     let (hq, d) = (s.hq, s.d);
     let bufs = [
         DBuf::from_host(dev, qkv)?,
