@@ -369,7 +369,7 @@ fn load_gdn(up: &Uploader<'_>, c: &ModelConfig, gp: &str) -> Result<GdnW, CudaEr
         dv: l.value_head_dim,
         kernel: l.conv_kernel,
     };
-    // gdn_rec: 16 value columns per warp, 2 threads per column, one block per head (<= 256 threads).
+    // gdn_rec: 8 threads per value column, one block per head (<= 1024 threads).
     if s.dk > GDN_MAX_DK
         || !s.dv.is_multiple_of(16)
         || s.dv > GDN_MAX_DV

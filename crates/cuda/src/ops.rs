@@ -33,7 +33,9 @@ pub(crate) const ATT_SPLITS_FINE: usize = 64;
 pub(crate) const ATT_SPLITS_COARSE: usize = 8;
 /// Largest key head dim of the GDN kernels (GDN_MAX_DK).
 pub(crate) const GDN_MAX_DK: usize = 128;
-/// Largest value head dim of gdn_rec (2 threads per column in one block of at most 256).
+/// Threads per value column of gdn_rec (GDN_P).
+const GDN_P: usize = 8;
+/// Largest value head dim of gdn_rec (GDN_P threads per column in one block of at most 1024).
 pub(crate) const GDN_MAX_DV: usize = 128;
 /// Largest conv kernel of gdn_conv_prep.
 pub(crate) const CONV_MAX_K: usize = 8;
@@ -106,10 +108,10 @@ fn gemv(
         let n = (rows - r0).min(LIN_MAX_ROWS);
         // Staged launches loop over row groups with as many blocks as are resident at once (the
         // kernels' __launch_bounds__ minimum by row count).
-        let per_sm = match n {
-            1..=2 => LIN_BLOCKS_PER_SM,
-            3..=4 => LIN_BLOCKS_PER_SM / 2,
-            _ => 1,
+        let per_sm = if n <= 2 {
+            LIN_BLOCKS_PER_SM
+        } else {
+            LIN_BLOCKS_PER_SM / 2
         };
         // Balanced: every block takes the same number of row groups (rounds), so none idles at the end.
         let blocks = if mode.stage {
@@ -602,20 +604,21 @@ pub(crate) fn gdn_recurrence(
             Arg::I(s.kernel as i32),
         ],
     )?;
-    // Column blocks per head: 16 columns per warp, 2 threads per column.
+    // Column blocks per head: GDN_P (8) threads per column, 4 columns per warp, at least 16 columns
+    // (128 threads) per block, so each thread stages at most 2 of the next row's 2 dk <= 256 q/k values.
     let cb = if fine {
         1
     } else {
-        [4, 2, 1]
+        [8, 4, 2, 1]
             .into_iter()
-            .find(|c| s.dv.is_multiple_of(16 * c))
+            .find(|&c| s.dv.is_multiple_of(4 * c) && s.dv / c >= 16)
             .unwrap_or(1)
     };
     launch(
         dev,
         "gdn_rec",
         (s.hv as u32, cb as u32, 1),
-        (2 * s.dv / cb) as u32,
+        (GDN_P * s.dv / cb) as u32,
         &[
             Arg::P(prep),
             Arg::I(ldq),

@@ -9,23 +9,26 @@
 // beta = sigmoid(b), decay = exp(-exp(A_log) * softplus(a + dt_bias)). Other blocks convolve v channels.
 // Output row layout (stride ldq): [q (hk*dk) | k (hk*dk) | v (hv*dv) | beta (hv) | decay (hv)].
 //
-// gdn_rec, grid (hv, cb), 2*dv/cb threads: the recurrence, rows in order. Thread = (value column, half);
-// the half owns state rows i = 2j + half of S [dk, dv] in registers (dk <= 128). Per row:
+// gdn_rec, grid (hv, cb), GDN_P * dv / cb threads: the recurrence, rows in order. Thread = (value
+// column, part): GDN_P threads per column, part p owning state rows i = GDN_P*j + p of S [dk, dv] in
+// registers (dk <= 128, so at most 16 rows each). Per row:
 //   S <- decay S; kv = S^T k; delta = beta (v - kv); S <- S + k delta^T; o = S^T q,
-// each column sum as 4 interleaved partial sums then one shuffle between the halves (a + b == b + a, so
-// both halves hold the same value). q/k rows are double-buffered in shared memory, split by half
-// (plane = half, element j = row 2j + half; planes padded so the halves hit different banks) so a thread
-// reads its rows as float4, and the next row's inputs are loaded while the current one is computed (one
-// barrier per row). The kernel also moves the
-// conv window forward (the last K-1 conv inputs), and with cb == 1 applies the gated RMSNorm to its
-// head's outputs at the end (gated_norm_warp; with cb > 1 the gated_rmsnorm kernel does, identically).
+// each column sum as 4 interleaved partial sums per thread, then an xor butterfly over the GDN_P parts
+// (symmetric: every part ends with the same bits). q/k rows are double-buffered in shared memory, one
+// plane per part (element j = row GDN_P*j + p; planes padded so the parts hit different banks), read as
+// float4; the next row's inputs are loaded while the current one is computed (one barrier per row).
+// The kernel also moves the conv window forward (the last K-1 conv inputs), and with cb == 1 applies
+// the gated RMSNorm to its head's outputs at the end (gated_norm_warp; with cb > 1 the gated_rmsnorm
+// kernel does, identically).
 // Invariant: a column's arithmetic depends only on the state before each row and that row's inputs, so
 // n rows in one launch equal n launches of one row bit for bit, for any cb: decode, verify and the tape
 // replay all run these kernels.
 #define GDN_MAX_DK 128
-#define GDN_RPT (GDN_MAX_DK / 2)
+#define GDN_P 8
+#define GDN_CPW (32 / GDN_P)
+#define GDN_RPT (GDN_MAX_DK / GDN_P)
 #define GDN_PREP_THREADS 256
-#define GDN_NEXT 8
+#define GDN_NEXT 2  // next-row q/k values per thread: 2 dk <= 256 over >= 128 threads (ops.rs)
 #define GDN_PLANE (GDN_RPT + 4)
 
 extern "C" __global__ void __launch_bounds__(GDN_PREP_THREADS)
@@ -76,17 +79,18 @@ extern "C" __global__ void __launch_bounds__(GDN_PREP_THREADS)
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(1024)
     gdn_rec(const float* __restrict__ prep, int ldq, const float* __restrict__ proj, int ldp,
             float* __restrict__ window, float* __restrict__ state, float* __restrict__ out,
             const float* __restrict__ norm_w, float eps, int n, int hk, int hv, int dk, int dv, int kernel) {
     PDL_ENTER();
-    // [buffer][q half 0, q half 1, k half 0, k half 1][j]
-    __shared__ __align__(16) float qk[2][4][GDN_PLANE];
+    // [buffer][q planes 0..P-1, k planes 0..P-1][j]
+    __shared__ __align__(16) float qk[2][2 * GDN_P][GDN_PLANE];
     const int h = blockIdx.x, kh = h / (hv / hk);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, half = lane >> 4;
-    const int cols = blockDim.x / 2;
-    const int col = blockIdx.y * cols + warp * 16 + (lane & 15);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int part = lane / GDN_CPW;
+    const int cols = blockDim.x / GDN_P;
+    const int col = blockIdx.y * cols + warp * GDN_CPW + lane % GDN_CPW;
     const bool col_ok = col < dv;
     const int cd = 2 * hk * dk + hv * dv;
     const int nqk = 2 * dk;
@@ -101,18 +105,18 @@ extern "C" __global__ void __launch_bounds__(256)
                     src < kernel - 1 ? window[(size_t)src * cd + c] : proj[(size_t)(src - (kernel - 1)) * ldp + c];
             }
     }
-    // Element i of [q ; k] (2 dk values): its column in a prep row, and its shared-memory plane slot.
+    // Element i of [q ; k] (2 dk values): its column in a prep row, and its shared-memory slot.
     auto qk_index = [&](int i) { return i < dk ? kh * dk + i : hk * dk + kh * dk + (i - dk); };
     auto qk_slot = [&](float* buf, int i) -> float* {
         const int e = i < dk ? i : i - dk;
-        return buf + ((i < dk ? 0 : 2) + (e & 1)) * GDN_PLANE + (e >> 1);
+        return buf + ((i < dk ? 0 : GDN_P) + e % GDN_P) * GDN_PLANE + e / GDN_P;
     };
-    const int rpt = (dk + 1) / 2;
+    const int rpt = (dk + GDN_P - 1) / GDN_P;
     float* sh = state + (size_t)h * dk * dv;
     float s[GDN_RPT];
 #pragma unroll
     for (int j = 0; j < GDN_RPT; ++j) {
-        const int i = 2 * j + half;
+        const int i = GDN_P * j + part;
         s[j] = (j < rpt && i < dk && col_ok) ? sh[(size_t)i * dv + col] : 0.0f;
     }
     for (int i = tid; i < nqk; i += blockDim.x) *qk_slot(&qk[0][0][0], i) = prep[qk_index(i)];
@@ -135,8 +139,8 @@ extern "C" __global__ void __launch_bounds__(256)
             beta_n = pr[cd + h];
             decay_n = pr[cd + hv + h];
         }
-        const float4* q4 = reinterpret_cast<const float4*>(qk[b][half]);
-        const float4* k4 = reinterpret_cast<const float4*>(qk[b][2 + half]);
+        const float4* q4 = reinterpret_cast<const float4*>(qk[b][part]);
+        const float4* k4 = reinterpret_cast<const float4*>(qk[b][GDN_P + part]);
         float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int jj = 0; jj < GDN_RPT / 4; ++jj) {
@@ -144,7 +148,7 @@ extern "C" __global__ void __launch_bounds__(256)
             const float kv4[4] = {kq.x, kq.y, kq.z, kq.w};
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int j = 4 * jj + e, i = 2 * j + half;
+                const int j = 4 * jj + e, i = GDN_P * j + part;
                 if (j < rpt && i < dk) {
                     s[j] *= decay_c;
                     a[e] = fmaf(s[j], kv4[e], a[e]);
@@ -152,7 +156,8 @@ extern "C" __global__ void __launch_bounds__(256)
             }
         }
         float kv = (a[0] + a[1]) + (a[2] + a[3]);
-        kv += __shfl_xor_sync(0xffffffffu, kv, 16);
+#pragma unroll
+        for (int m = GDN_CPW; m < 32; m <<= 1) kv += __shfl_xor_sync(0xffffffffu, kv, m);
         const float delta = (v_c - kv) * beta_c;
         float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -161,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(256)
             const float kv4[4] = {kq.x, kq.y, kq.z, kq.w}, qv4[4] = {qq.x, qq.y, qq.z, qq.w};
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int j = 4 * jj + e, i = 2 * j + half;
+                const int j = 4 * jj + e, i = GDN_P * j + part;
                 if (j < rpt && i < dk) {
                     s[j] = fmaf(kv4[e], delta, s[j]);
                     c4[e] = fmaf(s[j], qv4[e], c4[e]);
@@ -169,8 +174,9 @@ extern "C" __global__ void __launch_bounds__(256)
             }
         }
         float o = (c4[0] + c4[1]) + (c4[2] + c4[3]);
-        o += __shfl_xor_sync(0xffffffffu, o, 16);
-        if (half == 0 && col_ok) out[((size_t)t * hv + h) * dv + col] = o;
+#pragma unroll
+        for (int m = GDN_CPW; m < 32; m <<= 1) o += __shfl_xor_sync(0xffffffffu, o, m);
+        if (part == 0 && col_ok) out[((size_t)t * hv + h) * dv + col] = o;
         if (more) {
 #pragma unroll
             for (int k = 0; k < GDN_NEXT; ++k) {
@@ -185,7 +191,7 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 #pragma unroll
     for (int j = 0; j < GDN_RPT; ++j) {
-        const int i = 2 * j + half;
+        const int i = GDN_P * j + part;
         if (j < rpt && i < dk && col_ok) sh[(size_t)i * dv + col] = s[j];
     }
     if (gridDim.y == 1) {

@@ -2,7 +2,7 @@
 // verify blocks). A block is 8 warps; `wpr` warps share one output row (split-K inside the block, so
 // matrices with few rows still fill the GPU), so a block covers 8 / wpr rows per step and loops over
 // row groups (grid-stride). Each lane streams 16-byte weight vectors (8 bf16 or 4 f32) with a streaming
-// cache hint, LIN_U vectors in flight, and reuses them for all N rows.
+// cache hint, LIN_U(N) vectors in flight, and reuses them for all N rows.
 //
 // Input modes: `x` rows from global memory, or, with `stage`, the N input rows copied into shared
 // memory first, RMSNorm-ed on the way when `norm_w` is given (rms_inv: the same arithmetic as the
@@ -15,7 +15,9 @@
 // and wpr is chosen from the matrix shape alone (ops.rs), so a verify row is bit-identical to the same
 // row decoded alone, staged or not.
 #define LIN_WARPS 8
-#define LIN_U 4
+// Weight vectors in flight per lane: 4, or 2 for more than 4 rows (their accumulators and input
+// loads need the registers; 2 blocks per SM stay resident).
+#define LIN_U(N) ((N) <= 4 ? 4 : 2)
 
 template <typename W> struct WVec;
 template <> struct WVec<bf16_t> {
@@ -37,7 +39,7 @@ template <> struct WVec<float> {
     static __device__ __forceinline__ float one(const float* p) { return *p; }
 };
 
-template <typename W, int N>
+template <typename W, int N, int LIN_U_N = LIN_U(N)>
 __device__ __forceinline__ void linear_rows(const W* __restrict__ w, const float* __restrict__ x,
                                             float* __restrict__ y, int in, int out, int accumulate, int wpr,
                                             int swiglu_inter, const float* __restrict__ norm_w, float eps,
@@ -68,7 +70,7 @@ __device__ __forceinline__ void linear_rows(const W* __restrict__ w, const float
         bool valid;
         const int o = row_of(blockIdx.x, &valid);
         if (valid)
-            for (int u = 0; u < LIN_U; ++u) {
+            for (int u = 0; u < LIN_U_N; ++u) {
                 const int v = part * 32 + lane + u * 32 * wpr;
                 if (v < nv) PREFETCH_L2(w + (size_t)o * in + (size_t)v * E);
             }
@@ -102,15 +104,15 @@ __device__ __forceinline__ void linear_rows(const W* __restrict__ w, const float
         if (valid) {
             const W* wr = w + (size_t)o * in;
             if (vec) {
-                for (int v0 = part * 32 + lane; v0 < nv; v0 += 32 * wpr * LIN_U) {
-                    typename WVec<W>::Raw raw[LIN_U];
+                for (int v0 = part * 32 + lane; v0 < nv; v0 += 32 * wpr * LIN_U_N) {
+                    typename WVec<W>::Raw raw[LIN_U_N];
 #pragma unroll
-                    for (int u = 0; u < LIN_U; ++u) {
+                    for (int u = 0; u < LIN_U_N; ++u) {
                         const int v = v0 + u * 32 * wpr;
                         if (v < nv) raw[u] = WVec<W>::load(wr + (size_t)v * E);
                     }
 #pragma unroll
-                    for (int u = 0; u < LIN_U; ++u) {
+                    for (int u = 0; u < LIN_U_N; ++u) {
                         const int v = v0 + u * 32 * wpr;
                         if (v < nv) {
 #pragma unroll
@@ -164,10 +166,10 @@ __device__ __forceinline__ void linear_rows(const W* __restrict__ w, const float
     }
 }
 
-// Minimum resident blocks per SM by row count: 4 (<= 64 registers) for 1-2 rows, so that the staged
-// grid of 4 blocks per SM (ops.rs) is resident at once; fewer for more rows (more accumulators).
+// Minimum resident blocks per SM by row count: 4 (<= 64 registers) for 1-2 rows, 2 for more rows (more
+// accumulators), so that a staged grid sized for that many blocks per SM (ops.rs) is resident at once.
 #define LINEAR_KERNEL(NAME, W, N)                                                                     \
-    extern "C" __global__ void __launch_bounds__(LIN_WARPS * 32, (N) <= 2 ? 4 : ((N) <= 4 ? 2 : 1))   \
+    extern "C" __global__ void __launch_bounds__(LIN_WARPS * 32, (N) <= 2 ? 4 : 2)   \
         NAME(const W* w, const float* x, float* y, int in, int out, int accumulate, int wpr,          \
              int swiglu_inter, const float* norm_w, float eps, int zero_centred, int stage) {         \
         linear_rows<W, N>(w, x, y, in, out, accumulate, wpr, swiglu_inter, norm_w, eps, zero_centred, \
