@@ -185,22 +185,30 @@ fn one_config(
         println!("bench: WARNING non-finite logits");
     }
     if detail {
-        // A verify round of speculative decoding: 8 rows with all logits, then rolled back.
-        let drafts: Vec<u32> = (0..8)
-            .map(|i| (next as usize + 31 * i) as u32 % model.vocab as u32)
-            .collect();
+        // The verify-cost curve: one speculative verify round (n rows with all logits to the host, tape on,
+        // then rolled back) for n = 1, 2, 4, 8, 16, relative to n = 1 — the physics that picks the block.
         let rounds = 10;
-        let t = Instant::now();
-        for _ in 0..rounds {
-            let pos = st.position();
-            model.begin_tape(&mut st)?;
-            model.forward(&drafts, pos, &mut st, &Wanted::all())?;
-            model.rollback_retaining(&mut st, 0)?;
+        let mut base_ms = 0.0;
+        for n in [1usize, 2, 4, 8, 16] {
+            let drafts: Vec<u32> = (0..n)
+                .map(|i| (next as usize + 31 * i) as u32 % model.vocab as u32)
+                .collect();
+            let t = Instant::now();
+            for _ in 0..rounds {
+                let pos = st.position();
+                model.begin_tape(&mut st)?;
+                model.forward(&drafts, pos, &mut st, &Wanted::all())?;
+                model.rollback_retaining(&mut st, 0)?;
+            }
+            let ms = t.elapsed().as_secs_f64() * 1e3 / rounds as f64;
+            if n == 1 {
+                base_ms = ms;
+            }
+            println!(
+                "bench {name}: verify round of {n:2} rows (all logits to the host) + rollback: {ms:.3} ms = {:.2}x one row",
+                ms / base_ms
+            );
         }
-        println!(
-            "bench {name}: verify round of 8 rows (all logits to the host) + rollback: {:.3} ms",
-            t.elapsed().as_secs_f64() * 1e3 / rounds as f64
-        );
         if dev.is_emulated() {
             return Ok(outcome);
         }
