@@ -193,7 +193,16 @@ impl Model {
                 model: Model::Cpu(Arc::new(families::load(ck)?)),
                 note: resolved.note,
             }),
-            Placement::Cuda(dev) => match CudaModel::load(&dev, ck, LoadOptions::default()) {
+            Placement::Cuda(dev) => match CudaModel::load(
+                &dev,
+                ck,
+                // Speculative rows are nearly free on the tensor-core GEMV; one row is cheaper on the
+                // FMA kernel. The choice is per load so sequential and speculative runs share it.
+                LoadOptions {
+                    tensor_core_gemv: ck.has_mtp || ck.has_dflash,
+                    ..LoadOptions::default()
+                },
+            ) {
                 Ok(m) => Ok(Loaded {
                     model: Model::Cuda(Arc::new(m)),
                     note: None,

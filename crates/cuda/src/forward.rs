@@ -145,6 +145,7 @@ impl CudaModel {
         let m = tokens.len();
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let row_splits = m * ops::att_splits(m, self.opts.gemv_max_rows);
+        let _plain = (m > self.opts.gemv_max_rows).then(|| dev.pause_pdl());
         if m > 1 {
             let fits = state
                 .many

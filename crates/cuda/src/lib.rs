@@ -26,6 +26,7 @@ pub mod device;
 mod emu;
 pub mod error;
 mod forward;
+mod mma;
 pub mod model;
 pub mod nvrtc;
 mod ops;
@@ -33,6 +34,7 @@ mod profile;
 pub mod selftest;
 mod simulate;
 pub mod state;
+pub mod sweep;
 pub mod testing;
 mod weights;
 

@@ -30,6 +30,12 @@ pub struct LoadOptions {
     pub gemv_max_rows: usize,
     /// Capture one-row decode steps in a CUDA graph.
     pub graphs: bool,
+    /// Run every GEMV of up to `gemv_max_rows` rows, decode rows included, on the tensor-core kernel
+    /// (linear_mma.cu) instead of the FMA kernel (linear.cu). One kernel serves both so verify rows equal
+    /// decode rows bit for bit; which one is a per-load trade measured on the H200 (qwen35-4b shapes,
+    /// tools/device/README.md run 6): FMA is 20-40% faster for one row, tensor cores 1.5-2x faster for 8
+    /// rows and ~3x for 16. The engine turns it on for checkpoints that carry a drafter.
+    pub tensor_core_gemv: bool,
     /// Rows per internal pass of a long forward (bounds scratch memory; the result does not depend on it).
     pub max_pass_rows: usize,
 }
@@ -41,6 +47,7 @@ impl Default for LoadOptions {
             // Verify blocks (<= 16 rows) stay on the batch-invariant path, as the CPU engine's matvec.
             gemv_max_rows: 16,
             graphs: true,
+            tensor_core_gemv: false,
             max_pass_rows: 512,
         }
     }
@@ -150,6 +157,7 @@ impl CudaModel {
             dev,
             source,
             format: opts.weights,
+            tensor_cores: opts.tensor_core_gemv,
             counter: std::cell::Cell::new(0),
         };
         let p = |s: &str| format!("{}{s}", c.tensor_prefix);

@@ -3,8 +3,9 @@
 //!
 //! `linear*` pick the path by row count: up to `gemv_max_rows` rows run the hand-written matrix-vector
 //! kernel in groups of at most 8 rows (weights streamed once per group, f32 activations, batch-invariant
-//! per row), with the input RMSNorm and the SwiGLU product fused when the rows fit in shared memory;
-//! more rows go to cuBLAS (`cublasGemmEx`: bf16 weights with activations rounded to bf16, or f32 x f32,
+//! per row), with the input RMSNorm and the SwiGLU product fused when the rows fit in shared memory —
+//! or, for matrices loaded with `LoadOptions::tensor_core_gemv`, the tensor-core kernel (`mma.rs`) in
+//! groups of up to 16 rows, norm and SwiGLU fused always; more rows go to cuBLAS (`cublasGemmEx`: bf16 weights with activations rounded to bf16, or f32 x f32,
 //! f32 accumulation and output) after a separate norm, which is compute-bound-fast for prefill.
 
 use cudarc::cublas::{result as blas, sys as bsys};
@@ -13,10 +14,13 @@ use crate::buf::{bind, elementwise_grid, launch, launch_smem, Arg};
 use crate::device::CudaDevice;
 use crate::emu;
 use crate::error::CudaError;
+use crate::mma;
+pub(crate) use crate::mma::with_gemv_kernel;
+pub use crate::mma::{GemvKernel, MMA_VARIANTS};
 use crate::weights::{Mat, WDtype};
 
 /// Warps per GEMV block.
-const LIN_WARPS: usize = 8;
+pub(crate) const LIN_WARPS: usize = 8;
 /// Rows per GEMV launch (the kernels are instantiated for 1..=8).
 const LIN_MAX_ROWS: usize = 8;
 /// Largest staged input (rows x width x 4 bytes) of a GEMV block: dynamic shared memory without the
@@ -72,13 +76,13 @@ pub(crate) struct NormW {
 
 /// What a GEMV launch does with its input and output.
 #[derive(Clone, Copy)]
-struct GemvMode {
-    accumulate: bool,
+pub(crate) struct GemvMode {
+    pub accumulate: bool,
     /// SwiGLU epilogue over [gate ; up] rows: act [rows, I] with I = w.rows / 2.
-    swiglu: bool,
-    /// Normalise the input rows in the kernel's prologue (requires staging).
-    norm: Option<NormW>,
-    stage: bool,
+    pub swiglu: bool,
+    /// Normalise the input rows in the kernel's prologue (requires staging on the FMA kernel).
+    pub norm: Option<NormW>,
+    pub stage: bool,
 }
 
 /// The GEMV kernel over `rows` rows (groups of at most 8).
@@ -90,6 +94,9 @@ fn gemv(
     rows: usize,
     mode: GemvMode,
 ) -> Result<(), CudaError> {
+    if mma::mma_path(dev, w) {
+        return mma::gemv_mma(dev, w, x, y, rows, mode);
+    }
     let prefix = match w.dtype {
         WDtype::Bf16 => "linear_bf16_",
         WDtype::F32 => "linear_f32_",
@@ -208,7 +215,8 @@ pub(crate) fn linear_normed(
     if rows == 0 {
         return Ok(());
     }
-    if rows <= gemv_max_rows && !dev.host_ops() && stageable(rows, w.cols) {
+    let gemv_path = rows <= gemv_max_rows && !dev.host_ops();
+    if gemv_path && (mma::mma_path(dev, w) || stageable(rows, w.cols)) {
         let mode = GemvMode {
             accumulate: false,
             swiglu: false,
@@ -240,7 +248,7 @@ pub(crate) fn linear_swiglu(
         return Ok(());
     }
     let gemv_path = rows <= gemv_max_rows && !dev.host_ops();
-    if gemv_path && stageable(rows, w.cols) {
+    if gemv_path && (mma::mma_path(dev, w) || stageable(rows, w.cols)) {
         let mode = GemvMode {
             accumulate: false,
             swiglu: true,

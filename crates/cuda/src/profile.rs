@@ -95,6 +95,17 @@ impl CudaModel {
     }
 }
 
+/// A timing event recorded on the device's stream now.
+pub(crate) fn event(dev: &CudaDevice) -> Result<CudaEvent, CudaError> {
+    record(dev)
+}
+
+/// Milliseconds between two recorded events (both completed).
+pub(crate) fn elapsed_ms(a: &CudaEvent, b: &CudaEvent) -> Result<f32, CudaError> {
+    a.elapsed_ms(b)
+        .map_err(CudaError::driver("reading a timing event"))
+}
+
 fn record(dev: &CudaDevice) -> Result<CudaEvent, CudaError> {
     dev.gpu()?
         .stream

@@ -48,6 +48,8 @@ pub(crate) struct Mat {
     pub rows: usize,
     pub cols: usize,
     pub dtype: WDtype,
+    /// Row blocks of up to 16 run the tensor-core GEMV (LoadOptions::tensor_core_gemv).
+    pub tensor_cores: bool,
 }
 
 impl Mat {
@@ -122,6 +124,7 @@ pub(crate) struct Uploader<'a> {
     pub dev: &'a CudaDevice,
     pub source: Source<'a>,
     pub format: WeightFormat,
+    pub tensor_cores: bool,
     /// Counts tensors so each synthetic tensor gets its own stream of random numbers.
     pub counter: std::cell::Cell<u64>,
 }
@@ -153,6 +156,7 @@ impl Uploader<'_> {
                         rows,
                         cols,
                         dtype,
+                        tensor_cores: self.tensor_cores,
                     });
                 }
                 launch(
@@ -172,6 +176,7 @@ impl Uploader<'_> {
                     rows,
                     cols,
                     dtype,
+                    tensor_cores: self.tensor_cores,
                 })
             }
             Source::Checkpoint(ck) => {
@@ -211,6 +216,7 @@ impl Uploader<'_> {
                     rows,
                     cols,
                     dtype,
+                    tensor_cores: self.tensor_cores,
                 })
             }
         }

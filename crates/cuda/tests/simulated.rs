@@ -115,3 +115,58 @@ fn simulated_hybrid_forward_matches_transformers_and_verify_rows_equal_decode_ro
         "rollback then step differs"
     );
 }
+
+#[test]
+fn simulated_tensor_core_gemv_agrees_with_fma_and_verify_rows_equal_decode_rows() {
+    let Some(dev) = simulated() else { return };
+    let ck = Checkpoint::open(&fixture("qwen3_5")).unwrap();
+    let load = |tensor_core_gemv| {
+        let opts = LoadOptions {
+            weights: WeightFormat::Bf16,
+            tensor_core_gemv,
+            ..LoadOptions::default()
+        };
+        CudaModel::load(&dev, &ck, opts).unwrap()
+    };
+    let (fma, tc) = (load(false), load(true));
+    // Short enough that every row stays on the GEMV path.
+    let prompt = [3u32, 17, 5, 42, 8, 11];
+    let n = prompt.len();
+    let run = |m: &CudaModel| {
+        let mut s = m.new_state(n + 16).unwrap();
+        let out = m.forward(&prompt, 0, &mut s, &Wanted::all()).unwrap();
+        (out, s)
+    };
+    let (a, _) = run(&fma);
+    let (b, mut seq) = run(&tc);
+    let scale = a.logits.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = a
+        .logits
+        .iter()
+        .zip(&b.logits)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        d <= 1e-5 * scale.max(1.0),
+        "tensor cores vs FMA max |Δ| {d}"
+    );
+    // Different summation order: equal bits would mean the tensor-core kernel never ran.
+    assert!(!bits_eq(&a.logits, &b.logits), "tensor-core GEMV not used");
+    let mut next = kernels::argmax(b.row(n - 1)) as u32;
+    let (mut drafts, mut rows) = (Vec::new(), Vec::new());
+    for _ in 0..4 {
+        drafts.push(next);
+        let o = tc
+            .forward(&[next], seq.position(), &mut seq, &Wanted::last())
+            .unwrap();
+        next = kernels::argmax(o.row(0)) as u32;
+        rows.push(o.logits);
+    }
+    let mut spec = tc.new_state(n + 16).unwrap();
+    tc.forward(&prompt, 0, &mut spec, &Wanted::none()).unwrap();
+    let verify = tc.forward(&drafts, n, &mut spec, &Wanted::all()).unwrap();
+    assert!(
+        bits_eq(&verify.logits, &rows.concat()),
+        "tensor-core verify rows differ from decode rows"
+    );
+}

@@ -42,6 +42,7 @@ fn upload(
         rows,
         cols,
         dtype,
+        tensor_cores: true,
     })
 }
 
@@ -138,7 +139,16 @@ pub(super) fn checks(
 ) -> Result<(), CudaError> {
     use Op::*;
     // (op, dtype, out rows, cols, rows)
+    // Bf16 with columns in whole 32s run the tensor-core kernel (linear_mma.cu), the rest the FMA kernel.
     let cases = [
+        (Acc, WDtype::Bf16, 300, 256, 1),
+        (Acc, WDtype::Bf16, 300, 256, 5),
+        (Acc, WDtype::Bf16, 296, 512, 16),
+        (Acc, WDtype::Bf16, 40, 1024, 9),
+        (Normed, WDtype::Bf16, 300, 256, 13),
+        (Normed, WDtype::Bf16, 40, 2560, 16),
+        (Swiglu, WDtype::Bf16, 600, 256, 3),
+        (Swiglu, WDtype::Bf16, 84, 2560, 16),
         (Acc, WDtype::Bf16, 300, 264, 1),
         (Acc, WDtype::Bf16, 300, 264, 3),
         (Acc, WDtype::Bf16, 300, 264, 11),

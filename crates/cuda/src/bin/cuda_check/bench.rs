@@ -69,16 +69,36 @@ pub fn run(
     let default_pdl = dev.pdl();
     let mut reference: Option<Outcome> = None;
     let mut consistent = true;
-    for (i, (graphs, pdl)) in [(true, true), (true, false), (false, true)]
-        .into_iter()
-        .enumerate()
+    // The tensor-core GEMV (last) rounds differently, so only the FMA configurations must agree in bits.
+    for (i, (graphs, pdl, tc)) in [
+        (true, true, false),
+        (true, false, false),
+        (false, true, false),
+        (true, true, true),
+    ]
+    .into_iter()
+    .enumerate()
     {
         dev.set_pdl(pdl);
-        let detail = i == 0;
+        let detail = i == 0 || tc;
         let outcome = one_config(
-            dev, &config, shape_name, prompt_len, new_tokens, graphs, bw, detail,
+            dev, &config, shape_name, prompt_len, new_tokens, graphs, tc, bw, detail,
         )?;
-        let name = format!("graphs={graphs} pdl={}", dev.pdl());
+        let name = format!("graphs={graphs} pdl={} tensor_core_gemv={tc}", dev.pdl());
+        if tc {
+            let same = reference.as_ref().map_or(0, |r| {
+                r.tokens
+                    .iter()
+                    .zip(&outcome.tokens)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+            });
+            println!(
+                "bench {name}: first {same} of {} tokens equal to the FMA configuration's",
+                outcome.tokens.len()
+            );
+            continue;
+        }
         match &reference {
             None => reference = Some(outcome),
             Some(r) => {
@@ -125,12 +145,14 @@ fn one_config(
     prompt_len: usize,
     new_tokens: usize,
     graphs: bool,
+    tensor_cores: bool,
     bw: f64,
     detail: bool,
 ) -> Result<Outcome> {
     let t = Instant::now();
     let opts = LoadOptions {
         graphs,
+        tensor_core_gemv: tensor_cores,
         ..LoadOptions::default()
     };
     let model = CudaModel::random(dev, config, 7, opts)?;
@@ -162,7 +184,7 @@ fn one_config(
     }
     let decode_s = t.elapsed().as_secs_f64();
     let tps = steps as f64 / decode_s;
-    let name = format!("graphs={graphs} pdl={}", dev.pdl());
+    let name = format!("graphs={graphs} pdl={} tc={tensor_cores}", dev.pdl());
     if graphs {
         println!("bench {name}: decode graph status {:?}", st.graph_status());
     }
@@ -216,11 +238,35 @@ fn one_config(
             "one un-graphed decode step",
             &model.profile_decode(&mut st, next)?,
         );
-        let mut ps = model.new_state(prompt_len + 1)?;
+        // A forward splits longer prompts into passes of max_pass_rows: profile the first pass.
+        let pass_len = prompt_len.min(model.options().max_pass_rows.max(1));
+        let mut ps = model.new_state(pass_len + 1)?;
         print_profile(
-            &format!("one prefill pass of {prompt_len} tokens"),
-            &model.profile_pass(&mut ps, &prompt)?,
+            &format!("one prefill pass of {pass_len} tokens"),
+            &model.profile_pass(&mut ps, &prompt[..pass_len])?,
         );
     }
     Ok(outcome)
+}
+
+/// The GEMV kernel sweep on the qwen35-4b matrix shapes (`--sweep`): one line per (shape, rows,
+/// kernel), then the fastest kernel per (shape, rows).
+pub fn sweep(dev: &CudaDevice) -> Result<(), Box<dyn std::error::Error>> {
+    use cuda_backend::sweep::{gemv_sweep, SweepOp};
+    let shapes = [
+        ("gdn norm+proj", 12352, 2560, SweepOp::Normed),
+        ("attn norm+qkv", 10240, 2560, SweepOp::Normed),
+        ("o / gdn out", 2560, 4096, SweepOp::Acc),
+        ("mlp gate_up", 18432, 2560, SweepOp::Swiglu),
+        ("mlp down", 2560, 9216, SweepOp::Acc),
+        ("norm+lm head", 151936, 2560, SweepOp::Normed),
+    ];
+    let rows = gemv_sweep(dev, &shapes, &[1, 4, 8, 16], 40)?;
+    for r in &rows {
+        println!(
+            "sweep {:<32} rows {:>2} {:<16} {:>9.2} us {:>7.0} GB/s",
+            r.shape, r.rows, r.kernel, r.us, r.gbs
+        );
+    }
+    Ok(())
 }

@@ -151,11 +151,15 @@ fn first_diff(a: &[u32], b: &[u32]) -> String {
 }
 
 /// Runs every check on one fixture in one mode; returns false when a check fails.
-pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool) -> Result<bool> {
+pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool, tensor_cores: bool) -> Result<bool> {
     let name = dir
         .file_name()
         .map_or("?".into(), |n| n.to_string_lossy().into_owned());
-    let mode = if exact { "exact" } else { "bf16" };
+    let mode = match (exact, tensor_cores) {
+        (true, _) => "exact",
+        (false, false) => "bf16",
+        (false, true) => "bf16 tc",
+    };
     let ck = Checkpoint::open(dir)?;
     let r = reference(dir)?;
     let cpu = families::load(&ck)?;
@@ -170,6 +174,7 @@ pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool) -> Result<bool> {
         } else {
             LoadOptions::default().gemv_max_rows
         },
+        tensor_core_gemv: tensor_cores,
         ..LoadOptions::default()
     };
     let gpu = CudaModel::load(dev, &ck, opts)?;

@@ -9,6 +9,7 @@
 //!
 //! Exit code: 0 all checks passed, 1 a check failed, 2 no GPU/driver.
 //! Usage: cuda_check [--fixtures DIR] [--only NAME] [--no-bench] [--shape NAME] [--prompt N] [--new N]
+//!                   [--sweep]     (times every GEMV kernel variant on the qwen35-4b matrix shapes)
 //!                   [--emulate]   (host-emulated device: checks this program's logic without a GPU)
 //!                   [--simulate]  (the real kernels compiled for the CPU: checks the kernels without a GPU)
 
@@ -29,6 +30,7 @@ struct Args {
     new: usize,
     emulate: bool,
     simulate: bool,
+    sweep: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -41,6 +43,7 @@ fn parse() -> Result<Args, String> {
         new: 128,
         emulate: false,
         simulate: false,
+        sweep: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -51,6 +54,7 @@ fn parse() -> Result<Args, String> {
             "--no-bench" => a.bench = false,
             "--emulate" => a.emulate = true,
             "--simulate" => a.simulate = true,
+            "--sweep" => a.sweep = true,
             "--shape" => a.shape = value()?,
             "--prompt" => a.prompt = value()?.parse().map_err(|e| format!("--prompt: {e}"))?,
             "--new" => a.new = value()?.parse().map_err(|e| format!("--new: {e}"))?,
@@ -142,8 +146,8 @@ fn main() {
             continue;
         }
         let dir = args.fixtures.join(name);
-        for exact in [true, false] {
-            match fixtures::check(&dev, &dir, exact) {
+        for (exact, tc) in [(true, false), (false, false), (false, true)] {
+            match fixtures::check(&dev, &dir, exact, tc) {
                 Ok(ok) => all_ok &= ok,
                 Err(e) => {
                     all_ok = false;
@@ -153,6 +157,12 @@ fn main() {
                     );
                 }
             }
+        }
+    }
+    if args.sweep && !dev.is_emulated() {
+        if let Err(e) = bench::sweep(&dev) {
+            all_ok = false;
+            println!("sweep: ERROR {e:#}");
         }
     }
     // The simulator runs the benchmark's logic too (give it a small --shape).
