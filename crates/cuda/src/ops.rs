@@ -565,8 +565,8 @@ pub(crate) struct GdnArgs {
 
 /// gdn_conv_prep then gdn_rec (+ gated_rmsnorm) over `rows` rows of the fused projection `proj`
 /// [rows, proj_width]: prep [rows, prep_width] (scratch), o [rows, hv, dv] = gated-normed outputs;
-/// window and state updated in place. `fine`: one block per value head (the gated norm fused; decode
-/// and verify), else the columns split over more blocks (prefill); the results are the same.
+/// window and state updated in place. `fine`: one block per value head (the gated norm fused), else the
+/// columns split over more blocks (the forward's choice: more parallel); the results are the same.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gdn_recurrence(
     dev: &CudaDevice,
