@@ -445,6 +445,7 @@ impl CudaModel {
             return Ok(false);
         }
         if keep == recorded {
+            state.spare_tape = Some(tape);
             return Ok(true);
         }
         let dev = &*self.dev;
@@ -486,6 +487,7 @@ impl CudaModel {
         }
         dev.synchronize()?;
         state.position = tape.start_position + keep;
+        state.spare_tape = Some(tape);
         Ok(true)
     }
 

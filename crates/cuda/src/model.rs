@@ -311,6 +311,7 @@ impl CudaModel {
             signature: self.signature.clone(),
             layers,
             tape: None,
+            spare_tape: None,
             one,
             many: None,
             widths: self.widths,

@@ -131,6 +131,9 @@ pub struct CudaState {
     pub(crate) signature: String,
     pub(crate) layers: Vec<LayerState>,
     pub(crate) tape: Option<Tape>,
+    /// The last ended tape's buffers, reused by the next `begin_tape` (a speculative round would
+    /// otherwise allocate and free three buffers per GDN layer).
+    pub(crate) spare_tape: Option<Tape>,
     /// Scratch for one-row passes (fixed: the decode graph uses it).
     pub(crate) one: Scratch,
     /// Scratch for multi-row passes, grown on demand.
@@ -165,7 +168,7 @@ impl CudaState {
             return false;
         }
         self.position = position;
-        self.tape = None;
+        self.retire_tape();
         true
     }
 
@@ -211,12 +214,21 @@ impl CudaState {
             }
         }
         self.position = snap.position;
-        self.tape = None;
+        self.retire_tape();
         Ok(())
     }
 
     /// Starts recording a tape (replacing any previous one). Returns the position it starts at.
     pub(crate) fn begin_tape(&mut self) -> Result<usize, CudaError> {
+        self.retire_tape();
+        if let Some(mut t) = self.spare_tape.take() {
+            for l in t.layers.iter_mut().flatten() {
+                l.rows = 0;
+            }
+            t.start_position = self.position;
+            self.tape = Some(t);
+            return Ok(self.position);
+        }
         let dev = &*self.dev;
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
@@ -256,7 +268,14 @@ impl CudaState {
 
     /// Ends the tape, keeping everything that was run.
     pub fn end_tape(&mut self) {
-        self.tape = None;
+        self.retire_tape();
+    }
+
+    /// Ends any tape, keeping its buffers for the next one.
+    pub(crate) fn retire_tape(&mut self) {
+        if let Some(t) = self.tape.take() {
+            self.spare_tape = Some(t);
+        }
     }
 }
 
