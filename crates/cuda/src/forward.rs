@@ -23,8 +23,8 @@ use crate::state::{check_signature, CudaState, LayerState, Scratch, Tape, LOGIT_
 
 /// What one pass returns to the host.
 pub(crate) struct PassOut {
-    logits: Vec<f32>,
-    taps: Vec<Vec<f32>>,
+    pub logits: Vec<f32>,
+    pub taps: Vec<Vec<f32>>,
 }
 
 impl CudaModel {
@@ -105,6 +105,12 @@ impl CudaModel {
             state.position = start + 1;
             return Ok(out);
         }
+        if let Some(pass) = self.graphed_verify(tokens, start, state, first, &wanted.taps)? {
+            out.logits = pass.logits;
+            out.taps = pass.taps;
+            state.position = start + n;
+            return Ok(out);
+        }
         let mut p0 = 0;
         let pass_rows = self.opts.max_pass_rows.max(1);
         while p0 < n {
@@ -127,7 +133,7 @@ impl CudaModel {
         Ok(out)
     }
 
-    fn graph_ok(&self) -> bool {
+    pub(crate) fn graph_ok(&self) -> bool {
         self.opts.graphs && self.opts.gemv_max_rows >= 1 && !self.dev.is_emulated()
     }
 
@@ -155,6 +161,7 @@ impl CudaModel {
                 let rows = m.max(state.many.as_ref().map_or(0, |s| s.rows));
                 let rs = row_splits.max(state.many.as_ref().map_or(0, |s| s.row_splits));
                 state.many = None;
+                state.verify_graphs.clear();
                 state.many = Some(Scratch::new(dev, &state.widths, rows, rs)?);
             }
         }
@@ -454,6 +461,7 @@ impl CudaModel {
             if !fits {
                 let rs = state.many.as_ref().map_or(1, |s| s.row_splits);
                 state.many = None;
+                state.verify_graphs.clear();
                 state.many = Some(Scratch::new(dev, &state.widths, keep, rs)?);
             }
         }

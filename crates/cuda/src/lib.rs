@@ -36,6 +36,7 @@ mod simulate;
 pub mod state;
 pub mod sweep;
 pub mod testing;
+mod verify_graph;
 mod weights;
 
 pub use device::{driver_present, CudaDevice, DeviceInfo};

@@ -317,6 +317,9 @@ impl CudaModel {
             widths: self.widths,
             graph: None,
             graph_error: None,
+            verify_graphs: Vec::new(),
+            verify_graph_error: None,
+            tape_epoch: 0,
         })
     }
 }

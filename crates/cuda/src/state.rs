@@ -68,6 +68,9 @@ pub(crate) struct Widths {
     pub vocab: usize,
 }
 
+/// Projection rows a new tape holds before it grows (a verify block is at most gemv_max_rows).
+const TAPE_ROWS: usize = 32;
+
 /// Logits rows computed per LM-head pass (bounds the logits buffer).
 pub(crate) const LOGIT_ROWS: usize = 64;
 
@@ -142,6 +145,11 @@ pub struct CudaState {
     pub(crate) graph: Option<CudaGraph>,
     /// Why graph capture failed on this state (decode then uses direct launches).
     pub(crate) graph_error: Option<String>,
+    /// Captured verify blocks (`verify_graph.rs`); cleared whenever `many` is replaced.
+    pub(crate) verify_graphs: Vec<(crate::verify_graph::VerifyKey, CudaGraph)>,
+    pub(crate) verify_graph_error: Option<String>,
+    /// Counts tape buffer allocations (verify graphs hold the tape's buffers).
+    pub(crate) tape_epoch: u64,
 }
 
 impl CudaState {
@@ -221,7 +229,13 @@ impl CudaState {
     /// Starts recording a tape (replacing any previous one). Returns the position it starts at.
     pub(crate) fn begin_tape(&mut self) -> Result<usize, CudaError> {
         self.retire_tape();
-        if let Some(mut t) = self.spare_tape.take() {
+        // A spare whose projection buffer grew (a tape of more than TAPE_ROWS rows) has moved: allocate
+        // anew, so verify graphs never hold a freed buffer.
+        let spare = self
+            .spare_tape
+            .take()
+            .filter(|t| t.layers.iter().flatten().all(|l| l.capacity == TAPE_ROWS));
+        if let Some(mut t) = spare {
             for l in t.layers.iter_mut().flatten() {
                 l.rows = 0;
             }
@@ -229,13 +243,15 @@ impl CudaState {
             self.tape = Some(t);
             return Ok(self.position);
         }
+        self.tape_epoch += 1;
+        self.verify_graphs.clear();
         let dev = &*self.dev;
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
             layers.push(match l {
                 LayerState::Attention { .. } => None,
                 LayerState::Recurrent { s, conv, shape } => {
-                    let capacity = 32;
+                    let capacity = TAPE_ROWS;
                     Some(LayerTape {
                         s0: DBuf::zeros(dev, s.bytes)?,
                         conv0: DBuf::zeros(dev, conv.bytes)?,
@@ -259,6 +275,14 @@ impl CudaState {
         match &self.graph_error {
             Some(e) => Err(e.clone()),
             None => Ok(self.graph.is_some()),
+        }
+    }
+
+    /// Verify blocks captured as graphs so far, or why capture failed (blocks then launch directly).
+    pub fn verify_graph_status(&self) -> Result<usize, String> {
+        match &self.verify_graph_error {
+            Some(e) => Err(e.clone()),
+            None => Ok(self.verify_graphs.len()),
         }
     }
 
