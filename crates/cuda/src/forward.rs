@@ -127,7 +127,7 @@ impl CudaModel {
         Ok(out)
     }
 
-    fn graph_ok(&self) -> bool {
+    pub(crate) fn graph_ok(&self) -> bool {
         self.opts.graphs && self.opts.gemv_max_rows >= 1 && !self.dev.is_emulated()
     }
 
@@ -254,7 +254,7 @@ impl CudaModel {
     }
 
     /// The RMSNorm with weight `w` and the model's eps / centring.
-    fn norm(&self, w: &DBuf) -> NormW {
+    pub(crate) fn norm(&self, w: &DBuf) -> NormW {
         NormW {
             w: w.ptr,
             eps: self.eps,
