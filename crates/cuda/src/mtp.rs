@@ -382,7 +382,7 @@ impl CudaMtp {
 
 impl Drafter for CudaMtp {
     fn name(&self) -> &'static str {
-        "mtp"
+        "mtp (cuda)"
     }
 
     fn taps(&self) -> Vec<Tap> {
