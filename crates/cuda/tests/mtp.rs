@@ -312,7 +312,7 @@ fn bad_inputs_are_errors() {
     let hd = cpu.hidden;
     let h = taps[..hd].to_vec();
     let err = gpu
-        .observe(&[h.clone()], 1, &[cpu.vocab as u32])
+        .observe(std::slice::from_ref(&h), 1, &[cpu.vocab as u32])
         .unwrap_err();
     assert!(err.to_string().contains("outside the vocabulary"), "{err}");
     assert!(gpu
