@@ -382,7 +382,8 @@ fn speculative(bench: &Bench, args: &BenchArgs, prompt: &[u32], blocks: &[usize]
         );
         let seq_ids = sequential.first().map(|r| r.token_ids.clone()).unwrap_or_default();
         out!(
-            "\nspeculative (MTP, greedy, {threads} thread(s)): prompt {} tokens, {} tokens, median of {} run(s)",
+            "\nspeculative ({}, greedy, {threads} thread(s)): prompt {} tokens, {} tokens, median of {} run(s)",
+            head.name(),
             prompt.len(),
             args.gen_tokens,
             args.runs

@@ -30,7 +30,7 @@ use crate::adapter::{grown_capacity, INITIAL_CAPACITY};
 use crate::buf::{dtod, dtoh, htod, DBuf};
 use crate::error::CudaError;
 use crate::model::{load_layer, CudaModel, LayerW, MixerW};
-use crate::ops::{self, ATT_SPLITS_FINE};
+use crate::ops::{self, NormW, ATT_SPLITS_FINE};
 use crate::state::{LayerState, Scratch, Widths};
 use crate::weights::{Init, Mat, Source, Uploader};
 
@@ -496,12 +496,19 @@ fn rows(
     let dev = &*t.dev;
     let (sc, gm, h) = (&io.sc, t.opts.gemv_max_rows, t.hidden);
     ops::embed(dev, &t.embed, sc.ids.ptr, io.emb.ptr, m)?;
+    // The head's own norms are zero-centred, as `MtpHead` loads them (Qwen3.5 / Qwen3-Next); its
+    // decoder layer uses the target's convention, as the target's layers.
+    let norm = |v: &DBuf| NormW {
+        w: v.ptr,
+        eps: t.eps,
+        zero_centred: true,
+    };
     // x = fc_h·norm_h(h_t) + fc_e·norm_e(embed(x_{t+1}))   [m, H]
-    let norm_h = t.norm(&w.pre_fc_norm_hidden);
+    let norm_h = norm(&w.pre_fc_norm_hidden);
     ops::linear_normed(
         dev, &w.fc_h, hidden, norm_h, sc.h.ptr, sc.x.ptr, m, sc.xb.ptr, gm,
     )?;
-    let norm_e = t.norm(&w.pre_fc_norm_embedding);
+    let norm_e = norm(&w.pre_fc_norm_embedding);
     ops::rmsnorm(
         dev,
         io.emb.ptr,
@@ -518,7 +525,8 @@ fn rows(
     }
     // Only the last row feeds the chain and the logits.
     let last = sc.x.f32_at((m - 1) * h);
-    ops::rmsnorm(dev, last, w.norm.ptr, out, 1, h, t.eps, t.zero_centred)?;
+    let n = norm(&w.norm);
+    ops::rmsnorm(dev, last, n.w, out, 1, h, n.eps, n.zero_centred)?;
     let head = t.lm_head.as_ref().unwrap_or(&t.embed);
     ops::linear(dev, head, out, sc.logits.ptr, 1, false, sc.xb.ptr, gm)
 }
