@@ -12,7 +12,9 @@
 //! Traffic per round: observe uploads the verified taps rows [n, H] and n token ids, and copies one
 //! logits row back (the first draft of the next round); each further drafted token uploads its id and
 //! position and copies one [vocab] logits row back for the loop's `Chooser` (argmax, or a draw whose q
-//! the loop keeps for rejection sampling). On a GPU the one-row draft step replays a captured CUDA graph.
+//! the loop keeps for rejection sampling). On a GPU the draft step and verify-sized observes (up to
+//! `gemv_max_rows`, at most 17 rows, one graph per row count) replay captured CUDA graphs; prefill-sized
+//! observes launch their kernels directly.
 //!
 //! Invariant: KV rows 0..position() hold verified pairs; rows a proposal wrote past it are overwritten by
 //! the next observe. `last` holds the normed output of the last committed row and `last_logits` its
@@ -71,6 +73,20 @@ impl Io {
     }
 }
 
+/// Rows of observes that run in the fixed `small` scratch (and may be graphed): verify-sized.
+const SMALL_ROWS: usize = 17;
+
+/// One pass of the head, by the scratch it runs in.
+#[derive(Clone, Copy, Debug)]
+enum Pass {
+    /// A chained draft row: hidden and output `work`, scratch `one`.
+    Step,
+    /// An observe of m <= `small.sc.rows` rows: hidden `small.hid`, output `last`.
+    Small(usize),
+    /// An observe of m rows in `many`: hidden `many.hid`, output `last`.
+    Many(usize),
+}
+
 /// The MTP head of a [`CudaModel`]'s checkpoint, on the same device, as a [`Drafter`].
 pub struct CudaMtp {
     w: Weights,
@@ -78,9 +94,12 @@ pub struct CudaMtp {
     /// Per MTP layer, its KV cache of `capacity` positions.
     kv: Vec<LayerState>,
     capacity: usize,
-    /// Scratch of one-row steps (fixed: the draft graph holds its addresses).
+    /// Scratch of one-row draft steps (fixed: the step graph holds its addresses).
     one: Io,
-    /// Scratch of multi-row observes, grown on demand.
+    /// Scratch of observes of up to `small.sc.rows` rows (<= gemv_max_rows, verify-sized; fixed: their
+    /// graphs hold its addresses).
+    small: Io,
+    /// Scratch of larger observes (prefill), grown on demand, never graphed.
     many: Option<Io>,
     /// [hidden] normed output of the last committed row.
     last: DBuf,
@@ -88,8 +107,10 @@ pub struct CudaMtp {
     work: DBuf,
     committed: usize,
     last_logits: Vec<f32>,
-    /// The captured one-row draft step (GPU only; dropped whenever the KV buffers move).
-    graph: Option<OwnedGraph>,
+    /// Captured passes (GPU only; all dropped whenever the KV buffers move): slot 0 the draft step,
+    /// slot m an observe of m rows in `small`.
+    graphs: Vec<Option<OwnedGraph>>,
+    /// Why a capture failed (then every pass uses direct launches).
     graph_error: Option<String>,
 }
 
@@ -141,16 +162,23 @@ impl CudaMtp {
             target: target.clone(),
         };
         let capacity = INITIAL_CAPACITY.min(t.context).max(1);
+        // Small observes stay on the batch-invariant GEMV path (no cuBLAS inside a graph).
+        let small_rows = t.opts.gemv_max_rows.clamp(1, SMALL_ROWS);
+        let small_splits = (1..=small_rows)
+            .map(|m| m * ops::att_splits(m, t.opts.gemv_max_rows))
+            .max()
+            .unwrap_or(ATT_SPLITS_FINE);
         let head = CudaMtp {
             kv: new_kv(&w, capacity)?,
             capacity,
             one: Io::new(t, &widths, 1, ATT_SPLITS_FINE)?,
+            small: Io::new(t, &widths, small_rows, small_splits)?,
             many: None,
             last: DBuf::f32s(&t.dev, h)?,
             work: DBuf::f32s(&t.dev, h)?,
             committed: 0,
             last_logits: Vec::new(),
-            graph: None,
+            graphs: (0..=small_rows).map(|_| None).collect(),
             graph_error: None,
             widths,
             w,
@@ -181,7 +209,7 @@ impl CudaMtp {
     pub fn graph_status(&self) -> Result<bool, String> {
         match &self.graph_error {
             Some(e) => Err(e.clone()),
-            None => Ok(self.graph.is_some()),
+            None => Ok(self.graphs.first().is_some_and(|g| g.is_some())),
         }
     }
 
@@ -242,32 +270,103 @@ impl CudaMtp {
         let mut p0 = 0;
         while p0 < n {
             let m = (n - p0).min(pass_rows);
-            if m > 1 {
+            let pass = if m <= self.small.sc.rows {
+                Pass::Small(m)
+            } else {
                 self.fit_many(m)?;
-            }
-            let CudaMtp {
-                w,
-                kv,
-                one,
-                many,
-                last,
-                ..
-            } = self;
-            let io = match many.as_ref() {
-                Some(io) if m > 1 => io,
-                _ => &*one,
+                Pass::Many(m)
             };
+            let io = self.io(pass)?;
             let ids: Vec<i32> = next_tokens[p0..p0 + m].iter().map(|&x| x as i32).collect();
             htod(dev, io.sc.ids.ptr, &ids)?;
             htod(dev, io.sc.start.ptr, &[(start + p0) as i32])?;
             htod(dev, io.hid.ptr, &hidden[p0 * hd..(p0 + m) * hd])?;
-            rows(w, kv, io, io.hid.ptr, m, last.ptr)?;
+            self.launch(pass)?;
             p0 += m;
             if p0 == n {
-                dtoh(dev, &mut logits, io.sc.logits.ptr)?;
+                dtoh(dev, &mut logits, self.io(pass)?.sc.logits.ptr)?;
             }
         }
         Ok(logits)
+    }
+
+    /// The scratch `pass` runs in.
+    fn io(&self, pass: Pass) -> Result<&Io, CudaError> {
+        match pass {
+            Pass::Step => Ok(&self.one),
+            Pass::Small(_) => Ok(&self.small),
+            Pass::Many(_) => self.many.as_ref().ok_or(CudaError::Unsupported {
+                what: "an MTP pass without its scratch".into(),
+            }),
+        }
+    }
+
+    /// Runs `pass` (inputs already uploaded): replays its graph where it has one (captured on first
+    /// use on a GPU with graphs on), else launches its kernels directly.
+    fn launch(&mut self, pass: Pass) -> Result<(), CudaError> {
+        let slot = match pass {
+            Pass::Step => Some(0),
+            Pass::Small(m) => Some(m),
+            Pass::Many(_) => None,
+        };
+        let graphs_on = self.w.target.graph_ok() && self.graph_error.is_none();
+        if let Some(slot) = slot.filter(|_| graphs_on) {
+            if self.graphs.get(slot).is_some_and(|g| g.is_none()) {
+                match self.capture(pass) {
+                    Ok(Some(g)) => self.graphs[slot] = Some(OwnedGraph(g)),
+                    Ok(None) => self.graph_error = Some("capture produced an empty graph".into()),
+                    Err(e) => self.graph_error = Some(format!("{pass:?}: {e}")),
+                }
+            }
+            if let Some(Some(g)) = self.graphs.get(slot) {
+                return g.0.launch().map_err(CudaError::driver(format!(
+                    "launching the MTP graph {pass:?}"
+                )));
+            }
+        }
+        self.body(pass)
+    }
+
+    /// The device work of `pass`: what its graph holds.
+    fn body(&mut self, pass: Pass) -> Result<(), CudaError> {
+        let CudaMtp {
+            w,
+            kv,
+            one,
+            small,
+            many,
+            last,
+            work,
+            ..
+        } = self;
+        let (io, hidden, out, m) = match pass {
+            Pass::Step => (&*one, work.ptr, work.ptr, 1),
+            Pass::Small(m) => (&*small, small.hid.ptr, last.ptr, m),
+            Pass::Many(m) => {
+                let io = many.as_ref().ok_or(CudaError::Unsupported {
+                    what: "an MTP pass without its scratch".into(),
+                })?;
+                (io, io.hid.ptr, last.ptr, m)
+            }
+        };
+        rows(w, kv, io, hidden, m, out)
+    }
+
+    /// Captures `pass` into a graph (nothing runs during capture).
+    fn capture(&mut self, pass: Pass) -> Result<Option<CudaGraph>, CudaError> {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        let dev = self.w.target.dev.clone();
+        let stream = &dev.gpu()?.stream;
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(CudaError::driver("beginning MTP graph capture"))?;
+        let body = self.body(pass);
+        // Always end the capture, also after a failed body, so the stream leaves capture mode.
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map_err(CudaError::driver("ending MTP graph capture"));
+        body?;
+        graph
     }
 
     /// Makes the multi-row scratch hold passes of m rows (as `CudaModel::pass` sizes its own).
@@ -288,7 +387,7 @@ impl CudaMtp {
     }
 
     /// Makes the KV caches hold positions start..start+n, keeping rows 0..start (capacity doubles, as
-    /// the target state's; the draft graph holds the old addresses, so it is dropped).
+    /// the target state's; the graphs hold the old addresses, so they are dropped).
     fn ensure(&mut self, start: usize, n: usize) -> Result<(), CudaError> {
         let t = &*self.w.target;
         if start + n > t.context {
@@ -318,7 +417,7 @@ impl CudaMtp {
                 dtod(&t.dev, nv.ptr, ov.ptr, bytes)?;
             }
         }
-        self.graph = None;
+        self.graphs.iter_mut().for_each(|g| *g = None);
         self.kv = kv;
         self.capacity = capacity;
         Ok(())
@@ -339,44 +438,10 @@ impl CudaMtp {
         }
         htod(dev, self.one.sc.ids.ptr, &[token as i32])?;
         htod(dev, self.one.sc.start.ptr, &[position as i32])?;
-        if t.graph_ok() && self.graph.is_none() && self.graph_error.is_none() {
-            match self.capture() {
-                Ok(Some(g)) => self.graph = Some(OwnedGraph(g)),
-                Ok(None) => self.graph_error = Some("capture produced an empty graph".into()),
-                Err(e) => self.graph_error = Some(e.to_string()),
-            }
-        }
-        match &self.graph {
-            Some(g) => {
-                g.0.launch()
-                    .map_err(CudaError::driver("launching the MTP draft graph"))?
-            }
-            None => {
-                let work = self.work.ptr;
-                rows(&self.w, &mut self.kv, &self.one, work, 1, work)?;
-            }
-        }
+        self.launch(Pass::Step)?;
         let mut logits = vec![0.0f32; t.vocab];
         dtoh(dev, &mut logits, self.one.sc.logits.ptr)?;
         Ok(logits)
-    }
-
-    /// Captures the one-row draft step into a graph (nothing runs during capture).
-    fn capture(&mut self) -> Result<Option<CudaGraph>, CudaError> {
-        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-        let dev = self.w.target.dev.clone();
-        let stream = &dev.gpu()?.stream;
-        stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(CudaError::driver("beginning MTP graph capture"))?;
-        let work = self.work.ptr;
-        let body = rows(&self.w, &mut self.kv, &self.one, work, 1, work);
-        // Always end the capture, also after a failed body, so the stream leaves capture mode.
-        let graph = stream
-            .end_capture(CUgraphInstantiate_flags(0))
-            .map_err(CudaError::driver("ending MTP graph capture"));
-        body?;
-        graph
     }
 }
 

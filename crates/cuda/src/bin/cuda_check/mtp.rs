@@ -7,8 +7,9 @@
 //!   adds multiply-add contraction). bf16 mode compares with the host head on bf16-rounded matrices;
 //! - observe in chunks of 7 + propose 6 chained tokens (argmax): the proposals equal the host head's and
 //!   every drafted logits row is within the bound;
-//! - the draft step replayed from its CUDA graph equals direct launches bit for bit (a second head on
-//!   a target loaded with graphs off), and the time of one draft step both ways.
+//! - the graphed passes (draft step, verify-sized observes) equal direct launches bit for bit (a second
+//!   head on a target loaded with graphs off), and the time of a draft step and of an observe of 4 rows
+//!   both ways.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -187,6 +188,13 @@ pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool) -> Result<bool> {
         println!(
             "  [{name} {mode} mtp] one draft step (logits to the host): graph {g:.3} ms, direct {dl:.3} ms"
         );
+        let (g, dl) = (
+            observe_ms(&mut gpu, &taps, &prompt, hd)?,
+            observe_ms(&mut direct, &taps, &prompt, hd)?,
+        );
+        println!(
+            "  [{name} {mode} mtp] observe of 4 rows (taps up, logits down): graph {g:.3} ms, direct {dl:.3} ms"
+        );
     }
     Ok(ok)
 }
@@ -199,4 +207,15 @@ fn step_ms(d: &mut CudaMtp, history: &[u32], k: usize) -> Result<f64> {
         propose(d, history, k)?;
     }
     Ok(t.elapsed().as_secs_f64() * 1e3 / (rounds * (k - 1)) as f64)
+}
+
+/// Milliseconds per observe of the prompt's last 4 rows (rewound first), over 20 observes.
+fn observe_ms(d: &mut CudaMtp, taps: &[f32], prompt: &[u32], hd: usize) -> Result<f64> {
+    let rounds = 20;
+    let t = std::time::Instant::now();
+    for _ in 0..rounds {
+        d.rewind(prompt.len() - 5)?;
+        observe(d, taps, prompt, hd)?;
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e3 / rounds as f64)
 }
