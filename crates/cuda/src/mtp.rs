@@ -36,8 +36,8 @@ use crate::ops::{self, NormW, ATT_SPLITS_FINE};
 use crate::state::{LayerState, Scratch, Widths};
 use crate::weights::{Init, Mat, Source, Uploader};
 
-/// A captured graph owned by one drafter, so the drafter can move to another thread (sessions are
-/// handed between server threads).
+/// A captured graph owned by one drafter, so the drafter is `Send` as the session's drafter box
+/// requires (a session may move between threads).
 struct OwnedGraph(CudaGraph);
 
 // SAFETY: CUDA graph handles are not bound to a thread; the driver requires only that calls on one graph
@@ -89,6 +89,11 @@ enum Pass {
 
 /// The MTP head of a [`CudaModel`]'s checkpoint, on the same device, as a [`Drafter`].
 pub struct CudaMtp {
+    /// Captured passes (GPU only; all dropped whenever the KV buffers move): slot 0 the draft step,
+    /// slot m an observe of m rows in `small`. First, so they are destroyed before the buffers they use.
+    graphs: Vec<Option<OwnedGraph>>,
+    /// Why a capture failed (then every pass uses direct launches).
+    graph_error: Option<String>,
     w: Weights,
     widths: Widths,
     /// Per MTP layer, its KV cache of `capacity` positions.
@@ -107,11 +112,6 @@ pub struct CudaMtp {
     work: DBuf,
     committed: usize,
     last_logits: Vec<f32>,
-    /// Captured passes (GPU only; all dropped whenever the KV buffers move): slot 0 the draft step,
-    /// slot m an observe of m rows in `small`.
-    graphs: Vec<Option<OwnedGraph>>,
-    /// Why a capture failed (then every pass uses direct launches).
-    graph_error: Option<String>,
 }
 
 impl CudaMtp {
@@ -187,25 +187,8 @@ impl CudaMtp {
         Ok(Some(head))
     }
 
-    /// Bytes of the head's own matrices (what one draft step streams besides the shared LM head).
-    pub fn weight_bytes(&self) -> usize {
-        let layers: usize = self
-            .w
-            .layers
-            .iter()
-            .map(|l| {
-                l.gate_up.bytes()
-                    + l.down.bytes()
-                    + match &l.mixer {
-                        MixerW::Attention(a) => a.qkv.bytes() + a.o.bytes(),
-                        MixerW::Gdn(g) => g.proj.bytes() + g.out.bytes(),
-                    }
-            })
-            .sum();
-        layers + self.w.fc_e.bytes() + self.w.fc_h.bytes()
-    }
-
-    /// Whether draft steps replay a captured graph: as `CudaState::graph_status`.
+    /// Whether draft steps replay a captured graph: `Ok(true)` once captured, `Ok(false)` before the
+    /// first step or without a GPU, `Err(reason)` when a capture failed (direct launches from then on).
     pub fn graph_status(&self) -> Result<bool, String> {
         match &self.graph_error {
             Some(e) => Err(e.clone()),
