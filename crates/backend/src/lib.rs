@@ -11,16 +11,21 @@
 //!   (candle's `enum Storage { Cpu, Cuda }`): the loop is written once, callers carry no `#[cfg]` and
 //!   no `dyn`. A state only ever runs on the model kind that made it (a mismatch is an error).
 //!
-//! Drafters stay on the host on either device: [`Model::head`] lends them the target's embedding table
-//! and LM head (the CPU engine itself, or a host copy for a GPU model), and the GPU forward returns the
-//! taps they need in host memory. Exactness is unaffected: acceptance depends only on the target's
-//! logits.
+//! Drafters: [`Model::mtp_drafter`] puts the checkpoint's MTP head on the target's device (the host
+//! `drafters::MtpHead` for a CPU target, `cuda_backend::CudaMtp` next to a GPU target, sharing its
+//! embedding and LM head buffers). Other drafters stay on the host on either device: [`Model::head`]
+//! lends them the target's embedding table and LM head (the CPU engine itself, or a host copy for a
+//! GPU model), and the GPU forward returns the taps they need in host memory. Exactness is unaffected:
+//! acceptance depends only on the target's logits.
 
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-pub use cuda_backend::{CudaDevice, CudaError, CudaModel, CudaSnapshot, CudaState, LoadOptions};
+pub use cuda_backend::{
+    CudaDevice, CudaError, CudaModel, CudaMtp, CudaSnapshot, CudaState, LoadOptions,
+};
+use drafters::{Drafter, MtpHead};
 use families::{
     Backend, BackendError, BackendState, ForwardOut, HostHead, ModelError, SharedHead, State,
     Transformer, Wanted,
@@ -249,6 +254,22 @@ impl Model {
         Ok(match self {
             Model::Cpu(m) => m.clone(),
             Model::Cuda(_) => Arc::new(HostHead::load(ck)?),
+        })
+    }
+}
+
+/// The MTP drafter [`Model::mtp_drafter`] built, with the device it runs on.
+pub type BoxedDrafter = Box<dyn Drafter + Send>;
+
+impl Model {
+    /// The checkpoint's MTP head on this model's device: the host `MtpHead` reading the CPU engine, or
+    /// `CudaMtp` on the GPU next to the target. `Ok(None)` when the checkpoint carries no head. A head
+    /// the GPU cannot run (e.g. a mixture-of-experts MTP layer) is an error, never a silent move to the
+    /// host.
+    pub fn mtp_drafter(&self, ck: &Checkpoint) -> Result<Option<BoxedDrafter>, BackendError> {
+        Ok(match self {
+            Model::Cpu(m) => MtpHead::load(ck, m.clone())?.map(|h| Box::new(h) as BoxedDrafter),
+            Model::Cuda(m) => CudaMtp::load(m, ck)?.map(|h| Box::new(h) as BoxedDrafter),
         })
     }
 }

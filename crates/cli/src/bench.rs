@@ -21,7 +21,6 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use backend::{Device, Model, ModelState};
-use drafters::MtpHead;
 use families::{Backend, BackendError};
 use model_io::Checkpoint;
 use runtime::{
@@ -367,9 +366,11 @@ fn per_position(spec: &SpecStats) -> String {
 
 fn speculative(bench: &Bench, args: &BenchArgs, prompt: &[u32], blocks: &[usize]) -> Result<()> {
     let threads = args.threads_list.iter().copied().max().unwrap_or(1);
-    let target = bench.model.head(&bench.checkpoint)?;
-    let head =
-        MtpHead::load(&bench.checkpoint, target)?.context("the checkpoint has no MTP head")?;
+    // The head on the target's device (on the GPU next to a GPU target).
+    let head = bench
+        .model
+        .mtp_drafter(&bench.checkpoint)?
+        .context("the checkpoint has no MTP head")?;
     pool(threads)?.install(|| -> Result<()> {
         let mut plain = Session::open(&bench.model)?;
         let sequential = bench.runs(args.runs, &mut plain, prompt, None)?;
@@ -381,7 +382,8 @@ fn speculative(bench: &Bench, args: &BenchArgs, prompt: &[u32], blocks: &[usize]
         );
         let seq_ids = sequential.first().map(|r| r.token_ids.clone()).unwrap_or_default();
         out!(
-            "\nspeculative (MTP, greedy, {threads} thread(s)): prompt {} tokens, {} tokens, median of {} run(s)",
+            "\nspeculative ({}, greedy, {threads} thread(s)): prompt {} tokens, {} tokens, median of {} run(s)",
+            head.name(),
             prompt.len(),
             args.gen_tokens,
             args.runs
@@ -398,7 +400,7 @@ fn speculative(bench: &Bench, args: &BenchArgs, prompt: &[u32], blocks: &[usize]
             "{:>10} | {seq_rate:>12.2} | {:>7} | {:>14} | {:>22} | {:>11}",
             "sequential", "1.00x", "-", "-", "-"
         );
-        let mut session = Session::open(&bench.model)?.with_drafter(Box::new(head));
+        let mut session = Session::open(&bench.model)?.with_drafter(head);
         for &block in blocks {
             let results = bench.runs(args.runs, &mut session, prompt, Some(Speculative::new(block)))?;
             let rate = median(

@@ -262,7 +262,7 @@ impl CudaModel {
     }
 
     /// The RMSNorm with weight `w` and the model's eps / centring.
-    fn norm(&self, w: &DBuf) -> NormW {
+    pub(crate) fn norm(&self, w: &DBuf) -> NormW {
         NormW {
             w: w.ptr,
             eps: self.eps,

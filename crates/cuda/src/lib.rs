@@ -15,6 +15,8 @@
 //! - [`CudaModel`]: weights on the GPU (`model.rs`, `weights.rs`) and the forward pass (`forward.rs`);
 //!   one-row decode steps replay a captured CUDA graph.
 //! - [`CudaState`]: KV caches and recurrent state on the GPU (`state.rs`).
+//! - [`CudaMtp`]: the checkpoint's MTP head on the GPU, next to the target, as a `drafters::Drafter`
+//!   (`mtp.rs`).
 //!
 //! Invariant: a verify block of up to `LoadOptions::gemv_max_rows` rows computes each row exactly as a
 //! one-row decode step would (batch-invariant kernels, step-form GDN), so greedy speculative decoding
@@ -28,6 +30,7 @@ pub mod error;
 mod forward;
 mod mma;
 pub mod model;
+mod mtp;
 pub mod nvrtc;
 mod ops;
 mod profile;
@@ -42,6 +45,7 @@ mod weights;
 pub use device::{driver_present, CudaDevice, DeviceInfo};
 pub use error::CudaError;
 pub use model::{CudaModel, LoadOptions};
+pub use mtp::CudaMtp;
 pub use profile::ProfileRow;
 pub use state::{CudaSnapshot, CudaState};
 pub use weights::WeightFormat;

@@ -175,51 +175,17 @@ impl CudaModel {
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         let mut kinds = String::new();
         for i in 0..c.num_hidden_layers {
-            let lp = p(&format!("layers.{i}."));
             let kind = c
                 .layer_types
                 .get(i)
                 .copied()
                 .unwrap_or(LayerKind::FullAttention);
-            let mixer = match kind {
-                LayerKind::FullAttention => {
-                    kinds.push('A');
-                    let a = load_attention(&up, c, &format!("{lp}self_attn."), zero_centred)?;
-                    widths.big = widths.big.max(a.qkv.rows);
-                    widths.mid = widths.mid.max(a.o.cols);
-                    widths.q = widths.q.max(a.o.cols);
-                    widths.max_in = widths.max_in.max(a.o.cols);
-                    MixerW::Attention(a)
-                }
-                LayerKind::LinearAttention => {
-                    kinds.push('L');
-                    let g = load_gdn(&up, c, &format!("{lp}linear_attn."))?;
-                    widths.big = widths.big.max(g.proj.rows);
-                    widths.mid = widths.mid.max(g.shape.prep_width());
-                    widths.o = widths.o.max(g.out.cols);
-                    widths.max_in = widths.max_in.max(g.out.cols);
-                    MixerW::Gdn(g)
-                }
-            };
-            let inter = c.intermediate_size;
-            let mp = format!("{lp}mlp.");
-            layers.push(LayerW {
-                input_norm: up.vector(&format!("{lp}input_layernorm.weight"), &[h], Init::Norm)?,
-                mixer,
-                post_norm: up.vector(
-                    &format!("{lp}post_attention_layernorm.weight"),
-                    &[h],
-                    Init::Norm,
-                )?,
-                gate_up: up.matrix(
-                    &[
-                        (format!("{mp}gate_proj.weight"), inter),
-                        (format!("{mp}up_proj.weight"), inter),
-                    ],
-                    h,
-                )?,
-                down: up.matrix(&[(format!("{mp}down_proj.weight"), h)], inter)?,
+            kinds.push(match kind {
+                LayerKind::FullAttention => 'A',
+                LayerKind::LinearAttention => 'L',
             });
+            let lp = p(&format!("layers.{i}."));
+            layers.push(load_layer(&up, c, &lp, kind, zero_centred, &mut widths)?);
         }
         let embed = up.matrix(&[(p("embed_tokens.weight"), c.vocab_size)], h)?;
         // Tied checkpoints read the embeddings even if an `lm_head.weight` copy is stored (as transformers).
@@ -322,6 +288,56 @@ impl CudaModel {
             tape_epoch: 0,
         })
     }
+}
+
+/// One decoder layer under prefix `lp` (e.g. `model.layers.3.`, `mtp.layers.0.`), widening `widths` to
+/// what its passes need.
+pub(crate) fn load_layer(
+    up: &Uploader<'_>,
+    c: &ModelConfig,
+    lp: &str,
+    kind: LayerKind,
+    zero_centred: bool,
+    widths: &mut Widths,
+) -> Result<LayerW, CudaError> {
+    let h = c.hidden_size;
+    let mixer = match kind {
+        LayerKind::FullAttention => {
+            let a = load_attention(up, c, &format!("{lp}self_attn."), zero_centred)?;
+            widths.big = widths.big.max(a.qkv.rows);
+            widths.mid = widths.mid.max(a.o.cols);
+            widths.q = widths.q.max(a.o.cols);
+            widths.max_in = widths.max_in.max(a.o.cols);
+            MixerW::Attention(a)
+        }
+        LayerKind::LinearAttention => {
+            let g = load_gdn(up, c, &format!("{lp}linear_attn."))?;
+            widths.big = widths.big.max(g.proj.rows);
+            widths.mid = widths.mid.max(g.shape.prep_width());
+            widths.o = widths.o.max(g.out.cols);
+            widths.max_in = widths.max_in.max(g.out.cols);
+            MixerW::Gdn(g)
+        }
+    };
+    let inter = c.intermediate_size;
+    let mp = format!("{lp}mlp.");
+    Ok(LayerW {
+        input_norm: up.vector(&format!("{lp}input_layernorm.weight"), &[h], Init::Norm)?,
+        mixer,
+        post_norm: up.vector(
+            &format!("{lp}post_attention_layernorm.weight"),
+            &[h],
+            Init::Norm,
+        )?,
+        gate_up: up.matrix(
+            &[
+                (format!("{mp}gate_proj.weight"), inter),
+                (format!("{mp}up_proj.weight"), inter),
+            ],
+            h,
+        )?,
+        down: up.matrix(&[(format!("{mp}down_proj.weight"), h)], inter)?,
+    })
 }
 
 fn load_attention(

@@ -182,19 +182,7 @@ impl Uploader<'_> {
             Source::Checkpoint(ck) => {
                 let mut stored = Vec::with_capacity(parts.len());
                 for (name, r) in parts {
-                    let (dtype, shape, bytes) = ck.tensors.raw(name)?;
-                    let expected = [*r, cols];
-                    // Conv-like [rows, 1, cols] shapes never reach here; matrices are 2-D.
-                    if shape != expected {
-                        return Err(model_io::LoadError::ShapeMismatch {
-                            path: ck.tensors.path_of(name)?.to_path_buf(),
-                            tensor: name.clone(),
-                            expected: expected.to_vec(),
-                            found: shape.to_vec(),
-                        }
-                        .into());
-                    }
-                    stored.push((dtype, bytes));
+                    stored.push(stored_matrix(ck, name, *r, cols)?);
                 }
                 // One precision for the fused matrix: f32 if any part would be f32.
                 let dtype = stored
@@ -220,6 +208,46 @@ impl Uploader<'_> {
                 })
             }
         }
+    }
+
+    /// Columns `columns` of the matrix `name` [rows, cols], as a [rows, columns.len()] matrix (the two
+    /// input halves of the MTP head's `fc`).
+    pub fn matrix_columns(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        columns: std::ops::Range<usize>,
+    ) -> Result<Mat, CudaError> {
+        let width = columns.len();
+        let Source::Checkpoint(ck) = &self.source else {
+            // Synthetic weights have no stored whole to slice: the slice's shape is all that matters.
+            return self.matrix(&[(name.to_string(), rows)], width);
+        };
+        if columns.end > cols {
+            return Err(CudaError::Unsupported {
+                what: format!("columns {columns:?} of {name} with {cols} columns"),
+            });
+        }
+        let (dtype, bytes) = stored_matrix(ck, name, rows, cols)?;
+        let to = target_dtype(dtype, self.format);
+        let size = dtype.size_in_bytes();
+        let mut host = Vec::with_capacity(rows * width * to.size());
+        for row in bytes.chunks_exact(cols * size) {
+            convert_into(
+                dtype,
+                &row[columns.start * size..columns.end * size],
+                to,
+                &mut host,
+            );
+        }
+        Ok(Mat {
+            buf: DBuf::from_host(self.dev, &host)?,
+            rows,
+            cols: width,
+            dtype: to,
+            tensor_cores: self.tensor_cores,
+        })
     }
 
     /// A small f32 parameter of `shape`; `kind` says how a synthetic one is initialised.
@@ -257,6 +285,28 @@ impl Uploader<'_> {
             }
         })
     }
+}
+
+/// The stored dtype and bytes of the 2-D tensor `name`, which must be [rows, cols].
+fn stored_matrix<'c>(
+    ck: &'c Checkpoint,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<(DType, &'c [u8]), CudaError> {
+    let (dtype, shape, bytes) = ck.tensors.raw(name)?;
+    let expected = [rows, cols];
+    // Conv-like [rows, 1, cols] shapes never reach here; matrices are 2-D.
+    if shape != expected {
+        return Err(model_io::LoadError::ShapeMismatch {
+            path: ck.tensors.path_of(name)?.to_path_buf(),
+            tensor: name.to_string(),
+            expected: expected.to_vec(),
+            found: shape.to_vec(),
+        }
+        .into());
+    }
+    Ok((dtype, bytes))
 }
 
 /// Initialisation of a synthetic small parameter (synth's rules).

@@ -22,7 +22,7 @@
 use crate::{Chooser, Drafter};
 use families::layers::ffn::Mlp;
 use families::layers::{Linear, Norm, Tensors};
-use families::{ModelError, SharedHead, Tap};
+use families::{BackendError, ModelError, SharedHead, Tap};
 use model_io::{LoadError, TensorStore};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
@@ -564,12 +564,13 @@ impl Drafter for DflashDrafter {
         self.committed
     }
 
-    fn rewind(&mut self, position: usize) -> Result<(), ModelError> {
+    fn rewind(&mut self, position: usize) -> Result<(), BackendError> {
         if position > self.committed {
             return Err(ModelError::PositionMismatch {
                 expected: self.committed,
                 got: position,
-            });
+            }
+            .into());
         }
         let row = self.heads.kv_heads * self.heads.head_dim;
         for ctx in &mut self.context {
@@ -585,7 +586,7 @@ impl Drafter for DflashDrafter {
         taps: &[Vec<f32>],
         n: usize,
         _next_tokens: &[u32],
-    ) -> Result<(), ModelError> {
+    ) -> Result<(), BackendError> {
         let width = self.target.hidden();
         let ids = &self.config.target_layer_ids;
         if taps.len() != ids.len() {
@@ -593,14 +594,15 @@ impl Drafter for DflashDrafter {
                 "dflash observe: {} tap buffers for {} target layers {ids:?}",
                 taps.len(),
                 ids.len()
-            )));
+            ))
+            .into());
         }
         if let Some((i, t)) = taps.iter().enumerate().find(|(_, t)| t.len() != n * width) {
             return Err(ModelError::StateMismatch(format!(
                 "dflash observe: tap of target layer {} holds {} values, expected {n} rows × {width}",
                 ids[i],
                 t.len()
-            )));
+            )).into());
         }
         if n == 0 {
             return Ok(());
@@ -629,7 +631,7 @@ impl Drafter for DflashDrafter {
         history: &[u32],
         k: usize,
         chooser: &mut dyn Chooser,
-    ) -> Result<Vec<u32>, ModelError> {
+    ) -> Result<Vec<u32>, BackendError> {
         // The anchor is history's last token; its context is every row before it, which observe must cover.
         let m = k.min(self.config.block_size - 1);
         let Some(&anchor) = history.last() else {

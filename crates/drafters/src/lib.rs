@@ -5,10 +5,12 @@
 //! `observe` with *verified* rows; anything `propose` writes past that is speculative and is discarded by
 //! the next `observe` (the drafter rewinds to its committed position first).
 //!
-//! Drafters run on the host whatever device the target runs on: they read the target only through
-//! `families::TargetHead` (embedding rows, LM head; the CPU engine itself or a `HostHead` copy) and the
-//! taps the target's forward returns in host memory. Acceptance depends only on the target's logits, so
-//! where the drafter runs cannot change what is generated.
+//! The drafters here run on the host whatever device the target runs on: they read the target only
+//! through `families::TargetHead` (embedding rows, LM head; the CPU engine itself or a `HostHead` copy)
+//! and the taps the target's forward returns in host memory. A device may bring its own implementation
+//! of [`Drafter`] (the CUDA backend's `CudaMtp` runs the MTP head on the GPU), which is why drafter calls
+//! fail with a `BackendError` (a device failure, or the CPU engine's `ModelError`). Acceptance depends
+//! only on the target's logits, so where the drafter runs cannot change what is generated.
 
 pub mod dflash;
 pub mod mtp;
@@ -16,7 +18,7 @@ pub mod mtp;
 pub use dflash::DflashDrafter;
 pub use mtp::MtpHead;
 
-use families::{ModelError, Tap};
+use families::{BackendError, Tap};
 
 /// How the loop turns a drafter's logits into a proposal: argmax at temperature 0, a draw from the shaped
 /// distribution q when sampling (the loop keeps q for the rejection step).
@@ -34,7 +36,7 @@ pub trait Drafter {
     /// Number of target rows observed so far (the drafter's committed position).
     fn position(&self) -> usize;
     /// Rewinds the committed context to `position` rows (prefix reuse after a shorter match).
-    fn rewind(&mut self, position: usize) -> Result<(), ModelError>;
+    fn rewind(&mut self, position: usize) -> Result<(), BackendError>;
     /// Appends verified target rows at positions `position()..position()+n`: `taps[i]` is [n, width] for
     /// `taps()[i]`, and `next_tokens[j]` is the committed token that follows row j.
     fn observe(
@@ -42,7 +44,7 @@ pub trait Drafter {
         taps: &[Vec<f32>],
         n: usize,
         next_tokens: &[u32],
-    ) -> Result<(), ModelError>;
+    ) -> Result<(), BackendError>;
     /// Proposes up to `k` tokens following `history` (all committed tokens, the last of which the target has
     /// not yet run). Requires that `observe` has covered every row before the last committed token.
     fn propose(
@@ -50,5 +52,5 @@ pub trait Drafter {
         history: &[u32],
         k: usize,
         chooser: &mut dyn Chooser,
-    ) -> Result<Vec<u32>, ModelError>;
+    ) -> Result<Vec<u32>, BackendError>;
 }

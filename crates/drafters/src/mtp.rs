@@ -12,7 +12,7 @@ use crate::{Chooser, Drafter};
 use families::hybrid::load_decoder_layer;
 use families::layers::{Linear, Norm, Tensors};
 use families::model::Layer;
-use families::{ModelError, SharedHead, State, Tap};
+use families::{BackendError, ModelError, SharedHead, State, Tap};
 use model_io::{Checkpoint, LayerKind};
 
 pub struct MtpHead {
@@ -139,12 +139,13 @@ impl Drafter for MtpHead {
         self.committed
     }
 
-    fn rewind(&mut self, position: usize) -> Result<(), ModelError> {
+    fn rewind(&mut self, position: usize) -> Result<(), BackendError> {
         if position > self.committed {
             return Err(ModelError::PositionMismatch {
                 expected: self.committed,
                 got: position,
-            });
+            }
+            .into());
         }
         self.state.rewind(position);
         self.committed = position;
@@ -159,11 +160,11 @@ impl Drafter for MtpHead {
         taps: &[Vec<f32>],
         n: usize,
         next_tokens: &[u32],
-    ) -> Result<(), ModelError> {
+    ) -> Result<(), BackendError> {
         let hidden = taps.first().ok_or(ModelError::EmptyInput)?;
         let hd = self.target.hidden();
         if hidden.len() < n * hd || next_tokens.len() != n {
-            return Err(ModelError::EmptyInput);
+            return Err(ModelError::EmptyInput.into());
         }
         let (out, logits) = self.forward(&hidden[..n * hd], next_tokens, self.committed, true)?;
         self.committed += n;
@@ -177,7 +178,7 @@ impl Drafter for MtpHead {
         history: &[u32],
         k: usize,
         chooser: &mut dyn Chooser,
-    ) -> Result<Vec<u32>, ModelError> {
+    ) -> Result<Vec<u32>, BackendError> {
         // The head's last committed row predicts the token after history's last: valid only when observe
         // covered every row before it.
         if self.last_logits.is_empty() || self.committed + 1 != history.len() {

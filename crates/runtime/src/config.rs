@@ -176,8 +176,11 @@ pub struct SpecStats {
     pub per_position_accepted: Vec<usize>,
     /// Rounds whose verify overshot the committed tokens, so the state was rolled back.
     pub rollbacks: usize,
+    /// Time in the drafter: proposing, and observing the verified rows after each round.
     pub draft_seconds: f64,
+    /// Time in the verify forward (logits and taps back on the host).
     pub verify_seconds: f64,
+    /// Time removing the rejected rows from the target's state (tape replay, snapshot, cursor).
     pub rollback_seconds: f64,
 }
 

@@ -2,14 +2,16 @@
 //! engine or the CUDA backend), its tokenizer, EOS ids, chat template, and which drafters it carries.
 //! Front ends (CLI, server, C ABI) all go through this and `policy::resolve`.
 //!
-//! Drafters run on the host on either device (they read the target's embeddings and LM head through
-//! `Model::head`; the GPU forward returns their taps in host memory), so every drafter serves a GPU
-//! target exactly as a CPU one.
+//! The MTP drafter runs on the target's device (`Model::mtp_drafter`: the host head for a CPU target,
+//! the GPU head next to a GPU target; a head the GPU cannot run is an error, not a silent move to the
+//! host). DFlash runs on the host on either device (it reads the target's embeddings and LM head
+//! through `Model::head`; the GPU forward returns its taps in host memory). Where a drafter runs never
+//! changes what is generated: acceptance depends only on the target's logits.
 
 use std::path::Path;
 
 use backend::{Device, Model, ModelState};
-use drafters::{DflashDrafter, MtpHead};
+use drafters::DflashDrafter;
 use model_io::Checkpoint;
 
 use crate::chat::ChatTemplate;
@@ -136,8 +138,8 @@ impl Engine {
             SpeculationPlan::Enabled {
                 drafter: Drafter::Mtp,
                 ..
-            } => match MtpHead::load(&self.checkpoint, self.model.head(&self.checkpoint)?)? {
-                Some(head) => session.with_drafter(Box::new(head)),
+            } => match self.model.mtp_drafter(&self.checkpoint)? {
+                Some(head) => session.with_drafter(head),
                 None => {
                     return Err(RuntimeError::SpeculationUnavailable {
                         request: "--drafter mtp".into(),

@@ -333,6 +333,8 @@ pub fn generate<B: Backend>(
             session.tokens.truncate(base + keep);
         }
         session.state.end_tape();
+        let rollback_seconds = rollback_start.elapsed().as_secs_f64();
+        let observe_start = Instant::now();
         if let Some(d) = session
             .drafter
             .as_mut()
@@ -354,9 +356,10 @@ pub fn generate<B: Backend>(
         if let Some(s) = stats.as_mut() {
             if !proposals.is_empty() {
                 s.record_round(proposals.len(), judged, accepted, rolled_back);
-                s.draft_seconds += draft_seconds;
+                // The drafter's cost is its proposal and its observe of the verified rows.
+                s.draft_seconds += draft_seconds + observe_start.elapsed().as_secs_f64();
                 s.verify_seconds += verify_seconds;
-                s.rollback_seconds += rollback_start.elapsed().as_secs_f64();
+                s.rollback_seconds += rollback_seconds;
             }
         }
         match (stopped, chosen) {

@@ -2,15 +2,15 @@
 //! backend's host emulation (`CudaDevice::emulated`: every GPU operation run on the CPU with the kernels'
 //! layouts, so CI needs no GPU). Proves, on the GPU code path:
 //! - greedy speculative == sequential (tokens, stop reason, text, streamed deltas) with tape and
-//!   snapshot rollback, an oracle drafter at several error rates and the checkpoint's MTP head (fed
-//!   taps copied back from the device), and the state left behind continues bit-identically;
+//!   snapshot rollback, an oracle drafter at several error rates and the checkpoint's MTP head on the
+//!   device (`CudaMtp`, fed the verified taps), and the state left behind continues bit-identically;
 //! - a seeded sampled run reproduces, and equals the CPU engine's run for the same seed (sequential and
-//!   speculative), on f32 weights;
+//!   speculative: the GPU MTP head against the host one), on f32 weights;
 //! - the greedy stream on the real-vocabulary checkpoint equals the CPU engine's (ids and text);
 //! - a session on the device reuses its prefix as on the CPU;
 //! - on the embedded testbed opened by `Engine::open_on(.., Device::CudaEmulated)` (the CLI's path, default
-//!   GPU options), the trained MTP head and DFlash drafter, fed the device's taps, are accepted and
-//!   speculative greedy equals sequential greedy.
+//!   GPU options), the trained MTP head (on the device) and DFlash drafter (on the host, fed the
+//!   device's taps) are accepted and speculative greedy equals sequential greedy.
 
 mod common;
 
@@ -19,7 +19,7 @@ use std::sync::Arc;
 use backend::{Device, Model, ModelState};
 use common::{detok, fixture, prompt, Oracle};
 use cuda_backend::{CudaDevice, CudaModel, LoadOptions, WeightFormat};
-use drafters::{Drafter, MtpHead};
+use drafters::Drafter;
 use families::{Backend, BackendState, Wanted};
 use model_io::Checkpoint;
 use runtime::{
@@ -149,9 +149,10 @@ fn check_greedy_exactness(name: &str, mtp: bool) {
                 ] {
                     let use_mtp = mtp && error_rate == 0.3;
                     let drafter: Box<dyn Drafter + Send> = if use_mtp {
-                        // The checkpoint's own head, on the host, reading the device's taps.
-                        let head = model.head(&ck).unwrap();
-                        Box::new(MtpHead::load(&ck, head).unwrap().unwrap())
+                        // The checkpoint's own head on the device, next to the target.
+                        let head = model.mtp_drafter(&ck).unwrap().unwrap();
+                        assert_eq!(head.name(), "mtp (cuda)");
+                        head
                     } else {
                         let mut full = case.prompt.clone();
                         full.extend_from_slice(&ids);
@@ -216,9 +217,7 @@ fn check_greedy_exactness(name: &str, mtp: bool) {
         );
     }
     if mtp {
-        println!(
-            "{name}: MTP head on the device's taps accepted {mtp_accepted} in {mtp_rounds} rounds"
-        );
+        println!("{name}: MTP head on the device accepted {mtp_accepted} in {mtp_rounds} rounds");
         assert!(mtp_rounds > 0);
     }
     assert_eq!(runs, 3 * 6 * 8 * 4);
@@ -259,8 +258,8 @@ fn check_sampled_determinism(name: &str) {
     let p = prompt(&cpu, 12, 5);
     let greedy_ids = run(&gpu, &d, &greedy_case(p.clone(), 24), None).0.token_ids;
     let drafter = |model: &Model, full: &[u32]| -> Box<dyn Drafter + Send> {
-        match MtpHead::load(&ck, model.head(&ck).unwrap()).unwrap() {
-            Some(head) => Box::new(head),
+        match model.mtp_drafter(&ck).unwrap() {
+            Some(head) => head,
             None => Box::new(Oracle {
                 full: full.to_vec(),
                 error_rate: 0.3,
@@ -398,9 +397,10 @@ fn a_state_of_the_other_device_is_refused() {
 }
 
 /// The CLI's path on the device: the engine opened on the (emulated) GPU with the product's options,
-/// sessions with the checkpoint's drafters from `Engine::session`. Each drafter reads the device's taps
-/// (final hidden for MTP, layer outputs for DFlash) on the host; a trained drafter is accepted, which
-/// random proposals are not, and the greedy stream equals sequential decoding on the same device.
+/// sessions with the checkpoint's drafters from `Engine::session`: the MTP head on the device (it
+/// uploads the verified final-hidden taps), DFlash on the host (reading the layer-output taps); a
+/// trained drafter is accepted, which random proposals are not, and the greedy stream equals
+/// sequential decoding on the same device.
 #[test]
 fn testbed_drafters_run_on_the_device_taps() {
     let dir = std::env::var_os("TURBOSPARK_TESTBED").map_or_else(
@@ -452,6 +452,13 @@ fn testbed_drafters_run_on_the_device_taps() {
     assert_eq!(sequential.token_ids.len(), 48);
     for (drafter, block) in [(DrafterRequest::Mtp, 3), (DrafterRequest::Dflash, 7)] {
         let plan = engine.plan(Speculation::Block(block), drafter).unwrap();
+        // The MTP head runs on the target's device; DFlash on the host.
+        let name = engine.session(&plan).unwrap().drafter_name();
+        let want = match drafter {
+            DrafterRequest::Mtp => "mtp (cuda)",
+            _ => "dflash",
+        };
+        assert_eq!(name, Some(want));
         for rollback in [Rollback::Tape, Rollback::Snapshot] {
             let got = generate_with(&plan, rollback);
             let label = format!("{drafter:?} block {block} {rollback:?}");
@@ -465,6 +472,81 @@ fn testbed_drafters_run_on_the_device_taps() {
             assert!(
                 s.accepted * 5 > s.rounds,
                 "{label}: the drafter is almost never accepted"
+            );
+        }
+    }
+}
+
+/// The GPU MTP head drafts what the host head drafts: on the testbed (trained head, real acceptance),
+/// the engine's session (`CudaMtp` on the device) and a session with the host `MtpHead` reading the
+/// device's taps give the same tokens as sequential decoding *and* the same rounds, proposals and
+/// per-position acceptance, at several blocks and prompts (prompts over 16 tokens observe their
+/// prefill rows in one pass on the GEMM path, as the product does).
+#[test]
+fn gpu_mtp_drafts_what_the_host_head_drafts_on_the_testbed() {
+    let dir = std::env::var_os("TURBOSPARK_TESTBED").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/testbed"),
+        std::path::PathBuf::from,
+    );
+    let engine = Engine::open_on(&dir, Device::CudaEmulated).unwrap();
+    let host_head = || -> Box<dyn Drafter + Send> {
+        let head = engine.model.head(&engine.checkpoint).unwrap();
+        Box::new(
+            drafters::MtpHead::load(&engine.checkpoint, head)
+                .unwrap()
+                .unwrap(),
+        )
+    };
+    for text in [
+        "def read_config(path):\n    \"\"\"Read a JSON file.\"\"\"\n    import json\n",
+        "Call me Ishmael. Some years ago",
+    ] {
+        let prompt = engine.encode(text).unwrap();
+        let run = |session: &mut Session<ModelState>, block: Option<usize>| {
+            let cfg = GenerationConfig::greedy(40);
+            let req = Request {
+                prompt: &prompt,
+                config: &cfg,
+                eos: &[],
+                detok: &engine.tokenizer,
+                speculative: block.map(Speculative::new),
+                cancel: CancelFlag::new(),
+            };
+            generate(&engine.model, session, &req, &mut |_| {}).unwrap()
+        };
+        let off = engine.plan(Speculation::Off, DrafterRequest::Auto).unwrap();
+        let sequential = run(&mut engine.session(&off).unwrap(), None);
+        for block in [1, 2, 4] {
+            let plan = engine
+                .plan(Speculation::Block(block), DrafterRequest::Mtp)
+                .unwrap();
+            let mut gpu_session = engine.session(&plan).unwrap();
+            assert_eq!(gpu_session.drafter_name(), Some("mtp (cuda)"));
+            let gpu = run(&mut gpu_session, Some(block));
+            let mut host_session = Session::open(&engine.model)
+                .unwrap()
+                .with_drafter(host_head());
+            let host = run(&mut host_session, Some(block));
+            let label = format!("{text:?} block {block}");
+            assert_eq!(gpu.token_ids, sequential.token_ids, "{label}");
+            assert_eq!(host.token_ids, sequential.token_ids, "{label}");
+            let (g, h) = (gpu.spec.unwrap(), host.spec.unwrap());
+            let counts = |s: &runtime::SpecStats| {
+                (
+                    s.rounds,
+                    s.proposed,
+                    s.accepted,
+                    s.per_position_accepted.clone(),
+                )
+            };
+            assert_eq!(counts(&g), counts(&h), "{label}: GPU vs host head");
+            assert!(g.accepted * 3 > g.rounds, "{label}: rarely accepted");
+            println!(
+                "{label}: prompt {} tokens, accepted {} of {} in {} rounds (both heads)",
+                prompt.len(),
+                g.accepted,
+                g.proposed,
+                g.rounds
             );
         }
     }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use drafters::{Chooser, Drafter};
-use families::{ModelError, Tap, Transformer};
+use families::{BackendError, Tap, Transformer};
 use runtime::ByteDetokenizer;
 
 pub fn fixture(name: &str) -> (model_io::Checkpoint, Arc<Transformer>) {
@@ -61,10 +61,15 @@ impl Drafter for Oracle {
     fn position(&self) -> usize {
         usize::MAX
     }
-    fn rewind(&mut self, _position: usize) -> Result<(), ModelError> {
+    fn rewind(&mut self, _position: usize) -> Result<(), BackendError> {
         Ok(())
     }
-    fn observe(&mut self, _taps: &[Vec<f32>], _n: usize, _next: &[u32]) -> Result<(), ModelError> {
+    fn observe(
+        &mut self,
+        _taps: &[Vec<f32>],
+        _n: usize,
+        _next: &[u32],
+    ) -> Result<(), BackendError> {
         Ok(())
     }
     fn propose(
@@ -72,7 +77,7 @@ impl Drafter for Oracle {
         history: &[u32],
         k: usize,
         _c: &mut dyn Chooser,
-    ) -> Result<Vec<u32>, ModelError> {
+    ) -> Result<Vec<u32>, BackendError> {
         self.calls += 1;
         let mut out = Vec::new();
         for i in 0..k {

@@ -5,16 +5,20 @@
 //! 2. For each fixture (qwen3, qwen3_5, qwen3_realtok), in exact mode (weights as stored, f32 activations)
 //!    and bf16 mode: logits vs transformers' reference and the CPU engine, per-layer hidden states vs the
 //!    CPU engine, greedy continuation, verify/tape/snapshot/graph state checks (see fixtures.rs).
-//! 3. Batch-1 decode tok/s on a synthetic qwen35-4b and its roofline fraction (see bench.rs).
+//! 3. The GPU MTP head against the host head on checkpoints carrying `mtp.*` (qwen3_5, and the testbed
+//!    with `--testbed DIR`): logits, proposals, draft graph == direct launches, draft step time (mtp.rs).
+//! 4. Batch-1 decode tok/s on a synthetic qwen35-4b and its roofline fraction (see bench.rs).
 //!
 //! Exit code: 0 all checks passed, 1 a check failed, 2 no GPU/driver.
 //! Usage: cuda_check [--fixtures DIR] [--only NAME] [--no-bench] [--shape NAME] [--prompt N] [--new N]
 //!                   [--sweep]     (times every GEMV kernel variant on the qwen35-4b matrix shapes)
+//!                   [--testbed DIR] (also check the GPU MTP head on this checkpoint, e.g. models/testbed)
 //!                   [--emulate]   (host-emulated device: checks this program's logic without a GPU)
 //!                   [--simulate]  (the real kernels compiled for the CPU: checks the kernels without a GPU)
 
 mod bench;
 mod fixtures;
+mod mtp;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -31,6 +35,7 @@ struct Args {
     emulate: bool,
     simulate: bool,
     sweep: bool,
+    testbed: Option<PathBuf>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -44,6 +49,7 @@ fn parse() -> Result<Args, String> {
         emulate: false,
         simulate: false,
         sweep: false,
+        testbed: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -55,6 +61,7 @@ fn parse() -> Result<Args, String> {
             "--emulate" => a.emulate = true,
             "--simulate" => a.simulate = true,
             "--sweep" => a.sweep = true,
+            "--testbed" => a.testbed = Some(PathBuf::from(value()?)),
             "--shape" => a.shape = value()?,
             "--prompt" => a.prompt = value()?.parse().map_err(|e| format!("--prompt: {e}"))?,
             "--new" => a.new = value()?.parse().map_err(|e| format!("--new: {e}"))?,
@@ -163,6 +170,22 @@ fn main() {
         if let Err(e) = bench::sweep(&dev) {
             all_ok = false;
             println!("sweep: ERROR {e:#}");
+        }
+    }
+    let mut mtp_dirs = Vec::new();
+    if args.only.as_deref().is_none_or(|o| o == "qwen3_5") {
+        mtp_dirs.push(args.fixtures.join("qwen3_5"));
+    }
+    mtp_dirs.extend(args.testbed.clone());
+    for dir in mtp_dirs {
+        for exact in [true, false] {
+            match mtp::check(&dev, &dir, exact) {
+                Ok(ok) => all_ok &= ok,
+                Err(e) => {
+                    all_ok = false;
+                    println!("  [{} mtp] ERROR: {e:#}", dir.display());
+                }
+            }
         }
     }
     // The simulator runs the benchmark's logic too (give it a small --shape).

@@ -1,0 +1,581 @@
+//! The checkpoint's multi-token-prediction head (`mtp.*`, Qwen3.5 / Qwen3-Next) on the GPU: the same
+//! function as the host drafter `drafters::MtpHead`, run with the target's kernels next to the target.
+//!
+//! Row t takes the target's hidden h_t *after its final norm* and the token x_{t+1} that followed it:
+//! u = fc([norm_e(embed(x_{t+1})); norm_h(h_t)]), then the MTP decoder layer(s) (full-attention gated
+//! layers, run by `CudaModel::layer`) at rope position t over the head's own KV cache, then `mtp.norm`;
+//! the target's LM head turns that into logits for x_{t+2}. Drafting chains the head on its own normed
+//! output as the next h. The fc matrix [H, 2H] is split at upload into its two input halves, so
+//! u = fc_h·norm_h(h) + fc_e·norm_e(e) needs no concatenated row (the same dot product, summed in
+//! another order). The embedding table and LM head are the target's buffers, shared, not copied.
+//!
+//! Traffic per round: observe uploads the verified taps rows [n, H] and n token ids, and copies one
+//! logits row back (the first draft of the next round); each further drafted token uploads its id and
+//! position and copies one [vocab] logits row back for the loop's `Chooser` (argmax, or a draw whose q
+//! the loop keeps for rejection sampling). On a GPU the draft step and verify-sized observes (up to
+//! `gemv_max_rows`, at most 17 rows, one graph per row count) replay captured CUDA graphs; prefill-sized
+//! observes launch their kernels directly.
+//!
+//! Invariant: KV rows 0..position() hold verified pairs; rows a proposal wrote past it are overwritten by
+//! the next observe. `last` holds the normed output of the last committed row and `last_logits` its
+//! logits, both valid iff `last_logits` is non-empty (cleared by rewind and reset).
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use cudarc::driver::CudaGraph;
+use drafters::{Chooser, Drafter};
+use families::{BackendError, ModelError, Tap};
+use model_io::{Checkpoint, LayerKind};
+
+use crate::adapter::{grown_capacity, INITIAL_CAPACITY};
+use crate::buf::{dtod, dtoh, htod, DBuf};
+use crate::error::CudaError;
+use crate::model::{load_layer, CudaModel, LayerW, MixerW};
+use crate::ops::{self, NormW, ATT_SPLITS_FINE};
+use crate::state::{LayerState, Scratch, Widths};
+use crate::weights::{Init, Mat, Source, Uploader};
+
+/// A captured graph owned by one drafter, so the drafter is `Send` as the session's drafter box
+/// requires (a session may move between threads).
+struct OwnedGraph(CudaGraph);
+
+// SAFETY: CUDA graph handles are not bound to a thread; the driver requires only that calls on one graph
+// are serialized. `OwnedGraph` is not `Sync` and is reached only through `&mut CudaMtp`, so its calls are
+// serialized; `CudaGraph::launch` binds the context to the calling thread first.
+unsafe impl Send for OwnedGraph {}
+
+/// The head's weights (the target's embedding and LM head are read through `target`).
+struct Weights {
+    target: Arc<CudaModel>,
+    fc_e: Mat, // [hidden, hidden]: fc columns 0..H, applied to the normed embedding
+    fc_h: Mat, // [hidden, hidden]: fc columns H..2H, applied to the normed target hidden
+    pre_fc_norm_embedding: DBuf,
+    pre_fc_norm_hidden: DBuf,
+    layers: Vec<LayerW>,
+    norm: DBuf,
+}
+
+/// Scratch of passes of up to `sc.rows` rows, with the head's own inputs.
+struct Io {
+    sc: Scratch,
+    emb: DBuf, // [rows, hidden] embeddings of the next tokens
+    hid: DBuf, // [rows, hidden] uploaded target hidden rows
+}
+
+impl Io {
+    fn new(t: &CudaModel, w: &Widths, rows: usize, row_splits: usize) -> Result<Self, CudaError> {
+        Ok(Io {
+            sc: Scratch::new(&t.dev, w, rows, row_splits)?,
+            emb: DBuf::f32s(&t.dev, rows * t.hidden)?,
+            hid: DBuf::f32s(&t.dev, rows * t.hidden)?,
+        })
+    }
+}
+
+/// Rows of observes that run in the fixed `small` scratch (and may be graphed): verify-sized.
+const SMALL_ROWS: usize = 17;
+
+/// One pass of the head, by the scratch it runs in.
+#[derive(Clone, Copy, Debug)]
+enum Pass {
+    /// A chained draft row: hidden and output `work`, scratch `one`.
+    Step,
+    /// An observe of m <= `small.sc.rows` rows: hidden `small.hid`, output `last`.
+    Small(usize),
+    /// An observe of m rows in `many`: hidden `many.hid`, output `last`.
+    Many(usize),
+}
+
+/// The MTP head of a [`CudaModel`]'s checkpoint, on the same device, as a [`Drafter`].
+pub struct CudaMtp {
+    /// Captured passes (GPU only; all dropped whenever the KV buffers move): slot 0 the draft step,
+    /// slot m an observe of m rows in `small`. First, so they are destroyed before the buffers they use.
+    graphs: Vec<Option<OwnedGraph>>,
+    /// Why a capture failed (then every pass uses direct launches).
+    graph_error: Option<String>,
+    w: Weights,
+    widths: Widths,
+    /// Per MTP layer, its KV cache of `capacity` positions.
+    kv: Vec<LayerState>,
+    capacity: usize,
+    /// Scratch of one-row draft steps (fixed: the step graph holds its addresses).
+    one: Io,
+    /// Scratch of observes of up to `small.sc.rows` rows (<= gemv_max_rows, verify-sized; fixed: their
+    /// graphs hold its addresses).
+    small: Io,
+    /// Scratch of larger observes (prefill), grown on demand, never graphed.
+    many: Option<Io>,
+    /// [hidden] normed output of the last committed row.
+    last: DBuf,
+    /// [hidden] the chained hidden while proposing (input and output of each draft step).
+    work: DBuf,
+    committed: usize,
+    last_logits: Vec<f32>,
+}
+
+impl CudaMtp {
+    /// Uploads `mtp.*` of `ck` next to `target` (loaded from the same checkpoint, same weight format);
+    /// `Ok(None)` when the checkpoint carries no head.
+    pub fn load(target: &Arc<CudaModel>, ck: &Checkpoint) -> Result<Option<Self>, CudaError> {
+        let c = &ck.config;
+        if !ck.has_mtp || c.mtp_num_hidden_layers == 0 {
+            return Ok(None);
+        }
+        let (h, t) = (c.hidden_size, &**target);
+        if h != t.hidden || c.vocab_size != t.vocab {
+            return Err(ModelError::StateMismatch(format!(
+                "the MTP head of {} (hidden {h}, vocab {}) loaded onto a target with hidden {}, vocab {}",
+                ck.dir.display(),
+                c.vocab_size,
+                t.hidden,
+                t.vocab
+            ))
+            .into());
+        }
+        let up = Uploader {
+            dev: &t.dev,
+            source: Source::Checkpoint(ck),
+            format: t.opts.weights,
+            tensor_cores: t.opts.tensor_core_gemv,
+            counter: Cell::new(0),
+        };
+        let mut widths = t.widths;
+        let mut layers = Vec::with_capacity(c.mtp_num_hidden_layers);
+        for j in 0..c.mtp_num_hidden_layers {
+            let lp = format!("mtp.layers.{j}.");
+            if ck.tensors.contains(&format!("{lp}mlp.gate.weight")) {
+                return Err(CudaError::Unsupported {
+                    what: "an MTP layer with a mixture-of-experts MLP".into(),
+                });
+            }
+            let kind = LayerKind::FullAttention;
+            layers.push(load_layer(&up, c, &lp, kind, t.zero_centred, &mut widths)?);
+        }
+        let vector = |name: &str| up.vector(name, &[h], Init::Norm);
+        let w = Weights {
+            fc_e: up.matrix_columns("mtp.fc.weight", h, 2 * h, 0..h)?,
+            fc_h: up.matrix_columns("mtp.fc.weight", h, 2 * h, h..2 * h)?,
+            pre_fc_norm_embedding: vector("mtp.pre_fc_norm_embedding.weight")?,
+            pre_fc_norm_hidden: vector("mtp.pre_fc_norm_hidden.weight")?,
+            norm: vector("mtp.norm.weight")?,
+            layers,
+            target: target.clone(),
+        };
+        let capacity = INITIAL_CAPACITY.min(t.context).max(1);
+        // Small observes stay on the batch-invariant GEMV path (no cuBLAS inside a graph).
+        let small_rows = t.opts.gemv_max_rows.clamp(1, SMALL_ROWS);
+        let small_splits = (1..=small_rows)
+            .map(|m| m * ops::att_splits(m, t.opts.gemv_max_rows))
+            .max()
+            .unwrap_or(ATT_SPLITS_FINE);
+        let head = CudaMtp {
+            kv: new_kv(&w, capacity)?,
+            capacity,
+            one: Io::new(t, &widths, 1, ATT_SPLITS_FINE)?,
+            small: Io::new(t, &widths, small_rows, small_splits)?,
+            many: None,
+            last: DBuf::f32s(&t.dev, h)?,
+            work: DBuf::f32s(&t.dev, h)?,
+            committed: 0,
+            last_logits: Vec::new(),
+            graphs: (0..=small_rows).map(|_| None).collect(),
+            graph_error: None,
+            widths,
+            w,
+        };
+        t.dev.synchronize()?;
+        Ok(Some(head))
+    }
+
+    /// Whether draft steps replay a captured graph: `Ok(true)` once captured, `Ok(false)` before the
+    /// first step or without a GPU, `Err(reason)` when a capture failed (direct launches from then on).
+    pub fn graph_status(&self) -> Result<bool, String> {
+        match &self.graph_error {
+            Some(e) => Err(e.clone()),
+            None => Ok(self.graphs.first().is_some_and(|g| g.is_some())),
+        }
+    }
+
+    /// Rewinds to `start` (at most the committed position) and observes verified rows (hidden[j] [H],
+    /// next_tokens[j]) at positions start..start+n; returns the last row's logits, the first draft of
+    /// the next proposal. `observe` is this at the committed position; parity tests compare it with
+    /// `MtpHead::forward`.
+    pub fn forward(
+        &mut self,
+        hidden: &[f32],
+        next_tokens: &[u32],
+        start: usize,
+    ) -> Result<Vec<f32>, CudaError> {
+        if start > self.committed {
+            return Err(ModelError::PositionMismatch {
+                expected: self.committed,
+                got: start,
+            }
+            .into());
+        }
+        // Until the rows are in, there is no valid first draft (a failed run leaves none).
+        self.committed = start;
+        self.last_logits.clear();
+        let logits = self.run_rows(hidden, next_tokens, start)?;
+        self.committed = start + next_tokens.len();
+        self.last_logits.clone_from(&logits);
+        Ok(logits)
+    }
+
+    /// Uploads and runs rows at start..start+n in passes of at most `max_pass_rows` rows; the last
+    /// row's normed output goes to `last`. Returns the last row's logits.
+    fn run_rows(
+        &mut self,
+        hidden: &[f32],
+        next_tokens: &[u32],
+        start: usize,
+    ) -> Result<Vec<f32>, CudaError> {
+        let n = next_tokens.len();
+        let t = self.w.target.clone();
+        let hd = t.hidden;
+        if n == 0 || hidden.len() != n * hd {
+            return Err(ModelError::EmptyInput.into());
+        }
+        for (index, &token) in next_tokens.iter().enumerate() {
+            if token as usize >= t.vocab {
+                return Err(ModelError::TokenOutOfRange {
+                    token,
+                    index,
+                    vocab: t.vocab,
+                }
+                .into());
+            }
+        }
+        self.ensure(start, n)?;
+        let dev = &*t.dev;
+        let pass_rows = t.opts.max_pass_rows.max(1);
+        let mut logits = vec![0.0f32; t.vocab];
+        let mut p0 = 0;
+        while p0 < n {
+            let m = (n - p0).min(pass_rows);
+            let pass = if m <= self.small.sc.rows {
+                Pass::Small(m)
+            } else {
+                self.fit_many(m)?;
+                Pass::Many(m)
+            };
+            let io = self.io(pass)?;
+            let ids: Vec<i32> = next_tokens[p0..p0 + m].iter().map(|&x| x as i32).collect();
+            htod(dev, io.sc.ids.ptr, &ids)?;
+            htod(dev, io.sc.start.ptr, &[(start + p0) as i32])?;
+            htod(dev, io.hid.ptr, &hidden[p0 * hd..(p0 + m) * hd])?;
+            self.launch(pass)?;
+            p0 += m;
+            if p0 == n {
+                dtoh(dev, &mut logits, self.io(pass)?.sc.logits.ptr)?;
+            }
+        }
+        Ok(logits)
+    }
+
+    /// The scratch `pass` runs in.
+    fn io(&self, pass: Pass) -> Result<&Io, CudaError> {
+        match pass {
+            Pass::Step => Ok(&self.one),
+            Pass::Small(_) => Ok(&self.small),
+            Pass::Many(_) => self.many.as_ref().ok_or(CudaError::Unsupported {
+                what: "an MTP pass without its scratch".into(),
+            }),
+        }
+    }
+
+    /// Runs `pass` (inputs already uploaded): replays its graph where it has one (captured on first
+    /// use on a GPU with graphs on), else launches its kernels directly.
+    fn launch(&mut self, pass: Pass) -> Result<(), CudaError> {
+        let slot = match pass {
+            Pass::Step => Some(0),
+            Pass::Small(m) => Some(m),
+            Pass::Many(_) => None,
+        };
+        let graphs_on = self.w.target.graph_ok() && self.graph_error.is_none();
+        if let Some(slot) = slot.filter(|_| graphs_on) {
+            if self.graphs.get(slot).is_some_and(|g| g.is_none()) {
+                match self.capture(pass) {
+                    Ok(Some(g)) => self.graphs[slot] = Some(OwnedGraph(g)),
+                    Ok(None) => self.graph_error = Some("capture produced an empty graph".into()),
+                    Err(e) => self.graph_error = Some(format!("{pass:?}: {e}")),
+                }
+            }
+            if let Some(Some(g)) = self.graphs.get(slot) {
+                return g.0.launch().map_err(CudaError::driver(format!(
+                    "launching the MTP graph {pass:?}"
+                )));
+            }
+        }
+        self.body(pass)
+    }
+
+    /// The device work of `pass`: what its graph holds.
+    fn body(&mut self, pass: Pass) -> Result<(), CudaError> {
+        let CudaMtp {
+            w,
+            kv,
+            one,
+            small,
+            many,
+            last,
+            work,
+            ..
+        } = self;
+        let (io, hidden, out, m) = match pass {
+            Pass::Step => (&*one, work.ptr, work.ptr, 1),
+            Pass::Small(m) => (&*small, small.hid.ptr, last.ptr, m),
+            Pass::Many(m) => {
+                let io = many.as_ref().ok_or(CudaError::Unsupported {
+                    what: "an MTP pass without its scratch".into(),
+                })?;
+                (io, io.hid.ptr, last.ptr, m)
+            }
+        };
+        rows(w, kv, io, hidden, m, out)
+    }
+
+    /// Captures `pass` into a graph (nothing runs during capture).
+    fn capture(&mut self, pass: Pass) -> Result<Option<CudaGraph>, CudaError> {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        let dev = self.w.target.dev.clone();
+        let stream = &dev.gpu()?.stream;
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(CudaError::driver("beginning MTP graph capture"))?;
+        let body = self.body(pass);
+        // Always end the capture, also after a failed body, so the stream leaves capture mode.
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map_err(CudaError::driver("ending MTP graph capture"));
+        body?;
+        graph
+    }
+
+    /// Makes the multi-row scratch hold passes of m rows (as `CudaModel::pass` sizes its own).
+    fn fit_many(&mut self, m: usize) -> Result<(), CudaError> {
+        let t = &*self.w.target;
+        let row_splits = m * ops::att_splits(m, t.opts.gemv_max_rows);
+        let fits = self
+            .many
+            .as_ref()
+            .is_some_and(|io| io.sc.rows >= m && io.sc.row_splits >= row_splits);
+        if !fits {
+            let rows = m.max(self.many.as_ref().map_or(0, |io| io.sc.rows));
+            let rs = row_splits.max(self.many.as_ref().map_or(0, |io| io.sc.row_splits));
+            self.many = None;
+            self.many = Some(Io::new(t, &self.widths, rows, rs)?);
+        }
+        Ok(())
+    }
+
+    /// Makes the KV caches hold positions start..start+n, keeping rows 0..start (capacity doubles, as
+    /// the target state's; the graphs hold the old addresses, so they are dropped).
+    fn ensure(&mut self, start: usize, n: usize) -> Result<(), CudaError> {
+        let t = &*self.w.target;
+        if start + n > t.context {
+            return Err(ModelError::ContextOverflow {
+                start,
+                n,
+                context: t.context,
+            }
+            .into());
+        }
+        let Some(capacity) = grown_capacity(self.capacity, start + n, t.context) else {
+            return Ok(());
+        };
+        let kv = new_kv(&self.w, capacity)?;
+        for (new, old) in kv.iter().zip(&self.kv) {
+            if let (
+                LayerState::Attention {
+                    k: nk,
+                    v: nv,
+                    row_floats,
+                },
+                LayerState::Attention { k: ok, v: ov, .. },
+            ) = (new, old)
+            {
+                let bytes = start * row_floats * 4;
+                dtod(&t.dev, nk.ptr, ok.ptr, bytes)?;
+                dtod(&t.dev, nv.ptr, ov.ptr, bytes)?;
+            }
+        }
+        self.graphs.iter_mut().for_each(|g| *g = None);
+        self.kv = kv;
+        self.capacity = capacity;
+        Ok(())
+    }
+
+    /// One chained draft row at `position`: token `token`, hidden `work` (replaced by the row's normed
+    /// output). Returns its logits. KV capacity must already cover `position`.
+    fn step(&mut self, token: u32, position: usize) -> Result<Vec<f32>, CudaError> {
+        let t = self.w.target.clone();
+        let dev = &*t.dev;
+        if token as usize >= t.vocab {
+            return Err(ModelError::TokenOutOfRange {
+                token,
+                index: 0,
+                vocab: t.vocab,
+            }
+            .into());
+        }
+        htod(dev, self.one.sc.ids.ptr, &[token as i32])?;
+        htod(dev, self.one.sc.start.ptr, &[position as i32])?;
+        self.launch(Pass::Step)?;
+        let mut logits = vec![0.0f32; t.vocab];
+        dtoh(dev, &mut logits, self.one.sc.logits.ptr)?;
+        Ok(logits)
+    }
+}
+
+impl Drafter for CudaMtp {
+    fn name(&self) -> &'static str {
+        "mtp (cuda)"
+    }
+
+    fn taps(&self) -> Vec<Tap> {
+        vec![Tap::FinalHidden]
+    }
+
+    fn reset(&mut self) {
+        self.committed = 0;
+        self.last_logits.clear();
+    }
+
+    fn position(&self) -> usize {
+        self.committed
+    }
+
+    fn rewind(&mut self, position: usize) -> Result<(), BackendError> {
+        if position > self.committed {
+            return Err(ModelError::PositionMismatch {
+                expected: self.committed,
+                got: position,
+            }
+            .into());
+        }
+        self.committed = position;
+        // The first draft belonged to the old last row; the next observe recomputes it.
+        self.last_logits.clear();
+        Ok(())
+    }
+
+    fn observe(
+        &mut self,
+        taps: &[Vec<f32>],
+        n: usize,
+        next_tokens: &[u32],
+    ) -> Result<(), BackendError> {
+        let hidden = taps.first().ok_or(ModelError::EmptyInput)?;
+        let hd = self.w.target.hidden;
+        if hidden.len() < n * hd || next_tokens.len() != n {
+            return Err(ModelError::EmptyInput.into());
+        }
+        self.forward(&hidden[..n * hd], next_tokens, self.committed)?;
+        Ok(())
+    }
+
+    fn propose(
+        &mut self,
+        history: &[u32],
+        k: usize,
+        chooser: &mut dyn Chooser,
+    ) -> Result<Vec<u32>, BackendError> {
+        // The last committed row predicts the token after history's last: valid only when observe
+        // covered every row before it.
+        if k == 0 || self.last_logits.is_empty() || self.committed + 1 != history.len() {
+            return Ok(Vec::new());
+        }
+        if k > 1 {
+            self.ensure(self.committed, k - 1)?;
+            let dev = &*self.w.target.dev;
+            dtod(dev, self.work.ptr, self.last.ptr, self.last.bytes)?;
+        }
+        let mut context = history.to_vec();
+        let mut out = Vec::with_capacity(k);
+        let mut logits = Vec::new();
+        for i in 0..k {
+            let row = if i == 0 { &self.last_logits } else { &logits };
+            let token = chooser.choose(row, &context);
+            out.push(token);
+            context.push(token);
+            if i + 1 == k {
+                break;
+            }
+            // Chain: the head's own output stands in for the target hidden of the drafted position.
+            logits = self.step(token, self.committed + i)?;
+        }
+        Ok(out)
+    }
+}
+
+/// KV caches of `capacity` positions for every MTP layer.
+fn new_kv(w: &Weights, capacity: usize) -> Result<Vec<LayerState>, CudaError> {
+    let dev = &*w.target.dev;
+    let mut kv = Vec::with_capacity(w.layers.len());
+    for l in &w.layers {
+        let MixerW::Attention(a) = &l.mixer else {
+            return Err(CudaError::Unsupported {
+                what: "an MTP layer that is not full attention".into(),
+            });
+        };
+        let row_floats = a.shape.hkv * a.shape.d;
+        kv.push(LayerState::Attention {
+            k: DBuf::f32s(dev, capacity * row_floats)?,
+            v: DBuf::f32s(dev, capacity * row_floats)?,
+            row_floats,
+        });
+    }
+    Ok(kv)
+}
+
+/// The head over m rows at positions `sc.start`..: ids in `io.sc.ids`, target hidden rows at `hidden`
+/// [m, H]. Leaves the last row's normed output at `out` [H] and its logits in `io.sc.logits`. `hidden`
+/// and `out` may be the same buffer (the input is consumed before the output is written).
+fn rows(
+    w: &Weights,
+    kv: &mut [LayerState],
+    io: &Io,
+    hidden: u64,
+    m: usize,
+    out: u64,
+) -> Result<(), CudaError> {
+    let t = &*w.target;
+    let dev = &*t.dev;
+    let (sc, gm, h) = (&io.sc, t.opts.gemv_max_rows, t.hidden);
+    ops::embed(dev, &t.embed, sc.ids.ptr, io.emb.ptr, m)?;
+    // The head's own norms are zero-centred, as `MtpHead` loads them (Qwen3.5 / Qwen3-Next); its
+    // decoder layer uses the target's convention, as the target's layers.
+    let norm = |v: &DBuf| NormW {
+        w: v.ptr,
+        eps: t.eps,
+        zero_centred: true,
+    };
+    // x = fc_h·norm_h(h_t) + fc_e·norm_e(embed(x_{t+1}))   [m, H]
+    let norm_h = norm(&w.pre_fc_norm_hidden);
+    ops::linear_normed(
+        dev, &w.fc_h, hidden, norm_h, sc.h.ptr, sc.x.ptr, m, sc.xb.ptr, gm,
+    )?;
+    let norm_e = norm(&w.pre_fc_norm_embedding);
+    ops::rmsnorm(
+        dev,
+        io.emb.ptr,
+        norm_e.w,
+        sc.h.ptr,
+        m,
+        h,
+        norm_e.eps,
+        norm_e.zero_centred,
+    )?;
+    ops::linear(dev, &w.fc_e, sc.h.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
+    for (l, ls) in w.layers.iter().zip(kv.iter_mut()) {
+        t.layer(l, ls, None, sc, m, &mut None)?;
+    }
+    // Only the last row feeds the chain and the logits.
+    let last = sc.x.f32_at((m - 1) * h);
+    let n = norm(&w.norm);
+    ops::rmsnorm(dev, last, n.w, out, 1, h, n.eps, n.zero_centred)?;
+    let head = t.lm_head.as_ref().unwrap_or(&t.embed);
+    ops::linear(dev, head, out, sc.logits.ptr, 1, false, sc.xb.ptr, gm)
+}
