@@ -204,7 +204,10 @@ impl Model {
                 // Speculative rows are nearly free on the tensor-core GEMV; one row is cheaper on the
                 // FMA kernel. The choice is per load so sequential and speculative runs share it.
                 LoadOptions {
-                    tensor_core_gemv: ck.has_mtp || ck.has_dflash,
+                    tensor_core_gemv: env_flag("TURBOSPARK_TENSOR_CORE_GEMV")
+                        .unwrap_or(ck.has_mtp || ck.has_dflash),
+                    graphs: env_flag("TURBOSPARK_CUDA_GRAPHS").unwrap_or(true),
+                    verify_graphs: env_flag("TURBOSPARK_VERIFY_GRAPHS").unwrap_or(false),
                     ..LoadOptions::default()
                 },
             ) {
@@ -415,5 +418,16 @@ impl BackendState for ModelState {
             ))
             .into()),
         }
+    }
+}
+
+/// A 0/1 override from the environment (diagnosis: `TURBOSPARK_TENSOR_CORE_GEMV`, `TURBOSPARK_CUDA_GRAPHS`,
+/// `TURBOSPARK_VERIFY_GRAPHS`);
+/// None when unset or not 0/1.
+fn env_flag(name: &str) -> Option<bool> {
+    match std::env::var(name).ok()?.as_str() {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => None,
     }
 }

@@ -9,6 +9,12 @@
 //! after it. The work is the same sequence of kernels `pass` launches for those rows, so the result is
 //! bit for bit the same (the fixture checks compare both).
 //!
+//! Off by default (`LoadOptions::verify_graphs`): on the H200 the testbed's MTP bench (`turbospark bench
+//! --device cuda --model models/testbed`, default 3 runs per block, blocks 1..6, one session) produced a
+//! stream different from sequential decoding at blocks >= 4 with it on, while cuda_check's speculative
+//! rounds (one session, blocks 2..6, rollbacks) and `--speculative 3,4 --runs 1` were exact (run 9). Not yet
+//! explained; an exactness bug, so the path stays off until it is.
+//!
 //! Invariants: a graph is keyed by (rows, first logits row, final-hidden tap, tape on) and by the buffers
 //! it holds: the scratch (`verify_graphs` is cleared whenever `many` is replaced) and the tape buffers
 //! (`tape_epoch` counts their allocations). A tape must be fresh (no rows recorded): the graph's records
@@ -48,7 +54,8 @@ impl CudaModel {
         let n = tokens.len();
         let gm = self.opts.gemv_max_rows;
         let final_hidden = taps.contains(&Tap::FinalHidden);
-        let eligible = self.graph_ok()
+        let eligible = self.opts.verify_graphs
+            && self.graph_ok()
             && n >= 2
             && n <= gm.min(LOGIT_ROWS)
             && taps.iter().all(|t| *t == Tap::FinalHidden)
@@ -68,11 +75,11 @@ impl CudaModel {
             .as_ref()
             .is_some_and(|s| s.rows >= n && s.row_splits >= row_splits);
         if !fits {
-            let rows = gm
-                .min(LOGIT_ROWS)
-                .max(state.many.as_ref().map_or(0, |s| s.rows));
-            let rs = (rows * ops::att_splits(rows, gm))
-                .max(state.many.as_ref().map_or(0, |s| s.row_splits));
+            let have = state
+                .many
+                .as_ref()
+                .map_or((0, 0), |s| (s.rows, s.row_splits));
+            let (rows, rs) = verify_scratch(have, gm);
             state.many = None;
             state.verify_graphs.clear();
             state.many = Some(Scratch::new(dev, &state.widths, rows, rs)?);
@@ -220,5 +227,35 @@ impl CudaModel {
             )?;
         }
         Ok(())
+    }
+}
+
+/// (rows, attention row-splits) of a multi-row scratch that holds every verify block (2..=min(gm,
+/// LOGIT_ROWS) rows, each row with its fine key chunks) and still what `have` held (a prefill's rows).
+fn verify_scratch(have: (usize, usize), gm: usize) -> (usize, usize) {
+    let block = gm.min(LOGIT_ROWS);
+    let rows = block.max(have.0);
+    let rs = (block * ops::att_splits(block, gm)).max(have.1);
+    (rows, rs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verify_scratch_holds_every_block_after_a_prefill() {
+        // A prefill of 35 rows leaves coarse splits (35 x 8 = 280): a 5-row block needs 5 x 64. Sizing the
+        // splits from the prefill's rows once overflowed the attention partials (run 9: wrong tokens).
+        for gm in [1usize, 4, 16] {
+            for have in [(0, 0), (35, 35 * 8), (512, 512 * 8), (16, 16 * 64)] {
+                let (rows, rs) = verify_scratch(have, gm);
+                assert!(rows >= have.0 && rs >= have.1);
+                for n in 2..=gm.min(LOGIT_ROWS) {
+                    assert!(rows >= n, "rows {rows} < {n}");
+                    assert!(rs >= n * ops::att_splits(n, gm), "splits {rs} for {n} rows");
+                }
+            }
+        }
     }
 }

@@ -52,6 +52,7 @@ fn exact() -> LoadOptions {
         weights: WeightFormat::AsStored,
         gemv_max_rows: usize::MAX,
         graphs: true,
+        verify_graphs: false,
         tensor_core_gemv: false,
         max_pass_rows: 512,
     }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
 use cuda_backend::{CudaDevice, CudaModel, LoadOptions, WeightFormat};
-use families::{Tap, Wanted};
+use families::{Rows, Tap, Wanted};
 use model_io::Checkpoint;
 use safetensors::SafeTensors;
 
@@ -395,4 +395,94 @@ fn state_ops(gpu: &CudaModel, prompt: &[u32], name: &str, mode: &str) -> Result<
     s2 = s1.snapshot()?;
     drop(s2);
     Ok(ok)
+}
+
+/// Speculative rounds as the runtime runs them (hybrid fork prefill, begin_tape, a verify block with
+/// the final-hidden tap, rollback of the rejected rows, end_tape) over blocks of 2..=6 rows with one
+/// wrong proposal in most blocks: every verify row whose inputs match the sequential stream must equal
+/// the sequential decode row bit for bit. Returns false on the first mismatch (printed).
+pub fn spec_rounds(
+    dev: &Arc<CudaDevice>,
+    dir: &Path,
+    tensor_cores: bool,
+    verify_graphs: bool,
+) -> Result<bool> {
+    let ck = Checkpoint::open(dir)?;
+    let opts = LoadOptions {
+        weights: WeightFormat::Bf16,
+        tensor_core_gemv: tensor_cores,
+        verify_graphs,
+        ..LoadOptions::default()
+    };
+    let gpu = CudaModel::load(dev, &ck, opts)?;
+    let name = dir
+        .file_name()
+        .map_or("?".into(), |n| n.to_string_lossy().into_owned());
+    let vocab = gpu.vocab as u32;
+    let prompt: Vec<u32> = (0..35u32).map(|i| (i * 7 + 3) % vocab).collect();
+    let (n, steps) = (prompt.len(), 48);
+    let bits = |a: &[f32], b: &[f32]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    };
+    let prefill = |st: &mut cuda_backend::CudaState| -> Result<Vec<f32>> {
+        gpu.forward(&prompt[..n - 1], 0, st, &Wanted::none())?;
+        Ok(gpu
+            .forward(&prompt[n - 1..], n - 1, st, &Wanted::last())?
+            .logits)
+    };
+    // Sequential: tokens[i] is committed at position n + i; rows[i] = logits after it.
+    let mut seq = gpu.new_state(n + steps + 8)?;
+    let mut last = prefill(&mut seq)?;
+    let (mut tokens, mut rows) = (Vec::new(), Vec::new());
+    for _ in 0..steps {
+        let t = argmax(&last);
+        tokens.push(t);
+        last = gpu
+            .forward(&[t], seq.position(), &mut seq, &Wanted::last())?
+            .logits;
+        rows.push(last.clone());
+    }
+    let mut spec = gpu.new_state(n + steps + 8)?;
+    prefill(&mut spec)?;
+    let taps = [Tap::FinalHidden];
+    let wanted = Wanted {
+        logits: Rows::All,
+        taps: taps.to_vec(),
+    };
+    let (mut done, mut round) = (0usize, 0usize);
+    while done + 7 < steps {
+        let block = 2 + round % 5; // 2..=6 rows
+        let wrong = (round * 3) % (block + 1); // == block - 1 + 1: all proposals right
+        let mut feed: Vec<u32> = tokens[done..done + block].to_vec();
+        if wrong >= 1 && wrong < block {
+            feed[wrong] = (feed[wrong] + 1) % vocab;
+        }
+        gpu.begin_tape(&mut spec)?;
+        let out = gpu.forward(&feed, n + done, &mut spec, &wanted)?;
+        let valid = if wrong >= 1 && wrong < block {
+            wrong
+        } else {
+            block
+        };
+        for i in 0..valid {
+            if !bits(out.row(i), &rows[done + i]) {
+                println!(
+                    "  [{name} tc={tensor_cores} verify_graphs={verify_graphs}] speculative round {round} (block {block}, position {}): \
+                     row {i} differs from the sequential row  FAIL",
+                    n + done
+                );
+                return Ok(false);
+            }
+        }
+        if valid < block {
+            gpu.rollback_retaining(&mut spec, valid)?;
+        }
+        spec.end_tape();
+        done += valid;
+        round += 1;
+    }
+    println!(
+        "  [{name} tc={tensor_cores} verify_graphs={verify_graphs}] {round} speculative rounds (blocks 2..6, rollbacks) == sequential rows (bitwise)  ok"
+    );
+    Ok(true)
 }

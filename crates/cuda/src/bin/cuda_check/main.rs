@@ -177,6 +177,17 @@ fn main() {
         mtp_dirs.push(args.fixtures.join("qwen3_5"));
     }
     mtp_dirs.extend(args.testbed.clone());
+    for dir in &mtp_dirs {
+        for (tc, vg) in [(false, false), (true, false), (true, true)] {
+            match fixtures::spec_rounds(&dev, dir, tc, vg) {
+                Ok(ok) => all_ok &= ok,
+                Err(e) => {
+                    all_ok = false;
+                    println!("  [{} spec rounds] ERROR: {e:#}", dir.display());
+                }
+            }
+        }
+    }
     for dir in mtp_dirs {
         for exact in [true, false] {
             match mtp::check(&dev, &dir, exact) {
