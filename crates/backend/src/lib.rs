@@ -124,13 +124,13 @@ impl Device {
                 note: None,
             }),
             Device::Cuda => Ok(Resolved {
-                placement: Placement::Cuda(Arc::new(CudaDevice::open()?)),
+                placement: Placement::Cuda(Arc::new(opened(CudaDevice::open()?))),
                 note: None,
             }),
             Device::Auto if !cuda_backend::driver_present() => Ok(cpu(None)),
             Device::Auto => match CudaDevice::open() {
                 Ok(dev) => Ok(Resolved {
-                    placement: Placement::Cuda(Arc::new(dev)),
+                    placement: Placement::Cuda(Arc::new(opened(dev))),
                     note: None,
                 }),
                 Err(e) => Ok(cpu(Some(format!("using the CPU: {e}")))),
@@ -421,8 +421,16 @@ impl BackendState for ModelState {
     }
 }
 
+/// An opened GPU with the environment's overrides applied (`TURBOSPARK_PDL=0`: plain launches).
+fn opened(dev: CudaDevice) -> CudaDevice {
+    if let Some(on) = env_flag("TURBOSPARK_PDL") {
+        dev.set_pdl(on);
+    }
+    dev
+}
+
 /// A 0/1 override from the environment (diagnosis: `TURBOSPARK_TENSOR_CORE_GEMV`, `TURBOSPARK_CUDA_GRAPHS`,
-/// `TURBOSPARK_VERIFY_GRAPHS`);
+/// `TURBOSPARK_VERIFY_GRAPHS`, `TURBOSPARK_PDL`);
 /// None when unset or not 0/1.
 fn env_flag(name: &str) -> Option<bool> {
     match std::env::var(name).ok()?.as_str() {

@@ -30,8 +30,8 @@ pub struct LoadOptions {
     pub gemv_max_rows: usize,
     /// Capture one-row decode steps in a CUDA graph.
     pub graphs: bool,
-    /// Also replay verify blocks (2..=16 rows) from CUDA graphs (`verify_graph.rs`; experimental, off: a
-    /// known exactness failure is not yet explained).
+    /// Also replay verify blocks (2..=16 rows) from CUDA graphs (`verify_graph.rs`; off: no end-to-end
+    /// gain measured on the testbed, run 10).
     pub verify_graphs: bool,
     /// Run every GEMV of up to `gemv_max_rows` rows, decode rows included, on the tensor-core kernel
     /// (linear_mma.cu) instead of the FMA kernel (linear.cu). One kernel serves both so verify rows equal

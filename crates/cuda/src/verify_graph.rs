@@ -9,11 +9,11 @@
 //! after it. The work is the same sequence of kernels `pass` launches for those rows, so the result is
 //! bit for bit the same (the fixture checks compare both).
 //!
-//! Off by default (`LoadOptions::verify_graphs`): on the H200 the testbed's MTP bench (`turbospark bench
-//! --device cuda --model models/testbed`, default 3 runs per block, blocks 1..6, one session) produced a
-//! stream different from sequential decoding at blocks >= 4 with it on, while cuda_check's speculative
-//! rounds (one session, blocks 2..6, rollbacks) and `--speculative 3,4 --runs 1` were exact (run 9). Not yet
-//! explained; an exactness bug, so the path stays off until it is.
+//! Off by default (`LoadOptions::verify_graphs`): end to end it did not pay on the H200 (testbed MTP
+//! bench, run 10: 1.02-1.06x over sequential with it, 1.06-1.18x without). An early version diverged
+//! from sequential decoding: the scratch it grew sized the attention partials from the prefill's rows
+//! (coarse splits) instead of the block's (fine splits), so a 5-row block wrote past them; fixed
+//! (`verify_scratch`, tested), and the same bench is exact with graphs on (run 10).
 //!
 //! Invariants: a graph is keyed by (rows, first logits row, final-hidden tap, tape on) and by the buffers
 //! it holds: the scratch (`verify_graphs` is cleared whenever `many` is replaced) and the tape buffers
