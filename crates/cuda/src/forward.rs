@@ -202,16 +202,7 @@ impl CudaModel {
         let mut logits = Vec::new();
         if from < m {
             let h = self.hidden;
-            ops::rmsnorm(
-                dev,
-                sc.x.f32_at(from * h),
-                self.final_norm.ptr,
-                sc.h.f32_at(from * h),
-                m - from,
-                h,
-                self.eps,
-                self.zero_centred,
-            )?;
+            self.final_norm_rows(sc, from, m)?;
             if final_hidden {
                 let mut normed = vec![0.0; m * h];
                 dtoh(dev, &mut normed, sc.h.ptr)?;
@@ -234,6 +225,26 @@ impl CudaModel {
             logits,
             taps: tap_out,
         })
+    }
+
+    /// sc.h rows from..m = the final RMSNorm of sc.x rows from..m.
+    pub(crate) fn final_norm_rows(
+        &self,
+        sc: &Scratch,
+        from: usize,
+        m: usize,
+    ) -> Result<(), CudaError> {
+        let h = self.hidden;
+        ops::rmsnorm(
+            &self.dev,
+            sc.x.f32_at(from * h),
+            self.final_norm.ptr,
+            sc.h.f32_at(from * h),
+            m - from,
+            h,
+            self.eps,
+            self.zero_centred,
+        )
     }
 
     /// Logits of normed rows first..m of `sc.h`, in groups of LOGIT_ROWS.

@@ -201,17 +201,7 @@ impl CudaModel {
         }
         let from = if final_hidden { 0 } else { first };
         if from < n {
-            let h = self.hidden;
-            ops::rmsnorm(
-                dev,
-                sc.x.f32_at(from * h),
-                self.final_norm.ptr,
-                sc.h.f32_at(from * h),
-                n - from,
-                h,
-                self.eps,
-                self.zero_centred,
-            )?;
+            self.final_norm_rows(sc, from, n)?;
         }
         if first < n {
             let head = self.lm_head.as_ref().unwrap_or(&self.embed);
