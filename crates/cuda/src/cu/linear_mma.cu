@@ -7,14 +7,17 @@
 // exactly into three bf16 terms hi + mid + lo (24 significant bits, like f32) and all three go through
 // the tensor core, so the products are exact and only the f32 accumulation rounds.
 //
-// Work split: a warp owns one unit = T 8-row weight tiles (T = 2 or 4; for SwiGLU half gate rows, half
-// the matching up rows) over a contiguous range of 32-column chunks; `wpk` warps of a block split the
-// columns of one unit (T and wpk are chosen from the matrix shape, ops.rs) and their partial sums are
-// added in part order. Per chunk a lane loads 16 bytes of each tile's weight row and 8 consecutive x of
-// rows g (and g + 8), splits them once for all T tiles; the mma's k index is a fixed permutation of those
-// columns (weights and x permuted alike), see `chunk_mma`. The split is the costly part (issue-bound: with
-// round-to-nearest splitting and T = 2 a decode step ran at 84 tok/s on the H200 against 272 with the
-// FMA kernel, run 6), hence truncation, T = 4 where the matrix has the rows, and no g + 8 rows for <= 8.
+// Work split: a warp owns one unit = T 8-row weight tiles (T = 1, 2 or 4; for SwiGLU half gate rows, half
+// the matching up rows) over a contiguous range of 32-column chunks, U chunks in flight; `wpk` warps of a
+// block split the columns of one unit and their partial sums are added in part order (T, U, the
+// minimum blocks per SM and wpk come from the matrix shape: mma.rs, measured by `cuda_check --sweep`).
+// Per chunk a lane loads 16 bytes of each tile's weight row and the A fragments of rows g (and g + 8):
+// from shared memory, where the block split every input row once (`stage`, when n x in x 6 bytes fit),
+// else split on the spot. The mma's k index is a fixed permutation of the chunk's columns (weights and x
+// permuted alike), see `chunk_mma`. Splitting per chunk and warp with round-to-nearest made the kernel
+// issue-bound (decode 84 tok/s on the H200 against 272 with the FMA kernel, run 6), hence truncation,
+// staging and no g + 8 rows for <= 8. One row still costs 20-40% more than on the FMA kernel (latency-
+// bound: 98-126 registers leave 2-3 blocks per SM), 8 rows 2x less, 16 rows 3x less (run 6 sweep).
 //
 // Batch invariance: an output element is D[m][n] of the same sequence of mma's whatever the row count —
 // row m of A only ever meets row m's activations, other rows are other columns of the product — so a
