@@ -29,6 +29,7 @@ mod emu;
 pub mod error;
 mod forward;
 mod mma;
+mod moe;
 pub mod model;
 mod mtp;
 pub mod nvrtc;

@@ -150,7 +150,15 @@ impl CudaMtp {
                 });
             }
             let kind = LayerKind::FullAttention;
-            layers.push(load_layer(&up, c, &lp, kind, t.zero_centred, &mut widths)?);
+            layers.push(load_layer(
+                &up,
+                c,
+                &lp,
+                kind,
+                None,
+                t.zero_centred,
+                &mut widths,
+            )?);
         }
         let vector = |name: &str| up.vector(name, &[h], Init::Norm);
         let w = Weights {

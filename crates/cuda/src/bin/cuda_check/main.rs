@@ -148,7 +148,7 @@ fn main() {
             println!("  [kernel] self-test ERROR: {e}");
         }
     }
-    for name in ["qwen3", "qwen3_5", "qwen3_realtok"] {
+    for name in ["qwen3", "qwen3_5", "qwen3_next", "qwen3_realtok"] {
         if args.only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
