@@ -345,7 +345,15 @@ pub(crate) fn moe_down(
                 (sf.as_deref().unwrap_or(&[]), s.shared_inter)
             };
             let at = (r * slots + slot) * ld;
-            kernels::linear_acc(&a[at..at + inter], w, 1, inter, hd, ws[r * (k + 1) + slot], &mut y);
+            kernels::linear_acc(
+                &a[at..at + inter],
+                w,
+                1,
+                inter,
+                hd,
+                ws[r * (k + 1) + slot],
+                &mut y,
+            );
         }
         for (o, v) in xs[r * hd..(r + 1) * hd].iter_mut().zip(&y) {
             *o += v;

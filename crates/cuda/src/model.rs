@@ -460,7 +460,10 @@ fn load_gdn(up: &Uploader<'_>, c: &ModelConfig, gp: &str) -> Result<GdnW, CudaEr
     let proj = if fused {
         let r = s.hv / s.hk;
         let parts = [
-            (format!("{gp}in_proj_qkvz.weight"), s.hk * (2 * s.dk + 2 * r * s.dv)),
+            (
+                format!("{gp}in_proj_qkvz.weight"),
+                s.hk * (2 * s.dk + 2 * r * s.dv),
+            ),
             (format!("{gp}in_proj_ba.weight"), s.hk * 2 * r),
         ];
         let runs: Vec<(usize, usize, usize)> = fused_projection_runs(s.hk, s.hv, s.dk, s.dv)

@@ -57,9 +57,9 @@ impl MoeShape {
 
 /// The weights of one MoE block.
 pub(crate) struct MoeW {
-    pub router: Mat,            // [E (+1 shared gate), hidden]
-    pub gate_up: Mat,           // [E * 2I, hidden]: per expert gate rows then up rows
-    pub down: Mat,              // [E * hidden, I]
+    pub router: Mat,                // [E (+1 shared gate), hidden]
+    pub gate_up: Mat,               // [E * 2I, hidden]: per expert gate rows then up rows
+    pub down: Mat,                  // [E * hidden, I]
     pub shared: Option<(Mat, Mat)>, // ([2 Is, hidden], [hidden, Is])
     pub shape: MoeShape,
 }
@@ -70,7 +70,10 @@ impl MoeW {
         let per_expert = (self.gate_up.bytes() + self.down.bytes()) / self.shape.experts.max(1);
         self.router.bytes()
             + self.shape.top_k * per_expert
-            + self.shared.as_ref().map_or(0, |(g, d)| g.bytes() + d.bytes())
+            + self
+                .shared
+                .as_ref()
+                .map_or(0, |(g, d)| g.bytes() + d.bytes())
     }
 }
 
@@ -179,19 +182,44 @@ pub(crate) fn forward(
 ) -> Result<(), CudaError> {
     let s = w.shape;
     let h = s.hidden;
-    ops::rmsnorm(dev, sc.x.ptr, norm.w, sc.h.ptr, m, h, norm.eps, norm.zero_centred)?;
+    ops::rmsnorm(
+        dev,
+        sc.x.ptr,
+        norm.w,
+        sc.h.ptr,
+        m,
+        h,
+        norm.eps,
+        norm.zero_centred,
+    )?;
     // The router always runs the f32-activation GEMV, even for prefill rows that take cuBLAS elsewhere:
     // its top-k is a discrete choice that bf16-rounded activations flip (the emulated qwen3_next fixture
     // then drifts 6.0 from transformers' logits, vs 1.9 allowed), and an [E, hidden] matrix is cheap to
     // stream once per 8 rows.
     let _ = gemv_max_rows;
-    ops::linear(dev, &w.router, sc.h.ptr, sc.big.ptr, m, false, sc.xb.ptr, usize::MAX)?;
+    ops::linear(
+        dev,
+        &w.router,
+        sc.h.ptr,
+        sc.big.ptr,
+        m,
+        false,
+        sc.xb.ptr,
+        usize::MAX,
+    )?;
     route(dev, s, sc.big.ptr, sc.moe_ids.ptr, sc.moe_wts.ptr, m)?;
     experts(dev, w, sc, m)
 }
 
 /// moe_route over m rows of router logits.
-fn route(dev: &CudaDevice, s: MoeShape, logits: u64, ids: u64, wts: u64, m: usize) -> Result<(), CudaError> {
+fn route(
+    dev: &CudaDevice,
+    s: MoeShape,
+    logits: u64,
+    ids: u64,
+    wts: u64,
+    m: usize,
+) -> Result<(), CudaError> {
     if dev.host_ops() {
         return emu::moe_route(s, logits, ids, wts, m);
     }
@@ -222,7 +250,15 @@ fn experts(dev: &CudaDevice, w: &MoeW, sc: &Scratch, m: usize) -> Result<(), Cud
         .map_or((0, 0), |(g, d)| (g.buf.ptr, d.buf.ptr));
     if dev.host_ops() {
         let shared = w.shared.as_ref();
-        emu::moe_gate_up(s, sc.h.ptr, &w.gate_up, shared.map(|p| &p.0), sc.moe_ids.ptr, sc.mid.ptr, m)?;
+        emu::moe_gate_up(
+            s,
+            sc.h.ptr,
+            &w.gate_up,
+            shared.map(|p| &p.0),
+            sc.moe_ids.ptr,
+            sc.mid.ptr,
+            m,
+        )?;
         return emu::moe_down(
             s,
             sc.mid.ptr,
@@ -291,7 +327,11 @@ fn experts(dev: &CudaDevice, w: &MoeW, sc: &Scratch, m: usize) -> Result<(), Cud
 
 /// Allocates the routing buffers of `rows` rows (ids i32 [rows, k], weights f32 [rows, k + 1]); at
 /// least one element each so a model without MoE still has valid addresses.
-pub(crate) fn routing_buffers(dev: &CudaDevice, w: &Widths, rows: usize) -> Result<(DBuf, DBuf), CudaError> {
+pub(crate) fn routing_buffers(
+    dev: &CudaDevice,
+    w: &Widths,
+    rows: usize,
+) -> Result<(DBuf, DBuf), CudaError> {
     Ok((
         DBuf::zeros(dev, (rows * w.moe_k).max(1) * 4)?,
         DBuf::f32s(dev, (rows * (w.moe_k + 1)).max(1))?,

@@ -222,11 +222,16 @@ impl Uploader<'_> {
         let mut host = Vec::with_capacity(rows * cols * dtype.size());
         for &(part, first, count) in runs {
             let bad = || CudaError::Unsupported {
-                what: format!("rows {first}..{} of part {part} of {parts:?}", first + count),
+                what: format!(
+                    "rows {first}..{} of part {part} of {parts:?}",
+                    first + count
+                ),
             };
             let (d, bytes) = stored.get(part).ok_or_else(bad)?;
             let row = cols * d.size_in_bytes();
-            let slice = bytes.get(first * row..(first + count) * row).ok_or_else(bad)?;
+            let slice = bytes
+                .get(first * row..(first + count) * row)
+                .ok_or_else(bad)?;
             convert_into(*d, slice, dtype, &mut host);
         }
         Ok(Mat {
