@@ -173,8 +173,10 @@ fn main() {
         }
     }
     let mut mtp_dirs = Vec::new();
-    if args.only.as_deref().is_none_or(|o| o == "qwen3_5") {
-        mtp_dirs.push(args.fixtures.join("qwen3_5"));
+    for name in ["qwen3_5", "qwen3_next"] {
+        if args.only.as_deref().is_none_or(|o| o == name) {
+            mtp_dirs.push(args.fixtures.join(name));
+        }
     }
     mtp_dirs.extend(args.testbed.clone());
     for dir in &mtp_dirs {
