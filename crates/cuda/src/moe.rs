@@ -3,12 +3,14 @@
 //! index) → optional renormalisation (`norm_topk_prob`) → Σ wₛ·expertₛ(x), plus the shared expert
 //! scaled by sigmoid(shared_expert_gate(x)).
 //!
-//! Per MoE layer over m rows: RMSNorm of x into h → one GEMV of [router ; shared gate] (the existing
-//! batch-invariant launcher) → `moe_route` (ids and weights to device memory) → `moe_gate_up`
+//! Per MoE layer over m rows: RMSNorm of x into h (materialised, not fused into the router GEMV: every
+//! expert reads it too) → one GEMV of [router ; shared gate] (the dense matrices' launcher) → `moe_route` (ids and weights to device memory) → `moe_gate_up`
 //! (selected experts' gate_up + SwiGLU, and the shared expert's, weights chosen on the device) →
 //! `moe_down` (x += slot 0..k-1 then shared, in that fixed order). Nothing goes to the host, so the
 //! one-row decode step stays capturable in the CUDA graph, and every row is computed by the same
 //! instructions whatever the row count: verify rows equal decode rows bit for bit (src/cu/moe.cu).
+//! Cost: each row streams its k experts' weights (no grouping of rows by expert), right for decode and
+//! verify blocks; a long prefill re-reads them per row (a grouped GEMM is the next step there).
 
 use model_io::{ModelConfig, MoeConfig};
 
@@ -159,7 +161,6 @@ pub(crate) fn load_moe(
     }
     widths.big = widths.big.max(shape.ld_logits());
     widths.mid = widths.mid.max(shape.slots() * shape.ld_act());
-    widths.max_in = widths.max_in.max(shape.ld_act());
     widths.moe_k = widths.moe_k.max(k);
     Ok(MoeW {
         router,
@@ -192,11 +193,6 @@ pub(crate) fn forward(
         norm.eps,
         norm.zero_centred,
     )?;
-    // The router always runs the f32-activation GEMV, even for prefill rows that take cuBLAS elsewhere:
-    // its top-k is a discrete choice that bf16-rounded activations flip (the emulated qwen3_next fixture
-    // then drifts 6.0 from transformers' logits, vs 1.9 allowed), and an [E, hidden] matrix is cheap to
-    // stream once per 8 rows.
-    let _ = gemv_max_rows;
     ops::linear(
         dev,
         &w.router,
@@ -205,7 +201,7 @@ pub(crate) fn forward(
         m,
         false,
         sc.xb.ptr,
-        usize::MAX,
+        gemv_max_rows,
     )?;
     route(dev, s, sc.big.ptr, sc.moe_ids.ptr, sc.moe_wts.ptr, m)?;
     experts(dev, w, sc, m)
