@@ -218,10 +218,11 @@ pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool, tensor_cores: bool)
     let v = gpu.vocab;
     let n = r.prompt.len();
     let mut ok = true;
-    // bf16 activations (cuBLAS prefill, tensor-core GEMV) flip an MoE top-k choice now and then, which
-    // moves a row's logits far past the smooth bound (emulated qwen3_next: 5.99 at one row, 0.1-0.5
-    // elsewhere as qwen3_5): for MoE models in bf16 modes those lines are reported, not judged; step 1
-    // (f32 activations vs the CPU engine on the rounded weights) and the bitwise state checks judge them.
+    // bf16 activations (cuBLAS prefill) flip an MoE top-k choice now and then, which moves that row far
+    // past the smooth bound (emulated qwen3_next one pass: layer 0 output 0.77 off at 1 row of 80, ~1e-2
+    // at the others as qwen3_5's; logits 5.99): for MoE models in bf16 modes those lines are reported,
+    // not judged; step 1 (f32 activations vs the CPU engine on the rounded weights, 1e-3) and the
+    // bitwise state checks judge them.
     let judged = exact || ck.config.moe.is_none();
     let mut line = |what: &str, d: f32, tol: f32| {
         let pass = d <= tol;

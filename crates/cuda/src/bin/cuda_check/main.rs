@@ -2,10 +2,10 @@
 //!
 //! 1. Opens the device (prints driver, NVRTC, include path, kernel cache) and checks that
 //!    `<cuda_bf16.h>` compiles with the include path found beside the loaded libnvrtc.
-//! 2. For each fixture (qwen3, qwen3_5, qwen3_realtok), in exact mode (weights as stored, f32 activations)
+//! 2. For each fixture (qwen3, qwen3_5, qwen3_next, qwen3_realtok), in exact mode (weights as stored, f32 activations)
 //!    and bf16 mode: logits vs transformers' reference and the CPU engine, per-layer hidden states vs the
 //!    CPU engine, greedy continuation, verify/tape/snapshot/graph state checks (see fixtures.rs).
-//! 3. The GPU MTP head against the host head on checkpoints carrying `mtp.*` (qwen3_5, and the testbed
+//! 3. The GPU MTP head against the host head on checkpoints carrying `mtp.*` (qwen3_5, qwen3_next, the testbed
 //!    with `--testbed DIR`): logits, proposals, draft graph == direct launches, draft step time (mtp.rs).
 //! 4. Batch-1 decode tok/s on a synthetic qwen35-4b and its roofline fraction (see bench.rs).
 //!
