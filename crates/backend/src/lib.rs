@@ -190,7 +190,7 @@ fn mismatch(model: &str, state: &str) -> BackendError {
 impl Model {
     /// Resolves `device` and loads the checkpoint's target there. The GPU keeps its default load
     /// options (bf16 weights, batch-invariant verify kernels, decode graphs). Under `auto`, a model the
-    /// CUDA backend does not implement (e.g. Qwen3-Next) runs on the CPU, with a note.
+    /// CUDA backend does not implement (an `Unsupported` shape or feature) runs on the CPU, with a note.
     pub fn load(ck: &Checkpoint, device: Device) -> Result<Loaded, BackendError> {
         let resolved = device.resolve()?;
         match resolved.placement {
@@ -267,7 +267,7 @@ pub type BoxedDrafter = Box<dyn Drafter + Send>;
 impl Model {
     /// The checkpoint's MTP head on this model's device: the host `MtpHead` reading the CPU engine, or
     /// `CudaMtp` on the GPU next to the target. `Ok(None)` when the checkpoint carries no head. A head
-    /// the GPU cannot run (e.g. a mixture-of-experts MTP layer) is an error, never a silent move to the
+    /// the GPU cannot run (an `Unsupported` shape) is an error, never a silent move to the
     /// host.
     pub fn mtp_drafter(&self, ck: &Checkpoint) -> Result<Option<BoxedDrafter>, BackendError> {
         Ok(match self {

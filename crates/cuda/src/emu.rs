@@ -9,6 +9,7 @@
 use half::bf16;
 
 use crate::error::CudaError;
+use crate::moe::MoeShape;
 use crate::ops::{AttnBufs, AttnShape, GdnShape};
 use crate::weights::{Mat, WDtype};
 
@@ -241,6 +242,121 @@ pub(crate) fn gated_norm(
         let z = &p[r * pw + cd + h * dv..r * pw + cd + (h + 1) * dv];
         for (y, &zz) in orow.iter_mut().zip(z) {
             *y *= zz * kernels::sigmoid(zz);
+        }
+    }
+    Ok(())
+}
+
+/// Routing of m rows as the CPU engine (`families::layers::ffn::Moe::forward`): softmax, top-k by a
+/// stable descending sort (lower index first on ties), optional renormalisation; slot k holds the
+/// shared expert's sigmoid gate.
+pub(crate) fn moe_route(
+    s: MoeShape,
+    logits: u64,
+    ids: u64,
+    wts: u64,
+    rows: usize,
+) -> Result<(), CudaError> {
+    let (e, k, ld) = (s.experts, s.top_k, s.ld_logits());
+    // SAFETY: logits holds rows x ld, ids rows x k i32, wts rows x (k + 1); all distinct.
+    let lg = unsafe { view(logits, rows * ld) };
+    let ids = unsafe { std::slice::from_raw_parts_mut(ids as *mut i32, rows * k) };
+    let ws = unsafe { view_mut(wts, rows * (k + 1)) };
+    for r in 0..rows {
+        let mut p = lg[r * ld..r * ld + e].to_vec();
+        kernels::softmax_inplace(&mut p);
+        let mut order: Vec<usize> = (0..e).collect();
+        order.sort_by(|&i, &j| p[j].total_cmp(&p[i]));
+        let sum: f32 = order[..k].iter().map(|&i| p[i]).sum();
+        for (slot, &x) in order[..k].iter().enumerate() {
+            ids[r * k + slot] = x as i32;
+            ws[r * (k + 1) + slot] = if s.norm_topk { p[x] / sum } else { p[x] };
+        }
+        ws[r * (k + 1) + k] = if s.shared() {
+            kernels::sigmoid(lg[r * ld + e])
+        } else {
+            0.0
+        };
+    }
+    Ok(())
+}
+
+/// act[r, slot] = silu(gate) * up of the slot's expert (slot k: the shared expert) on h[r].
+pub(crate) fn moe_gate_up(
+    s: MoeShape,
+    h: u64,
+    gate_up: &Mat,
+    shared: Option<&Mat>,
+    ids: u64,
+    act: u64,
+    rows: usize,
+) -> Result<(), CudaError> {
+    let (hd, k, ld, slots) = (s.hidden, s.top_k, s.ld_act(), s.slots());
+    let (wf, sf) = (weights_f32(gate_up), shared.map(weights_f32));
+    // SAFETY: h holds rows x hidden, ids rows x k i32, act rows x slots x ld; distinct buffers.
+    let hs = unsafe { view(h, rows * hd) };
+    let ids = unsafe { std::slice::from_raw_parts(ids as *const i32, rows * k) };
+    let out = unsafe { view_mut(act, rows * slots * ld) };
+    for r in 0..rows {
+        for slot in 0..slots {
+            let (w, inter) = if slot < k {
+                let x = ids[r * k + slot] as usize;
+                let n = 2 * s.inter * hd;
+                (&wf[x * n..(x + 1) * n], s.inter)
+            } else {
+                (sf.as_deref().unwrap_or(&[]), s.shared_inter)
+            };
+            let mut gu = vec![0.0; 2 * inter];
+            kernels::linear(&hs[r * hd..(r + 1) * hd], w, 1, hd, 2 * inter, &mut gu);
+            let at = (r * slots + slot) * ld;
+            kernels::silu_mul(&gu[..inter], &gu[inter..], &mut out[at..at + inter]);
+        }
+    }
+    Ok(())
+}
+
+/// x[r] += Σ_slot w[r, slot] · down_slot(act[r, slot]), slots 0..k-1 then the shared expert.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn moe_down(
+    s: MoeShape,
+    act: u64,
+    down: &Mat,
+    shared: Option<&Mat>,
+    ids: u64,
+    wts: u64,
+    x: u64,
+    rows: usize,
+) -> Result<(), CudaError> {
+    let (hd, k, ld, slots) = (s.hidden, s.top_k, s.ld_act(), s.slots());
+    let (wf, sf) = (weights_f32(down), shared.map(weights_f32));
+    // SAFETY: act rows x slots x ld, ids rows x k i32, wts rows x (k + 1), x rows x hidden; distinct.
+    let a = unsafe { view(act, rows * slots * ld) };
+    let ids = unsafe { std::slice::from_raw_parts(ids as *const i32, rows * k) };
+    let ws = unsafe { view(wts, rows * (k + 1)) };
+    let xs = unsafe { view_mut(x, rows * hd) };
+    for r in 0..rows {
+        let mut y = vec![0.0; hd];
+        for slot in 0..slots {
+            let (w, inter) = if slot < k {
+                let e = ids[r * k + slot] as usize;
+                let n = hd * s.inter;
+                (&wf[e * n..(e + 1) * n], s.inter)
+            } else {
+                (sf.as_deref().unwrap_or(&[]), s.shared_inter)
+            };
+            let at = (r * slots + slot) * ld;
+            kernels::linear_acc(
+                &a[at..at + inter],
+                w,
+                1,
+                inter,
+                hd,
+                ws[r * (k + 1) + slot],
+                &mut y,
+            );
+        }
+        for (o, v) in xs[r * hd..(r + 1) * hd].iter_mut().zip(&y) {
+            *o += v;
         }
     }
     Ok(())

@@ -16,7 +16,7 @@ use families::{ForwardOut, ModelError, Rows, Tap, Wanted};
 use crate::buf::{dtoh, htod, DBuf};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
-use crate::model::{CudaModel, LayerW, MixerW};
+use crate::model::{CudaModel, FfnW, LayerW, MixerW};
 use crate::ops::{self, AttnBufs, GdnArgs, NormW};
 use crate::profile::{mark, Prof};
 use crate::state::{check_signature, CudaState, LayerState, Scratch, Tape, LOGIT_ROWS};
@@ -349,13 +349,20 @@ impl CudaModel {
                 )
             }
         }
-        let (gu, down) = (&l.gate_up, &l.down);
         let post_norm = self.norm(&l.post_norm);
-        let (x, h, big, act) = (sc.x.ptr, sc.h.ptr, sc.big.ptr, sc.mid.ptr);
-        ops::linear_swiglu(dev, gu, x, post_norm, h, big, act, m, sc.xb.ptr, gm)?;
-        mark(prof, dev, "mlp norm+gate_up+silu", gu.bytes())?;
-        ops::linear(dev, down, sc.mid.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
-        mark(prof, dev, "mlp down linear", down.bytes())
+        match &l.ffn {
+            FfnW::Dense { gate_up: gu, down } => {
+                let (x, h, big, act) = (sc.x.ptr, sc.h.ptr, sc.big.ptr, sc.mid.ptr);
+                ops::linear_swiglu(dev, gu, x, post_norm, h, big, act, m, sc.xb.ptr, gm)?;
+                mark(prof, dev, "mlp norm+gate_up+silu", gu.bytes())?;
+                ops::linear(dev, down, sc.mid.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
+                mark(prof, dev, "mlp down linear", down.bytes())
+            }
+            FfnW::Moe(w) => {
+                crate::moe::forward(dev, w, post_norm, sc, m, gm)?;
+                mark(prof, dev, "moe norm+router+experts", w.bytes())
+            }
+        }
     }
 
     /// The recurrence parameters of a GDN layer.

@@ -30,6 +30,7 @@ pub mod error;
 mod forward;
 mod mma;
 pub mod model;
+mod moe;
 mod mtp;
 pub mod nvrtc;
 mod ops;

@@ -4,17 +4,19 @@
 //! Layer by layer, as the CPU engine (`families::Transformer`): pre-norm residual blocks
 //! `x += mixer(norm₁(x)); x += mlp(norm₂(x))`, the mixer being gated attention with partial RoPE over the
 //! KV cache or a Gated DeltaNet; then the final norm and the LM head (tied to the embeddings or not).
-//! Qwen3-Next (fused head-grouped GDN projections, MoE) is not implemented here yet: loading one is an
-//! `Unsupported` error, never a wrong answer.
+//! Qwen3-Next: its fused head-grouped GDN projections are re-laid out at upload into [qkv ; z ; b ; a]
+//! (the CPU engine's run list), and its sparse-MoE feed-forward runs on the device (`moe.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use model_io::{Checkpoint, Family, LayerKind, ModelConfig};
+use families::layers::gdn::{fused_projection_runs, FusedPart};
+use model_io::{Checkpoint, Family, LayerKind, ModelConfig, MoeConfig};
 
 use crate::buf::DBuf;
 use crate::device::CudaDevice;
 use crate::error::CudaError;
+use crate::moe::{load_moe, MoeW};
 use crate::ops::{
     AttnShape, GdnShape, ATT_MAX_D, ATT_SPLITS_FINE, CONV_MAX_K, GDN_MAX_DK, GDN_MAX_DV,
 };
@@ -81,12 +83,30 @@ pub(crate) enum MixerW {
     Gdn(GdnW),
 }
 
+/// A layer's feed-forward block.
+pub(crate) enum FfnW {
+    Dense {
+        gate_up: Mat, // [2*inter, hidden]
+        down: Mat,    // [hidden, inter]
+    },
+    Moe(Box<MoeW>),
+}
+
+impl FfnW {
+    /// Bytes one decode row streams.
+    pub fn bytes(&self) -> usize {
+        match self {
+            FfnW::Dense { gate_up, down } => gate_up.bytes() + down.bytes(),
+            FfnW::Moe(m) => m.bytes(),
+        }
+    }
+}
+
 pub(crate) struct LayerW {
     pub input_norm: DBuf,
     pub mixer: MixerW,
     pub post_norm: DBuf,
-    pub gate_up: Mat, // [2*inter, hidden]
-    pub down: Mat,    // [hidden, inter]
+    pub ffn: FfnW,
 }
 
 /// A model resident on the GPU.
@@ -143,9 +163,6 @@ impl CudaModel {
         if c.attention_bias {
             return unsupported("attention_bias = true".into());
         }
-        if c.moe.is_some() {
-            return unsupported(format!("{:?} with a mixture-of-experts MLP", c.family));
-        }
         if c.head_dim > ATT_MAX_D || c.head_dim == 0 {
             return unsupported(format!("head_dim {} (max {ATT_MAX_D})", c.head_dim));
         }
@@ -189,7 +206,16 @@ impl CudaModel {
                 LayerKind::LinearAttention => 'L',
             });
             let lp = p(&format!("layers.{i}."));
-            layers.push(load_layer(&up, c, &lp, kind, zero_centred, &mut widths)?);
+            let moe = c.moe.as_ref().filter(|m| m.is_moe_layer(i));
+            layers.push(load_layer(
+                &up,
+                c,
+                &lp,
+                kind,
+                moe,
+                zero_centred,
+                &mut widths,
+            )?);
         }
         let embed = up.matrix(&[(p("embed_tokens.weight"), c.vocab_size)], h)?;
         // Tied checkpoints read the embeddings even if an `lm_head.weight` copy is stored (as transformers).
@@ -236,8 +262,7 @@ impl CudaModel {
             .layers
             .iter()
             .map(|l| {
-                l.gate_up.bytes()
-                    + l.down.bytes()
+                l.ffn.bytes()
                     + match &l.mixer {
                         MixerW::Attention(a) => a.qkv.bytes() + a.o.bytes(),
                         MixerW::Gdn(g) => g.proj.bytes() + g.out.bytes(),
@@ -301,6 +326,7 @@ pub(crate) fn load_layer(
     c: &ModelConfig,
     lp: &str,
     kind: LayerKind,
+    moe: Option<&MoeConfig>,
     zero_centred: bool,
     widths: &mut Widths,
 ) -> Result<LayerW, CudaError> {
@@ -325,6 +351,19 @@ pub(crate) fn load_layer(
     };
     let inter = c.intermediate_size;
     let mp = format!("{lp}mlp.");
+    let ffn = match moe {
+        Some(m) => FfnW::Moe(Box::new(load_moe(up, c, m, &mp, widths)?)),
+        None => FfnW::Dense {
+            gate_up: up.matrix(
+                &[
+                    (format!("{mp}gate_proj.weight"), inter),
+                    (format!("{mp}up_proj.weight"), inter),
+                ],
+                h,
+            )?,
+            down: up.matrix(&[(format!("{mp}down_proj.weight"), h)], inter)?,
+        },
+    };
     Ok(LayerW {
         input_norm: up.vector(&format!("{lp}input_layernorm.weight"), &[h], Init::Norm)?,
         mixer,
@@ -333,14 +372,7 @@ pub(crate) fn load_layer(
             &[h],
             Init::Norm,
         )?,
-        gate_up: up.matrix(
-            &[
-                (format!("{mp}gate_proj.weight"), inter),
-                (format!("{mp}up_proj.weight"), inter),
-            ],
-            h,
-        )?,
-        down: up.matrix(&[(format!("{mp}down_proj.weight"), h)], inter)?,
+        ffn,
     })
 }
 
@@ -417,17 +449,36 @@ fn load_gdn(up: &Uploader<'_>, c: &ModelConfig, gp: &str) -> Result<GdnW, CudaEr
             ),
         });
     }
-    if let Source::Checkpoint(ck) = &up.source {
-        if ck.tensors.contains(&format!("{gp}in_proj_qkvz.weight")) {
-            return Err(CudaError::Unsupported {
-                what: "Qwen3-Next fused in_proj_qkvz / in_proj_ba projections".into(),
-            });
-        }
-    }
     let h = c.hidden_size;
     let cd = s.conv_dim();
-    Ok(GdnW {
-        proj: up.matrix(
+    let fused = match &up.source {
+        Source::Checkpoint(ck) => ck.tensors.contains(&format!("{gp}in_proj_qkvz.weight")),
+        Source::Random { .. } => false,
+    };
+    // Qwen3-Next stores the projections head-grouped and fused; the rows are re-laid out on the host
+    // into [qkv ; z ; b ; a], with the CPU engine's run list, so the kernels see one layout.
+    let proj = if fused {
+        let r = s.hv / s.hk;
+        let parts = [
+            (
+                format!("{gp}in_proj_qkvz.weight"),
+                s.hk * (2 * s.dk + 2 * r * s.dv),
+            ),
+            (format!("{gp}in_proj_ba.weight"), s.hk * 2 * r),
+        ];
+        let runs: Vec<(usize, usize, usize)> = fused_projection_runs(s.hk, s.hv, s.dk, s.dv)
+            .into_iter()
+            .map(|run| {
+                let part = match run.part {
+                    FusedPart::Qkvz => 0,
+                    FusedPart::Ba => 1,
+                };
+                (part, run.first, run.count)
+            })
+            .collect();
+        up.matrix_runs(&parts, &runs, h)?
+    } else {
+        up.matrix(
             &[
                 (format!("{gp}in_proj_qkv.weight"), cd),
                 (format!("{gp}in_proj_z.weight"), s.hv * s.dv),
@@ -435,7 +486,10 @@ fn load_gdn(up: &Uploader<'_>, c: &ModelConfig, gp: &str) -> Result<GdnW, CudaEr
                 (format!("{gp}in_proj_a.weight"), s.hv),
             ],
             h,
-        )?,
+        )?
+    };
+    Ok(GdnW {
+        proj,
         conv_w: up.vector(
             &format!("{gp}conv1d.weight"),
             &[cd, 1, s.kernel],

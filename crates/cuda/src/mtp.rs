@@ -144,13 +144,21 @@ impl CudaMtp {
         let mut layers = Vec::with_capacity(c.mtp_num_hidden_layers);
         for j in 0..c.mtp_num_hidden_layers {
             let lp = format!("mtp.layers.{j}.");
-            if ck.tensors.contains(&format!("{lp}mlp.gate.weight")) {
-                return Err(CudaError::Unsupported {
-                    what: "an MTP layer with a mixture-of-experts MLP".into(),
-                });
-            }
+            // A sparse-MoE MTP layer (Qwen3-Next) runs the target's MoE kernels, as the host head does.
+            let moe = c
+                .moe
+                .as_ref()
+                .filter(|_| ck.tensors.contains(&format!("{lp}mlp.gate.weight")));
             let kind = LayerKind::FullAttention;
-            layers.push(load_layer(&up, c, &lp, kind, t.zero_centred, &mut widths)?);
+            layers.push(load_layer(
+                &up,
+                c,
+                &lp,
+                kind,
+                moe,
+                t.zero_centred,
+                &mut widths,
+            )?);
         }
         let vector = |name: &str| up.vector(name, &[h], Init::Norm);
         let w = Weights {

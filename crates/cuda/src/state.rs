@@ -52,6 +52,8 @@ pub(crate) struct Scratch {
     pub part_acc: DBuf, // [rows, hq, s_max, d]
     pub xb: DBuf,       // bf16 [rows, widest input] for cuBLAS
     pub logits: DBuf,   // [min(rows, LOGIT_ROWS), vocab]
+    pub moe_ids: DBuf,  // i32 [rows, moe_k]: routed experts per slot
+    pub moe_wts: DBuf,  // [rows, moe_k + 1]: their weights, then the shared expert's gate
 }
 
 /// Widths the scratch must hold, from the model.
@@ -66,6 +68,8 @@ pub(crate) struct Widths {
     pub head_dim: usize,
     pub max_in: usize,
     pub vocab: usize,
+    /// Most routed experts per row of any MoE layer (0 without MoE).
+    pub moe_k: usize,
 }
 
 /// Projection rows a new tape holds before it grows (a verify block is at most gemv_max_rows).
@@ -82,6 +86,7 @@ impl Scratch {
         row_splits: usize,
     ) -> Result<Self, CudaError> {
         let parts = row_splits * w.heads;
+        let (moe_ids, moe_wts) = crate::moe::routing_buffers(dev, w, rows)?;
         Ok(Scratch {
             rows,
             row_splits,
@@ -99,6 +104,8 @@ impl Scratch {
             part_acc: DBuf::f32s(dev, parts * w.head_dim)?,
             xb: DBuf::zeros(dev, rows * w.max_in * 2)?,
             logits: DBuf::f32s(dev, rows.min(LOGIT_ROWS) * w.vocab)?,
+            moe_ids,
+            moe_wts,
         })
     }
 }

@@ -182,19 +182,9 @@ impl Uploader<'_> {
             Source::Checkpoint(ck) => {
                 let mut stored = Vec::with_capacity(parts.len());
                 for (name, r) in parts {
-                    stored.push(stored_matrix(ck, name, *r, cols)?);
+                    stored.push(stored_matrix(ck, name, &[*r, cols])?);
                 }
-                // One precision for the fused matrix: f32 if any part would be f32.
-                let dtype = stored
-                    .iter()
-                    .map(|(d, _)| target_dtype(*d, self.format))
-                    .fold(WDtype::Bf16, |acc, d| {
-                        if d == WDtype::F32 {
-                            WDtype::F32
-                        } else {
-                            acc
-                        }
-                    });
+                let dtype = fused_dtype(stored.iter().map(|(d, _)| *d), self.format);
                 let mut host = Vec::with_capacity(rows * cols * dtype.size());
                 for (d, bytes) in stored {
                     convert_into(d, bytes, dtype, &mut host);
@@ -208,6 +198,74 @@ impl Uploader<'_> {
                 })
             }
         }
+    }
+
+    /// A matrix assembled from row runs of stored matrices: `parts` = (full name, rows) [rows, cols],
+    /// `runs` = (part index, first row, row count), concatenated in order (the Qwen3-Next GDN re-layout,
+    /// `families::layers::gdn::fused_projection_runs`).
+    pub fn matrix_runs(
+        &self,
+        parts: &[(String, usize)],
+        runs: &[(usize, usize, usize)],
+        cols: usize,
+    ) -> Result<Mat, CudaError> {
+        let rows: usize = runs.iter().map(|r| r.2).sum();
+        let Source::Checkpoint(ck) = &self.source else {
+            // Synthetic weights: only the assembled shape matters.
+            return self.matrix(&[("runs".to_string(), rows)], cols);
+        };
+        let mut stored = Vec::with_capacity(parts.len());
+        for (name, r) in parts {
+            stored.push(stored_matrix(ck, name, &[*r, cols])?);
+        }
+        let dtype = fused_dtype(stored.iter().map(|(d, _)| *d), self.format);
+        let mut host = Vec::with_capacity(rows * cols * dtype.size());
+        for &(part, first, count) in runs {
+            let bad = || CudaError::Unsupported {
+                what: format!(
+                    "rows {first}..{} of part {part} of {parts:?}",
+                    first + count
+                ),
+            };
+            let (d, bytes) = stored.get(part).ok_or_else(bad)?;
+            let row = cols * d.size_in_bytes();
+            let slice = bytes
+                .get(first * row..(first + count) * row)
+                .ok_or_else(bad)?;
+            convert_into(*d, slice, dtype, &mut host);
+        }
+        Ok(Mat {
+            buf: DBuf::from_host(self.dev, &host)?,
+            rows,
+            cols,
+            dtype,
+            tensor_cores: self.tensor_cores,
+        })
+    }
+
+    /// A stored 3-D tensor `name` [n, rows, cols] (transformers 5's fused experts) as one
+    /// [n * rows, cols] matrix.
+    pub fn matrix_stacked(
+        &self,
+        name: &str,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Mat, CudaError> {
+        let Source::Checkpoint(ck) = &self.source else {
+            return self.matrix(&[(name.to_string(), n * rows)], cols);
+        };
+        let (d, bytes) = stored_matrix(ck, name, &[n, rows, cols])?;
+        let dtype = target_dtype(d, self.format);
+        let mut host = Vec::with_capacity(n * rows * cols * dtype.size());
+        convert_into(d, bytes, dtype, &mut host);
+        Ok(Mat {
+            buf: DBuf::from_host(self.dev, &host)?,
+            rows: n * rows,
+            cols,
+            dtype,
+            tensor_cores: self.tensor_cores,
+        })
     }
 
     /// Columns `columns` of the matrix `name` [rows, cols], as a [rows, columns.len()] matrix (the two
@@ -229,7 +287,7 @@ impl Uploader<'_> {
                 what: format!("columns {columns:?} of {name} with {cols} columns"),
             });
         }
-        let (dtype, bytes) = stored_matrix(ck, name, rows, cols)?;
+        let (dtype, bytes) = stored_matrix(ck, name, &[rows, cols])?;
         let to = target_dtype(dtype, self.format);
         let size = dtype.size_in_bytes();
         let mut host = Vec::with_capacity(rows * width * to.size());
@@ -287,16 +345,27 @@ impl Uploader<'_> {
     }
 }
 
-/// The stored dtype and bytes of the 2-D tensor `name`, which must be [rows, cols].
+/// One precision for a matrix fused from parts: f32 if any part would be f32.
+fn fused_dtype(stored: impl Iterator<Item = DType>, format: WeightFormat) -> WDtype {
+    stored
+        .map(|d| target_dtype(d, format))
+        .fold(WDtype::Bf16, |acc, d| {
+            if d == WDtype::F32 {
+                WDtype::F32
+            } else {
+                acc
+            }
+        })
+}
+
+/// The stored dtype and bytes of the tensor `name`, which must have shape `expected` ([rows, cols] for
+/// a matrix, [n, rows, cols] for stacked experts).
 fn stored_matrix<'c>(
     ck: &'c Checkpoint,
     name: &str,
-    rows: usize,
-    cols: usize,
+    expected: &[usize],
 ) -> Result<(DType, &'c [u8]), CudaError> {
     let (dtype, shape, bytes) = ck.tensors.raw(name)?;
-    let expected = [rows, cols];
-    // Conv-like [rows, 1, cols] shapes never reach here; matrices are 2-D.
     if shape != expected {
         return Err(model_io::LoadError::ShapeMismatch {
             path: ck.tensors.path_of(name)?.to_path_buf(),

@@ -273,6 +273,10 @@ fn gpu_mtp_equals_host_mtp_on_the_emulated_device() {
         LoadOptions::default(),
         1e-5,
     );
+    // Qwen3-Next: the MTP layer's feed-forward is a sparse MoE.
+    let next = repo("fixtures/qwen3_next");
+    check("qwen3_next f32", &next, &dev, exact(), 1e-5);
+    check("qwen3_next bf16", &next, &dev, LoadOptions::default(), 1e-5);
 }
 
 #[test]
@@ -292,6 +296,14 @@ fn gpu_mtp_kernels_equal_host_mtp_in_the_simulator() {
     check(
         "simulated qwen3_5 bf16",
         &dir,
+        &dev,
+        LoadOptions::default(),
+        1e-5,
+    );
+    let next = repo("fixtures/qwen3_next");
+    check(
+        "simulated qwen3_next bf16",
+        &next,
         &dev,
         LoadOptions::default(),
         1e-5,

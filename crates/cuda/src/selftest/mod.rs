@@ -3,13 +3,14 @@
 //! `crates/kernels`), so that a wrong model output can be traced to one kernel, plus the batch
 //! invariance speculative decoding relies on, bit for bit: a row computed in a block of rows equals the
 //! same row computed alone (GEMV plain / norm-fused / SwiGLU, staged or not; attention at its own
-//! position; GDN rows in one launch or one by one, split over column blocks or not).
+//! position; GDN rows in one launch or one by one, split over column blocks or not; MoE blocks).
 //! Shapes include the awkward cases: widths not a multiple of the vector width, more rows than one GEMV
 //! launch, matrices with few rows (several warps per row), query heads not a multiple of 4 per KV head,
 //! head_dim below a warp, keys spanning many chunks, and more value columns than one GDN warp.
 
 mod linear;
 mod mixers;
+mod moe;
 
 use crate::buf::{dtoh, DBuf};
 use crate::device::CudaDevice;
@@ -75,6 +76,7 @@ pub fn self_test(dev: &CudaDevice) -> Result<Vec<SelfTestRow>, CudaError> {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     linear::checks(dev, &mut rng, &mut rows)?;
     mixers::checks(dev, &mut rng, &mut rows)?;
+    moe::checks(dev, &mut rng, &mut rows)?;
     Ok(rows)
 }
 

@@ -94,37 +94,32 @@ impl GatedDeltaNet {
     }
 
     /// Qwen3-Next layout: `in_proj_qkvz` rows grouped per key head g as [q_g (dk), k_g (dk), v_g (r·dv),
-    /// z_g (r·dv)] and `in_proj_ba` as [b_g (r), a_g (r)] with r = Hv/Hk; regrouped here into the split layout.
+    /// z_g (r·dv)] and `in_proj_ba` as [b_g (r), a_g (r)] with r = Hv/Hk; regrouped here into the split
+    /// layout by [`fused_projection_runs`].
     pub fn load_fused(t: &Tensors<'_>, c: &ModelConfig) -> Result<Self, ModelError> {
         let (hk, hv, dk, dv, _) = Self::dims(c)?;
         let h = c.hidden_size;
         let r = hv / hk;
-        let group = 2 * dk + 2 * r * dv;
-        let qkvz = t.get("in_proj_qkvz.weight", &[hk * group, h])?;
+        let qkvz = t.get("in_proj_qkvz.weight", &[hk * (2 * dk + 2 * r * dv), h])?;
         let ba = t.get("in_proj_ba.weight", &[hk * 2 * r, h])?;
-        let rows =
-            |w: &[f32], first: usize, count: usize| w[first * h..(first + count) * h].to_vec();
-        let (mut q, mut k, mut v, mut z) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let (mut b, mut a) = (Vec::new(), Vec::new());
-        for g in 0..hk {
-            let base = g * group;
-            q.extend(rows(&qkvz, base, dk));
-            k.extend(rows(&qkvz, base + dk, dk));
-            v.extend(rows(&qkvz, base + 2 * dk, r * dv));
-            z.extend(rows(&qkvz, base + 2 * dk + r * dv, r * dv));
-            b.extend(rows(&ba, g * 2 * r, r));
-            a.extend(rows(&ba, g * 2 * r + r, r));
+        let mut all = Vec::with_capacity((2 * hk * dk + 2 * hv * dv + 2 * hv) * h);
+        for run in fused_projection_runs(hk, hv, dk, dv) {
+            let src = match run.part {
+                FusedPart::Qkvz => &qkvz,
+                FusedPart::Ba => &ba,
+            };
+            all.extend_from_slice(&src[run.first * h..(run.first + run.count) * h]);
         }
-        let mut qkv = q;
-        qkv.extend(k);
-        qkv.extend(v);
+        let conv_dim = 2 * hk * dk + hv * dv;
+        let take = |from: usize, count: usize| all[from * h..(from + count) * h].to_vec();
+        let (z0, b0) = (conv_dim, conv_dim + hv * dv);
         Self::finish(
             t,
             c,
-            Linear::from_rows(qkv, 2 * hk * dk + hv * dv, h),
-            Linear::from_rows(z, hv * dv, h),
-            Linear::from_rows(b, hv, h),
-            Linear::from_rows(a, hv, h),
+            Linear::from_rows(take(0, conv_dim), conv_dim, h),
+            Linear::from_rows(take(z0, hv * dv), hv * dv, h),
+            Linear::from_rows(take(b0, hv), hv, h),
+            Linear::from_rows(take(b0 + hv, hv), hv, h),
         )
     }
 
@@ -252,4 +247,48 @@ impl GatedDeltaNet {
             + self.norm_weight.len()
             + self.out_proj.params()
     }
+}
+
+/// Which Qwen3-Next fused projection a run of rows comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FusedPart {
+    /// `in_proj_qkvz` [Hk · (2·dk + 2·r·dv), hidden]
+    Qkvz,
+    /// `in_proj_ba` [Hk · 2·r, hidden]
+    Ba,
+}
+
+/// `count` consecutive rows of `part` starting at row `first`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedRun {
+    pub part: FusedPart,
+    pub first: usize,
+    pub count: usize,
+}
+
+/// The re-layout of Qwen3-Next's head-grouped `in_proj_qkvz` / `in_proj_ba` (rows per key head g:
+/// [q_g (dk), k_g (dk), v_g (r·dv), z_g (r·dv)] and [b_g (r), a_g (r)], r = Hv/Hk) into the split
+/// layout [q ; k ; v ; z ; b ; a] (all heads of each in head order): concatenating the runs' rows in
+/// this order gives it. Shared by the CPU engine and the CUDA backend's upload, so both read the same
+/// rows. `hk` must divide `hv`.
+pub fn fused_projection_runs(hk: usize, hv: usize, dk: usize, dv: usize) -> Vec<FusedRun> {
+    let r = hv.checked_div(hk).unwrap_or(0);
+    let group = 2 * dk + 2 * r * dv;
+    let run = |part, first, count| FusedRun { part, first, count };
+    let mut runs = Vec::with_capacity(6 * hk);
+    // Offsets inside a key head's group of each section, in the split layout's order.
+    let sections = [
+        (FusedPart::Qkvz, 0, dk, group),
+        (FusedPart::Qkvz, dk, dk, group),
+        (FusedPart::Qkvz, 2 * dk, r * dv, group),
+        (FusedPart::Qkvz, 2 * dk + r * dv, r * dv, group),
+        (FusedPart::Ba, 0, r, 2 * r),
+        (FusedPart::Ba, r, r, 2 * r),
+    ];
+    for (part, offset, count, stride) in sections {
+        for g in 0..hk {
+            runs.push(run(part, g * stride + offset, count));
+        }
+    }
+    runs
 }

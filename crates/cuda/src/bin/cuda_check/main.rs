@@ -2,10 +2,10 @@
 //!
 //! 1. Opens the device (prints driver, NVRTC, include path, kernel cache) and checks that
 //!    `<cuda_bf16.h>` compiles with the include path found beside the loaded libnvrtc.
-//! 2. For each fixture (qwen3, qwen3_5, qwen3_realtok), in exact mode (weights as stored, f32 activations)
+//! 2. For each fixture (qwen3, qwen3_5, qwen3_next, qwen3_realtok), in exact mode (weights as stored, f32 activations)
 //!    and bf16 mode: logits vs transformers' reference and the CPU engine, per-layer hidden states vs the
 //!    CPU engine, greedy continuation, verify/tape/snapshot/graph state checks (see fixtures.rs).
-//! 3. The GPU MTP head against the host head on checkpoints carrying `mtp.*` (qwen3_5, and the testbed
+//! 3. The GPU MTP head against the host head on checkpoints carrying `mtp.*` (qwen3_5, qwen3_next, the testbed
 //!    with `--testbed DIR`): logits, proposals, draft graph == direct launches, draft step time (mtp.rs).
 //! 4. Batch-1 decode tok/s on a synthetic qwen35-4b and its roofline fraction (see bench.rs).
 //!
@@ -148,7 +148,7 @@ fn main() {
             println!("  [kernel] self-test ERROR: {e}");
         }
     }
-    for name in ["qwen3", "qwen3_5", "qwen3_realtok"] {
+    for name in ["qwen3", "qwen3_5", "qwen3_next", "qwen3_realtok"] {
         if args.only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
@@ -173,8 +173,10 @@ fn main() {
         }
     }
     let mut mtp_dirs = Vec::new();
-    if args.only.as_deref().is_none_or(|o| o == "qwen3_5") {
-        mtp_dirs.push(args.fixtures.join("qwen3_5"));
+    for name in ["qwen3_5", "qwen3_next"] {
+        if args.only.as_deref().is_none_or(|o| o == name) {
+            mtp_dirs.push(args.fixtures.join(name));
+        }
     }
     mtp_dirs.extend(args.testbed.clone());
     for dir in &mtp_dirs {
