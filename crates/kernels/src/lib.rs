@@ -28,7 +28,7 @@ pub use elementwise::{
     add_inplace, argmax, sigmoid, silu, silu_inplace, silu_mul, softmax_inplace, softplus,
 };
 pub use gdn::{gdn_chunked, gdn_recurrent, GDN_CHUNK};
-pub use linear::{linear, linear_acc, MATVEC_MAX_ROWS};
+pub use linear::{linear, linear_acc, linear_acc_bf16, linear_bf16, MATVEC_MAX_ROWS};
 #[doc(hidden)]
 pub use linear::{linear_gemm, linear_matvec};
 pub use norm::{l2_normalize_rows, rms_norm, rms_norm_inplace};

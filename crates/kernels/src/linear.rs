@@ -14,7 +14,7 @@
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-use crate::simd::{self, Isa};
+use crate::simd::{self, Isa, WeightElem};
 
 /// Largest `n` served by the matvec path. `kbench paths` on the 2-core AVX2 development machine (Xeon, 260 MiB
 /// L3, quiet), 4096x4096, GFLOP/s matvec vs gemm with 1 thread: n=1 13 vs 10, n=4 31 vs 15, n=8 33 vs 25,
@@ -56,6 +56,46 @@ pub fn linear(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, out: &mut [f32
 /// Panics (programmer error) if a slice is shorter than its shape says.
 pub fn linear_acc(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, scale: f32, out: &mut [f32]) {
     linear_with_mode(x, w, n, k, m, Mode::Accumulate(scale), out);
+}
+
+/// [`linear`] over a bf16 matrix: the same bits as `linear` on its f32 widening, with half the weight bytes
+/// read on the matvec path (decode and verify rows, memory-bound); the GEMM path widens it first.
+pub fn linear_bf16(x: &[f32], w: &[half::bf16], n: usize, k: usize, m: usize, out: &mut [f32]) {
+    linear_bf16_with_mode(x, w, n, k, m, Mode::Overwrite, out);
+}
+
+/// [`linear_acc`] over a bf16 matrix.
+pub fn linear_acc_bf16(
+    x: &[f32],
+    w: &[half::bf16],
+    n: usize,
+    k: usize,
+    m: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    linear_bf16_with_mode(x, w, n, k, m, Mode::Accumulate(scale), out);
+}
+
+fn linear_bf16_with_mode(
+    x: &[f32],
+    w: &[half::bf16],
+    n: usize,
+    k: usize,
+    m: usize,
+    mode: Mode,
+    out: &mut [f32],
+) {
+    check_len("linear: w [m, k]", w.len(), m * k);
+    if n <= MATVEC_MAX_ROWS && n > 0 && m > 0 && k > 0 {
+        check_len("linear: x [n, k]", x.len(), n * k);
+        check_len("linear: out [n, m]", out.len(), n * m);
+        let (x, w, out) = (&x[..n * k], &w[..m * k], &mut out[..n * m]);
+        matvec(best_isa_for_matvec(), x, w, n, k, m, mode, out);
+        return;
+    }
+    let wide: Vec<f32> = w[..m * k].iter().map(|v| v.to_f32()).collect();
+    linear_with_mode(x, &wide, n, k, m, mode, out);
 }
 
 fn linear_with_mode(
@@ -138,10 +178,10 @@ fn gemm_linear(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, mode: Mode, o
 
 /// The matvec path for few input rows. Tasks own disjoint blocks of weight rows.
 #[allow(clippy::too_many_arguments)]
-fn matvec(
+fn matvec<W: WeightElem>(
     isa: Isa,
     x: &[f32],
-    w: &[f32],
+    w: &[W],
     n: usize,
     k: usize,
     m: usize,
@@ -205,10 +245,10 @@ fn matvec_rows_per_task(m: usize, k: usize, n: usize) -> usize {
 ///
 /// Loop order: weight tiles of `WEIGHT_TILE_ROWS` rows outside, input groups inside, so each weight row is
 /// read from memory once and re-read from L1/L2 for every group of inputs.
-fn matvec_block(
+fn matvec_block<W: WeightElem>(
     isa: Isa,
     x: &[f32],
-    w_block: &[f32],
+    w_block: &[W],
     k: usize,
     n: usize,
     mode: Mode,
@@ -228,10 +268,10 @@ fn matvec_block(
             let xg = &x[first_input * k..(first_input + group) * k];
             let args = (isa, xg, w_tile, k, tile_rows_count, n, first_input, mode);
             match group {
-                1 => tile_rows::<4, 1>(args, res_tile),
-                2 => tile_rows::<4, 2>(args, res_tile),
-                3 => tile_rows::<4, 3>(args, res_tile),
-                _ => tile_rows::<2, 4>(args, res_tile),
+                1 => tile_rows::<W, 4, 1>(args, res_tile),
+                2 => tile_rows::<W, 4, 2>(args, res_tile),
+                3 => tile_rows::<W, 4, 3>(args, res_tile),
+                _ => tile_rows::<W, 2, 4>(args, res_tile),
             }
             first_input += group;
         }
@@ -252,12 +292,15 @@ fn input_group_size(n: usize) -> usize {
     }
 }
 
-type TileArgs<'a> = (Isa, &'a [f32], &'a [f32], usize, usize, usize, usize, Mode);
+type TileArgs<'a, W> = (Isa, &'a [f32], &'a [W], usize, usize, usize, usize, Mode);
 
 /// Covers all `rows` weight rows with R-row micro-tiles (then single rows for the remainder) against the N
 /// input rows in `xg`, writing columns first_input..first_input+N of res [rows, n_total].
 #[inline]
-fn tile_rows<const R: usize, const N: usize>(args: TileArgs<'_>, res: &mut [f32]) {
+fn tile_rows<W: WeightElem, const R: usize, const N: usize>(
+    args: TileArgs<'_, W>,
+    res: &mut [f32],
+) {
     let (isa, xg, w_block, k, rows, n_total, first_input, mode) = args;
     let mut write = |r0: usize, vals: &[[f32; N]]| {
         for (dr, row_vals) in vals.iter().enumerate() {
@@ -270,20 +313,20 @@ fn tile_rows<const R: usize, const N: usize>(args: TileArgs<'_>, res: &mut [f32]
     let mut r = 0;
     while r + R <= rows {
         let w_tile = &w_block[r * k..(r + R) * k];
-        write(r, &dot_rows::<R, N>(isa, w_tile, xg, k));
+        write(r, &dot_rows::<W, R, N>(isa, w_tile, xg, k));
         r += R;
     }
     while r < rows {
         let w_row = &w_block[r * k..(r + 1) * k];
-        write(r, &dot_rows::<1, N>(isa, w_row, xg, k));
+        write(r, &dot_rows::<W, 1, N>(isa, w_row, xg, k));
         r += 1;
     }
 }
 
 #[inline(always)]
-fn dot_rows<const R: usize, const N: usize>(
+fn dot_rows<W: WeightElem, const R: usize, const N: usize>(
     isa: Isa,
-    w: &[f32],
+    w: &[W],
     x: &[f32],
     k: usize,
 ) -> [[f32; N]; R] {
@@ -294,8 +337,8 @@ fn dot_rows<const R: usize, const N: usize>(
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Avx2Fma is only produced after runtime detection of avx2 and fma; lengths asserted above.
-        Isa::Avx2Fma => unsafe { simd::dot_rows_avx2::<R, N>(w, x, k) },
-        _ => simd::dot_rows_portable::<R, N>(w, x, k),
+        Isa::Avx2Fma => unsafe { simd::dot_rows_avx2::<W, R, N>(w, x, k) },
+        _ => simd::dot_rows_portable::<W, R, N>(w, x, k),
     }
 }
 
@@ -322,10 +365,10 @@ pub fn linear_matvec(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, out: &m
 
 /// Test hook: the matvec path forced to a given instruction set (so both are tested on an AVX2 machine).
 #[cfg(test)]
-pub(crate) fn linear_matvec_with_isa(
+pub(crate) fn linear_matvec_with_isa<W: WeightElem>(
     isa: Isa,
     x: &[f32],
-    w: &[f32],
+    w: &[W],
     n: usize,
     k: usize,
     m: usize,

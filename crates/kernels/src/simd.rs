@@ -50,10 +50,35 @@ pub(crate) fn reduce_lanes(acc: [f32; LANES]) -> f32 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
 }
 
+/// A weight element the matvec path reads: f32, or bf16 widened on load (exactly: bf16 -> f32 is a 16-bit
+/// shift), so a bf16-stored matrix gives the same bits as its f32 copy at half the memory traffic.
+pub trait WeightElem: Copy + Send + Sync + 'static {
+    /// bf16: the AVX2 path widens 8 values with a zero-extend and a shift instead of a plain load.
+    const BF16: bool;
+    fn to_f32(self) -> f32;
+}
+
+impl WeightElem for f32 {
+    const BF16: bool = false;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl WeightElem for half::bf16 {
+    const BF16: bool = true;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self.to_bits() as u32) << 16)
+    }
+}
+
 /// a · b over min(len) elements. Four 8-lane partial sums (32 in all) so a 128-long dot is a chain of 4
 /// dependent vector adds, not 16: attention's q·k and similar short dots are latency-bound otherwise.
+/// Weights are widened element by element, so a bf16 row gives the same sum as its f32 copy.
 #[inline(always)]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot<W: WeightElem>(a: &[W], b: &[f32]) -> f32 {
     const WIDE: usize = 4 * LANES;
     let len = a.len().min(b.len());
     let (a, b) = (&a[..len], &b[..len]);
@@ -62,12 +87,12 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut b_chunks = b.chunks_exact(WIDE);
     for (ca, cb) in (&mut a_chunks).zip(&mut b_chunks) {
         for l in 0..WIDE {
-            acc[l] += ca[l] * cb[l];
+            acc[l] += ca[l].to_f32() * cb[l];
         }
     }
     let mut tail = 0.0f32;
     for (x, y) in a_chunks.remainder().iter().zip(b_chunks.remainder()) {
-        tail += x * y;
+        tail += x.to_f32() * y;
     }
     let mut lanes = [0.0f32; LANES];
     for (l, v) in lanes.iter_mut().enumerate() {
@@ -95,8 +120,8 @@ pub(crate) fn scale_inplace(x: &mut [f32], s: f32) {
 /// Dot products of `R` weight rows with `N` input rows, all of length `k`, portable version.
 /// `w` holds at least `R * k` values ([R, k]), `x` at least `N * k` ([N, k]); returns [R][N].
 #[inline(always)]
-pub(crate) fn dot_rows_portable<const R: usize, const N: usize>(
-    w: &[f32],
+pub(crate) fn dot_rows_portable<W: WeightElem, const R: usize, const N: usize>(
+    w: &[W],
     x: &[f32],
     k: usize,
 ) -> [[f32; N]; R] {
@@ -118,8 +143,8 @@ pub(crate) fn dot_rows_portable<const R: usize, const N: usize>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-pub(crate) unsafe fn dot_rows_avx2<const R: usize, const N: usize>(
-    w: &[f32],
+pub(crate) unsafe fn dot_rows_avx2<W: WeightElem, const R: usize, const N: usize>(
+    w: &[W],
     x: &[f32],
     k: usize,
 ) -> [[f32; N]; R] {
@@ -137,8 +162,15 @@ pub(crate) unsafe fn dot_rows_avx2<const R: usize, const N: usize>(
             *v = unsafe { _mm256_loadu_ps(xp.add(i * k + c)) };
         }
         for (r, acc_r) in acc.iter_mut().enumerate() {
-            // SAFETY: r * k + c + 8 <= R * k <= w.len().
-            let wv = unsafe { _mm256_loadu_ps(wp.add(r * k + c)) };
+            // SAFETY: r * k + c + 8 <= R * k <= w.len(); a bf16 load reads 8 x 2 bytes there.
+            let wv = unsafe {
+                if W::BF16 {
+                    let raw = _mm_loadu_si128(wp.add(r * k + c).cast::<__m128i>());
+                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16))
+                } else {
+                    _mm256_loadu_ps(wp.add(r * k + c).cast::<f32>())
+                }
+            };
             for (a, xi) in acc_r.iter_mut().zip(&xv) {
                 *a = _mm256_fmadd_ps(wv, *xi, *a);
             }
@@ -155,7 +187,7 @@ pub(crate) unsafe fn dot_rows_avx2<const R: usize, const N: usize>(
             let s32 = _mm_add_ss(s64, _mm_shuffle_ps(s64, s64, 1));
             let mut total = _mm_cvtss_f32(s32);
             for j in body..k {
-                total += w[r * k + j] * x[i * k + j];
+                total += w[r * k + j].to_f32() * x[i * k + j];
             }
             out[r][i] = total;
         }

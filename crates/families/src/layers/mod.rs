@@ -5,7 +5,7 @@ pub mod attention;
 pub mod ffn;
 pub mod gdn;
 
-use model_io::{LoadError, TensorStore};
+use model_io::{DType, LoadError, TensorStore};
 
 /// RMSNorm over rows of `weight.len()`; zero-centred norms scale by `(1 + w)` (Qwen3.5 / Qwen3-Next).
 #[derive(Clone, Debug)]
@@ -42,9 +42,17 @@ impl Norm {
 /// A linear layer `y = x · Wᵀ`, W: [out, in].
 #[derive(Clone, Debug)]
 pub struct Linear {
-    pub w: Vec<f32>,
+    pub w: Weights,
     pub out_dim: usize,
     pub in_dim: usize,
+}
+
+/// A weight matrix as the CPU keeps it: bf16 when the checkpoint stores bf16 (half the bytes a decode step
+/// streams; `kernels::linear_bf16` gives the bits of the f32 widening), f32 otherwise.
+#[derive(Clone, Debug)]
+pub enum Weights {
+    F32(Vec<f32>),
+    Bf16(Vec<half::bf16>),
 }
 
 impl Linear {
@@ -54,26 +62,50 @@ impl Linear {
         out_dim: usize,
         in_dim: usize,
     ) -> Result<Self, LoadError> {
-        Ok(Linear {
-            w: t.get(name, &[out_dim, in_dim])?,
-            out_dim,
-            in_dim,
-        })
+        let full = t.full_name(name);
+        let w = match t.store.dtype(&full)? {
+            DType::BF16 => {
+                let (_, shape, bytes) = t.store.raw(&full)?;
+                if shape != [out_dim, in_dim] {
+                    // The shape error names the file and tensor.
+                    t.get(name, &[out_dim, in_dim])?;
+                }
+                Weights::Bf16(
+                    bytes
+                        .chunks_exact(2)
+                        .map(|b| half::bf16::from_le_bytes([b[0], b[1]]))
+                        .collect(),
+                )
+            }
+            _ => Weights::F32(t.get(name, &[out_dim, in_dim])?),
+        };
+        Ok(Linear { w, out_dim, in_dim })
     }
 
     pub fn from_rows(w: Vec<f32>, out_dim: usize, in_dim: usize) -> Self {
-        Linear { w, out_dim, in_dim }
+        Linear {
+            w: Weights::F32(w),
+            out_dim,
+            in_dim,
+        }
     }
 
     /// x: [n, in] -> [n, out]
     pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
         let mut out = vec![0.0; n * self.out_dim];
-        kernels::linear(x, &self.w, n, self.in_dim, self.out_dim, &mut out);
+        let (k, m) = (self.in_dim, self.out_dim);
+        match &self.w {
+            Weights::F32(w) => kernels::linear(x, w, n, k, m, &mut out),
+            Weights::Bf16(w) => kernels::linear_bf16(x, w, n, k, m, &mut out),
+        }
         out
     }
 
     pub fn params(&self) -> usize {
-        self.w.len()
+        match &self.w {
+            Weights::F32(w) => w.len(),
+            Weights::Bf16(w) => w.len(),
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 
 use super::{assert_close, isas, Rng};
 use crate::linear::{linear_gemm, linear_matvec_with_isa};
-use crate::{linear, linear_acc, MATVEC_MAX_ROWS};
+use crate::{linear, linear_acc, linear_acc_bf16, linear_bf16, MATVEC_MAX_ROWS};
 
 /// out[i, j] = sum_kk x[i, kk] * w[j, kk], the definition, in f64.
 fn naive(x: &[f32], w: &[f32], n: usize, k: usize, m: usize) -> Vec<f64> {
@@ -135,6 +135,42 @@ fn matvec_rows_are_bitwise_independent_of_n() {
                 same,
                 "row {r} of an {n}-row linear differs from the single-row call"
             );
+        }
+    }
+}
+
+/// A bf16 matrix gives exactly the bits of its f32 widening, on the matvec path (each ISA, every row count)
+/// and the GEMM path, overwriting and accumulating: only the bytes read differ.
+#[test]
+fn bf16_weights_give_the_bits_of_their_f32_widening() {
+    let mut rng = Rng::new(7);
+    let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    for &(k, m) in &[(7usize, 5usize), (13, 33), (67, 129), (384, 40)] {
+        let w16: Vec<half::bf16> = rng
+            .vec(m * k)
+            .iter()
+            .map(|&v| half::bf16::from_f32(v))
+            .collect();
+        let w32: Vec<f32> = w16.iter().map(|v| v.to_f32()).collect();
+        for n in [1usize, 2, 3, 4, 5, 7, 16, 20] {
+            let x = rng.vec(n * k);
+            if n <= MATVEC_MAX_ROWS {
+                for isa in isas() {
+                    let (mut a, mut b) = (vec![0.0; n * m], vec![0.0; n * m]);
+                    linear_matvec_with_isa(isa, &x, &w16, n, k, m, &mut a);
+                    linear_matvec_with_isa(isa, &x, &w32, n, k, m, &mut b);
+                    assert!(bits(&a, &b), "matvec {isa:?} n={n} k={k} m={m}");
+                }
+            }
+            let (mut a, mut b) = (vec![0.0; n * m], vec![0.0; n * m]);
+            linear_bf16(&x, &w16, n, k, m, &mut a);
+            linear(&x, &w32, n, k, m, &mut b);
+            assert!(bits(&a, &b), "linear n={n} k={k} m={m}");
+            let y0 = rng.vec(n * m);
+            let (mut a, mut b) = (y0.clone(), y0);
+            linear_acc_bf16(&x, &w16, n, k, m, 0.5, &mut a);
+            linear_acc(&x, &w32, n, k, m, 0.5, &mut b);
+            assert!(bits(&a, &b), "linear_acc n={n} k={k} m={m}");
         }
     }
 }
