@@ -29,9 +29,14 @@ use runtime::{
 };
 use sampling::Shaping;
 
-/// The product's GPU options (bf16 weights, batch-invariant verify kernels), on the emulated device.
+/// The product's GPU options (bf16 weights, batch-invariant verify kernels), on the emulated device, or on
+/// the real GPU with `TURBOSPARK_TEST_GPU=1` (how these gates are run on the H200: tools/device/README.md).
 fn cuda(ck: &Checkpoint, opts: LoadOptions) -> Model {
-    let dev = Arc::new(CudaDevice::emulated());
+    let dev = if std::env::var_os("TURBOSPARK_TEST_GPU").is_some() {
+        Arc::new(CudaDevice::open().expect("TURBOSPARK_TEST_GPU is set but no GPU opened"))
+    } else {
+        Arc::new(CudaDevice::emulated())
+    };
     Model::Cuda(Arc::new(CudaModel::load(&dev, ck, opts).unwrap()))
 }
 
