@@ -111,8 +111,6 @@ pub struct CudaDevice {
     pdl_paused: AtomicBool,
     /// The kernel simulator (`CudaDevice::simulated`): kernels run on the CPU.
     sim: Option<crate::simulate::Sim>,
-    /// The L2 hand-off between GEMVs (`crate::l2`).
-    pub(crate) l2: crate::l2::L2Hints,
     pub info: DeviceInfo,
 }
 
@@ -235,7 +233,6 @@ impl CudaDevice {
             pdl: AtomicBool::new(arch >= 90),
             pdl_failure: Mutex::new(None),
             pdl_paused: AtomicBool::new(false),
-            l2: crate::l2::L2Hints::new(crate::l2::L2Prefetch::from_env()),
             gpu: Some(Gpu {
                 ctx,
                 stream,
@@ -257,7 +254,6 @@ impl CudaDevice {
             pdl: AtomicBool::new(false),
             pdl_failure: Mutex::new(None),
             pdl_paused: AtomicBool::new(false),
-            l2: crate::l2::L2Hints::new(crate::l2::L2Prefetch::from_env()),
             info: DeviceInfo {
                 name: "host emulation".into(),
                 arch: 0,
@@ -288,7 +284,6 @@ impl CudaDevice {
             pdl: AtomicBool::new(false),
             pdl_failure: Mutex::new(None),
             pdl_paused: AtomicBool::new(false),
-            l2: crate::l2::L2Hints::new(crate::l2::L2Prefetch::from_env()),
             info: DeviceInfo {
                 name: "kernel simulator (host fibers)".into(),
                 arch: 0,
@@ -314,17 +309,6 @@ impl CudaDevice {
             on && self.gpu.is_some() && self.info.arch >= 90,
             Ordering::Relaxed,
         );
-    }
-
-    /// How much of the next GEMV's weights each GEMV warms in L2 as it finishes (`crate::l2`; from
-    /// `TURBOSPARK_L2_PREFETCH` at open). Results are the same with any policy; a decode graph keeps the
-    /// policy it was captured with.
-    pub fn set_l2_prefetch(&self, p: crate::l2::L2Prefetch) {
-        self.l2.set_policy(p);
-    }
-
-    pub fn l2_prefetch(&self) -> crate::l2::L2Prefetch {
-        self.l2.policy()
     }
 
     /// Whether kernels are launched with programmatic dependent launch now.

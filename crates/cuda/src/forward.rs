@@ -20,7 +20,6 @@ use crate::model::{CudaModel, FfnW, LayerW, MixerW};
 use crate::ops::{self, AttnBufs, GdnArgs, NormW};
 use crate::profile::{mark, Prof};
 use crate::state::{check_signature, CudaState, LayerState, Scratch, Tape, LOGIT_ROWS};
-use crate::weights::Mat;
 
 /// What one pass returns to the host.
 pub(crate) struct PassOut {
@@ -190,7 +189,7 @@ impl CudaModel {
                 .as_mut()
                 .and_then(|t: &mut Tape| t.layers.get_mut(i))
                 .and_then(|t| t.as_mut());
-            self.layer(layer, ls, lt, sc, m, prof, self.gemv_after_layer(i))?;
+            self.layer(layer, ls, lt, sc, m, prof)?;
             for (slot, tap) in tap_out.iter_mut().zip(taps) {
                 if *tap == Tap::LayerOutput(i) {
                     *slot = vec![0.0; m * self.hidden];
@@ -292,20 +291,13 @@ impl CudaModel {
         sc: &Scratch,
         m: usize,
         prof: &mut Option<Prof>,
-        next: Option<&Mat>,
     ) -> Result<(), CudaError> {
         let dev = &*self.dev;
         let gm = self.opts.gemv_max_rows;
         let input_norm = self.norm(&l.input_norm);
-        // Before each GEMV: the matrix of the GEMV after it, which it warms in L2 as it ends (l2.rs).
-        let warm_ffn = || match &l.ffn {
-            FfnW::Dense { gate_up, .. } => dev.l2.warm_next(gate_up, true, false),
-            FfnW::Moe(_) => {}
-        };
         match (&l.mixer, ls) {
             (MixerW::Attention(a), LayerState::Attention { k, v, .. }) => {
                 let (x, h, big, xb) = (sc.x.ptr, sc.h.ptr, sc.big.ptr, sc.xb.ptr);
-                dev.l2.warm_next(&a.o, false, true);
                 ops::linear_normed(dev, &a.qkv, x, input_norm, h, big, m, xb, gm)?;
                 mark(prof, dev, "attn norm+qkv linear", a.qkv.bytes())?;
                 let bufs = AttnBufs {
@@ -331,13 +323,11 @@ impl CudaModel {
                     ops::att_splits(m, gm),
                 )?;
                 mark(prof, dev, "attn core", 0)?;
-                warm_ffn();
                 ops::linear(dev, &a.o, sc.mid.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
                 mark(prof, dev, "attn o linear", a.o.bytes())?;
             }
             (MixerW::Gdn(g), LayerState::Recurrent { s, conv, .. }) => {
                 let (x, h, big, xb) = (sc.x.ptr, sc.h.ptr, sc.big.ptr, sc.xb.ptr);
-                dev.l2.warm_next(&g.out, false, true);
                 ops::linear_normed(dev, &g.proj, x, input_norm, h, big, m, xb, gm)?;
                 mark(prof, dev, "gdn norm+proj linear", g.proj.bytes())?;
                 if let Some(t) = tape {
@@ -350,7 +340,6 @@ impl CudaModel {
                 let (prep, o) = (sc.mid.ptr, sc.o.ptr);
                 ops::gdn_recurrence(dev, g.shape, &args, big, conv.ptr, prep, s.ptr, o, m, fine)?;
                 mark(prof, dev, "gdn conv+rec+norm", 0)?;
-                warm_ffn();
                 ops::linear(dev, &g.out, sc.o.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
                 mark(prof, dev, "gdn out linear", g.out.bytes())?;
             }
@@ -364,12 +353,8 @@ impl CudaModel {
         match &l.ffn {
             FfnW::Dense { gate_up: gu, down } => {
                 let (x, h, big, act) = (sc.x.ptr, sc.h.ptr, sc.big.ptr, sc.mid.ptr);
-                dev.l2.warm_next(down, false, false);
                 ops::linear_swiglu(dev, gu, x, post_norm, h, big, act, m, sc.xb.ptr, gm)?;
                 mark(prof, dev, "mlp norm+gate_up+silu", gu.bytes())?;
-                if let Some(n) = next {
-                    dev.l2.warm_next(n, false, false);
-                }
                 ops::linear(dev, down, sc.mid.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
                 mark(prof, dev, "mlp down linear", down.bytes())
             }
@@ -377,14 +362,6 @@ impl CudaModel {
                 crate::moe::forward(dev, w, post_norm, sc, m, gm)?;
                 mark(prof, dev, "moe norm+router+experts", w.bytes())
             }
-        }
-    }
-
-    /// The matrix of the first GEMV after layer `i`'s last one: the next layer's, or the LM head.
-    pub(crate) fn gemv_after_layer(&self, i: usize) -> Option<&Mat> {
-        match self.layers.get(i + 1) {
-            Some(l) => Some(first_matrix(l)),
-            None => Some(self.lm_head.as_ref().unwrap_or(&self.embed)),
         }
     }
 
@@ -456,15 +433,11 @@ impl CudaModel {
         let CudaState { layers, one, .. } = state;
         ops::embed(dev, &self.embed, one.ids.ptr, one.x.ptr, 1)?;
         mark(prof, dev, "embed", 0)?;
-        for (i, (layer, ls)) in self.layers.iter().zip(layers.iter_mut()).enumerate() {
-            self.layer(layer, ls, None, one, 1, prof, self.gemv_after_layer(i))?;
+        for (layer, ls) in self.layers.iter().zip(layers.iter_mut()) {
+            self.layer(layer, ls, None, one, 1, prof)?;
         }
         // The final norm fused into the LM head (pass() runs them apart, with identical results).
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        // The next step's first matrix waits in L2 while the host reads the logits.
-        if let Some(l) = self.layers.first() {
-            dev.l2.warm_next(first_matrix(l), false, true);
-        }
         ops::linear_normed(
             dev,
             head,
@@ -548,13 +521,5 @@ impl CudaModel {
     pub fn begin_tape(&self, state: &mut CudaState) -> Result<usize, CudaError> {
         check_signature(state, &self.signature)?;
         state.begin_tape()
-    }
-}
-
-/// The matrix of a layer's first GEMV (its mixer's input projection).
-pub(crate) fn first_matrix(l: &LayerW) -> &Mat {
-    match &l.mixer {
-        MixerW::Attention(a) => &a.qkv,
-        MixerW::Gdn(g) => &g.proj,
     }
 }

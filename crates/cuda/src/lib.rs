@@ -8,8 +8,7 @@
 //! - Kernels: CUDA C in `src/cu/`, compiled by NVRTC for the device's sm_XY and cached on disk
 //!   (`nvrtc.rs`). bf16 weights with f32 accumulation and f32 activations for decode/verify rows;
 //!   cuBLAS GEMMs for prefill passes (`ops.rs`). On sm_90 kernels are launched with programmatic
-//!   dependent launch ([`CudaDevice::set_pdl`]), so each starts while its predecessor drains, and each
-//!   GEMV warms L2 with the next GEMV's first weights as it finishes (`l2.rs`).
+//!   dependent launch ([`CudaDevice::set_pdl`]), so each starts while its predecessor drains.
 //! - [`CudaDevice::simulated`]: the same kernels compiled by the host C++ compiler against a CUDA shim
 //!   (`src/sim/`) and run on the CPU, so they can be checked (`cuda_check --simulate`) without a GPU;
 //!   [`CudaDevice::emulated`] instead computes each operation as the CPU engine does.
@@ -29,7 +28,6 @@ pub mod device;
 mod emu;
 pub mod error;
 mod forward;
-pub mod l2;
 mod mma;
 pub mod model;
 mod moe;
@@ -47,7 +45,6 @@ mod weights;
 
 pub use device::{driver_present, CudaDevice, DeviceInfo};
 pub use error::CudaError;
-pub use l2::L2Prefetch;
 pub use model::{CudaModel, LoadOptions};
 pub use mtp::CudaMtp;
 pub use profile::ProfileRow;

@@ -8,7 +8,6 @@
 use crate::buf::{launch_smem, Arg};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
-use crate::l2::L2Next;
 use crate::ops::{GemvMode, NormW, LIN_WARPS};
 use crate::weights::{Mat, WDtype};
 
@@ -130,7 +129,6 @@ pub(crate) fn gemv_mma(
     y: u64,
     rows: usize,
     mode: GemvMode,
-    next: L2Next,
 ) -> Result<(), CudaError> {
     let norm = mode.norm.unwrap_or(NormW {
         w: 0,
@@ -165,12 +163,6 @@ pub(crate) fn gemv_mma(
         // The input rows as split fragments: 3 bf16 terms per value.
         let stage_bytes = n * w.cols * 6;
         let stage = stage_bytes <= MMA_STAGE_BYTES;
-        // The last launch hands the next GEMV's weights to L2.
-        let pf = if r0 + n == rows {
-            next
-        } else {
-            L2Next::default()
-        };
         launch_smem(
             dev,
             &name,
@@ -191,10 +183,6 @@ pub(crate) fn gemv_mma(
                 Arg::F(norm.eps),
                 Arg::I(norm.zero_centred as i32),
                 Arg::I(stage as i32),
-                Arg::P(pf.ranges[0].0),
-                Arg::L(pf.ranges[0].1 as i64),
-                Arg::P(pf.ranges[1].0),
-                Arg::L(pf.ranges[1].1 as i64),
             ],
         )?;
         r0 += n;

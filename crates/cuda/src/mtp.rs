@@ -577,13 +577,13 @@ fn rows(
         norm_e.zero_centred,
     )?;
     ops::linear(dev, &w.fc_e, sc.h.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
-    let head = t.lm_head.as_ref().unwrap_or(&t.embed);
     for (l, ls) in w.layers.iter().zip(kv.iter_mut()) {
-        t.layer(l, ls, None, sc, m, &mut None, Some(head))?;
+        t.layer(l, ls, None, sc, m, &mut None)?;
     }
     // Only the last row feeds the chain and the logits.
     let last = sc.x.f32_at((m - 1) * h);
     let n = norm(&w.norm);
     ops::rmsnorm(dev, last, n.w, out, 1, h, n.eps, n.zero_centred)?;
+    let head = t.lm_head.as_ref().unwrap_or(&t.embed);
     ops::linear(dev, head, out, sc.logits.ptr, 1, false, sc.xb.ptr, gm)
 }

@@ -14,7 +14,6 @@ use crate::buf::{bind, elementwise_grid, launch, launch_smem, Arg};
 use crate::device::CudaDevice;
 use crate::emu;
 use crate::error::CudaError;
-use crate::l2::L2Next;
 use crate::mma;
 pub(crate) use crate::mma::with_gemv_kernel;
 pub use crate::mma::{GemvKernel, MMA_VARIANTS};
@@ -94,10 +93,9 @@ fn gemv(
     y: u64,
     rows: usize,
     mode: GemvMode,
-    next: L2Next,
 ) -> Result<(), CudaError> {
     if mma::mma_path(dev, w) {
-        return mma::gemv_mma(dev, w, x, y, rows, mode, next);
+        return mma::gemv_mma(dev, w, x, y, rows, mode);
     }
     let prefix = match w.dtype {
         WDtype::Bf16 => "linear_bf16_",
@@ -135,12 +133,6 @@ fn gemv(
             eps: 0.0,
             zero_centred: false,
         });
-        // The last launch hands the next GEMV's weights to L2.
-        let pf = if r0 + n == rows {
-            next
-        } else {
-            L2Next::default()
-        };
         launch_smem(
             dev,
             &format!("{prefix}{n}"),
@@ -160,10 +152,6 @@ fn gemv(
                 Arg::F(norm.eps),
                 Arg::I(norm.zero_centred as i32),
                 Arg::I(mode.stage as i32),
-                Arg::P(pf.ranges[0].0),
-                Arg::L(pf.ranges[0].1 as i64),
-                Arg::P(pf.ranges[1].0),
-                Arg::L(pf.ranges[1].1 as i64),
             ],
         )?;
         r0 += n;
@@ -188,7 +176,6 @@ pub(crate) fn linear(
     xb: u64,
     gemv_max_rows: usize,
 ) -> Result<(), CudaError> {
-    let next = dev.l2.take();
     if rows == 0 {
         return Ok(());
     }
@@ -208,7 +195,7 @@ pub(crate) fn linear(
         norm: None,
         stage: false,
     };
-    gemv(dev, w, x, y, rows, mode, next)
+    gemv(dev, w, x, y, rows, mode)
 }
 
 /// y [rows, w.rows] = RMSNorm(x) · wᵀ. The normalised rows go to `h` [rows, w.cols] whenever the norm
@@ -226,7 +213,6 @@ pub(crate) fn linear_normed(
     gemv_max_rows: usize,
 ) -> Result<(), CudaError> {
     if rows == 0 {
-        dev.l2.take();
         return Ok(());
     }
     let gemv_path = rows <= gemv_max_rows && !dev.host_ops();
@@ -237,9 +223,8 @@ pub(crate) fn linear_normed(
             norm: Some(norm),
             stage: true,
         };
-        return gemv(dev, w, x, y, rows, mode, dev.l2.take());
+        return gemv(dev, w, x, y, rows, mode);
     }
-    // The hint stays pending for the linear below.
     rmsnorm(dev, x, norm.w, h, rows, w.cols, norm.eps, norm.zero_centred)?;
     linear(dev, w, h, y, rows, false, xb, gemv_max_rows)
 }
@@ -259,7 +244,6 @@ pub(crate) fn linear_swiglu(
     xb: u64,
     gemv_max_rows: usize,
 ) -> Result<(), CudaError> {
-    let next = dev.l2.take();
     if rows == 0 {
         return Ok(());
     }
@@ -271,7 +255,7 @@ pub(crate) fn linear_swiglu(
             norm: Some(norm),
             stage: true,
         };
-        return gemv(dev, w, x, act, rows, mode, next);
+        return gemv(dev, w, x, act, rows, mode);
     }
     rmsnorm(dev, x, norm.w, h, rows, w.cols, norm.eps, norm.zero_centred)?;
     if gemv_path {
@@ -281,7 +265,7 @@ pub(crate) fn linear_swiglu(
             norm: None,
             stage: false,
         };
-        return gemv(dev, w, h, act, rows, mode, next);
+        return gemv(dev, w, h, act, rows, mode);
     }
     linear(dev, w, h, big, rows, false, xb, gemv_max_rows)?;
     silu_mul(dev, big, act, rows, w.rows / 2)

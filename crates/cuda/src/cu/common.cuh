@@ -80,34 +80,3 @@ __device__ __forceinline__ float rms_inv(const float* __restrict__ xr, int width
     const float variance = (float)(ss / (double)width);
     return 1.0f / sqrtf(variance + eps);
 }
-
-// Warms L2 with this block's share of a byte range of weights: block b of the grid takes the b-th of
-// gridDim.x equal 16-byte-aligned slices, so one grid covers the range once. Fire and forget: on sm_90
-// each thread hands 4 KiB pieces to the bulk-copy engine (cp.async.bulk.prefetch.L2), elsewhere it
-// prefetches line by line. Only weights are passed (never written by a kernel), so no PDL ordering is
-// needed. GEMVs call this as their blocks finish with the *next* GEMV's first weights (ops.rs
-// L2Next): the DRAM time of the kernel boundary (tail, launch, ramp-up) and of the non-GEMV kernels
-// in between then streams weights the next kernel reads from L2. `p` and `n` are multiples of 16.
-#define L2_PF_PIECE 4096
-__device__ __forceinline__ void l2_prefetch_share(const char* p, long long n) {
-#ifndef KERNEL_SIM
-    if (p == nullptr || n <= 0) return;
-    const long long g = gridDim.x * gridDim.y;
-    const long long b = (long long)blockIdx.y * gridDim.x + blockIdx.x;
-    const long long slice = ((n + g - 1) / g + 15) & ~15LL;
-    const long long begin = b * slice, end = begin + slice < n ? begin + slice : n;
-    for (long long off = begin + (long long)threadIdx.x * L2_PF_PIECE; off < end;
-         off += (long long)blockDim.x * L2_PF_PIECE) {
-        const long long left = end - off;
-        const unsigned size = (unsigned)(left < L2_PF_PIECE ? left : L2_PF_PIECE);
-#if __CUDA_ARCH__ >= 900
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(size) : "memory");
-#else
-        for (unsigned o = 0; o < size; o += 128) PREFETCH_L2(p + off + o);
-#endif
-    }
-#else
-    (void)p;
-    (void)n;
-#endif
-}

@@ -10,9 +10,6 @@
 // (`accumulate`), or SwiGLU (`swiglu_inter` = I > 0): W is [gate ; up] ([2I, in]) and each step's row
 // slots are half gate rows j, half the matching up rows I + j; y = act [N, I] = silu(gate) * up.
 //
-// L2 hand-off: as its blocks finish, the kernel warms L2 with the next GEMV's first weights (pf0/pf1,
-// see l2_prefetch_share); results do not depend on it.
-//
 // Batch invariance: a row's sum is formed in one order whatever N is — each lane's fmaf chain over the
 // vectors part*32 + lane + k*32*wpr, a fixed xor-shuffle tree, then the wpr partial sums in part order —
 // and wpr is chosen from the matrix shape alone (ops.rs), so a verify row is bit-identical to the same
@@ -46,8 +43,7 @@ template <typename W, int N, int LIN_U_N = LIN_U(N)>
 __device__ __forceinline__ void linear_rows(const W* __restrict__ w, const float* __restrict__ x,
                                             float* __restrict__ y, int in, int out, int accumulate, int wpr,
                                             int swiglu_inter, const float* __restrict__ norm_w, float eps,
-                                            int zero_centred, int stage, const char* pf0, long long pf_n0,
-                                            const char* pf1, long long pf_n1) {
+                                            int zero_centred, int stage) {
     __shared__ double scratch[32];
     __shared__ float red[LIN_WARPS][N];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -168,9 +164,6 @@ __device__ __forceinline__ void linear_rows(const W* __restrict__ w, const float
         }
         __syncthreads();
     }
-    // The next GEMV's first weights into L2 while the rest of this grid drains (common.cuh).
-    l2_prefetch_share(pf0, pf_n0);
-    l2_prefetch_share(pf1, pf_n1);
 }
 
 // Minimum resident blocks per SM by row count: 4 (<= 64 registers) for 1-2 rows, 2 for more rows (more
@@ -178,10 +171,9 @@ __device__ __forceinline__ void linear_rows(const W* __restrict__ w, const float
 #define LINEAR_KERNEL(NAME, W, N)                                                                     \
     extern "C" __global__ void __launch_bounds__(LIN_WARPS * 32, (N) <= 2 ? 4 : 2)   \
         NAME(const W* w, const float* x, float* y, int in, int out, int accumulate, int wpr,          \
-             int swiglu_inter, const float* norm_w, float eps, int zero_centred, int stage,            \
-             const char* pf0, long long pf_n0, const char* pf1, long long pf_n1) {                      \
+             int swiglu_inter, const float* norm_w, float eps, int zero_centred, int stage) {         \
         linear_rows<W, N>(w, x, y, in, out, accumulate, wpr, swiglu_inter, norm_w, eps, zero_centred, \
-                          stage, pf0, pf_n0, pf1, pf_n1);                                             \
+                          stage);                                                                     \
     }
 LINEAR_KERNEL(linear_bf16_1, bf16_t, 1)
 LINEAR_KERNEL(linear_bf16_2, bf16_t, 2)

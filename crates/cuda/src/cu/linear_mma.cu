@@ -182,8 +182,7 @@ template <int T, int U, bool FULL>
 __device__ __forceinline__ void linear_mma(const bf16_t* __restrict__ w, const float* __restrict__ x,
                                            float* __restrict__ y, int n, int in, int out, int accumulate,
                                            int wpk, int swiglu_inter, const float* __restrict__ norm_w,
-                                           float eps, int zero_centred, int stage, const char* pf0,
-                                           long long pf_n0, const char* pf1, long long pf_n1) {
+                                           float eps, int zero_centred, int stage) {
     // U chunks in flight: U x T x 16 bytes per lane. J accumulators per tile (the chunk's k16 halves
     // when T = 1, so that consecutive mma's are independent).
     constexpr int J = T == 1 ? 2 : 1;
@@ -279,9 +278,6 @@ __device__ __forceinline__ void linear_mma(const bf16_t* __restrict__ w, const f
             chunk_mma<T, J>(acc2, a, wv[u]);
         }
     }
-    // The next GEMV's first weights into L2 while the rest of this grid drains (common.cuh).
-    l2_prefetch_share(pf0, pf_n0);
-    l2_prefetch_share(pf1, pf_n1);
     float acc[T][4];
 #pragma unroll
     for (int tile = 0; tile < T; ++tile)
@@ -334,10 +330,9 @@ __device__ __forceinline__ void linear_mma(const bf16_t* __restrict__ w, const f
         linear_mma_t##T##_u##U##_b##MB##_##SUFFIX(const bf16_t* w, const float* x, float* y, int n, int in,  \
                                                   int out, int accumulate, int wpk, int swiglu_inter,        \
                                                   const float* norm_w, float eps, int zero_centred,          \
-                                                  int stage, const char* pf0, long long pf_n0,               \
-                                                  const char* pf1, long long pf_n1) {                        \
+                                                  int stage) {                                               \
         linear_mma<T, U, FULL>(w, x, y, n, in, out, accumulate, wpk, swiglu_inter, norm_w, eps, zero_centred,  \
-                               stage, pf0, pf_n0, pf1, pf_n1);                                                \
+                               stage);                                                                        \
     }
 #define LINEAR_MMA_VARIANT(T, U, MB)                \
     LINEAR_MMA_KERNEL(T, U, MB, false, half)        \
