@@ -142,16 +142,31 @@ fn compile(cxx: &str, dir: &Path, tu: &str, lib: &Path) -> Result<(), CudaError>
         path: dir.to_path_buf(),
         source,
     };
+    // Every file this compile writes has a name of its own (process and call), so concurrent compiles
+    // of one library — test threads of one process on a fresh cache — never read each other's
+    // half-written files; the last rename wins with identical bytes.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let unique = format!(
+        "{}-{}",
+        std::process::id(),
+        CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
     std::fs::create_dir_all(dir).map_err(io)?;
-    std::fs::write(dir.join("sim.h"), SIM_H).map_err(io)?;
-    std::fs::write(dir.join("runtime.cpp"), RUNTIME).map_err(io)?;
-    std::fs::write(dir.join("module.cpp"), tu).map_err(io)?;
-    let tmp = dir.join(format!("libkernsim.{}.tmp", std::process::id()));
+    let write_new = |name: &str, text: &str| -> Result<(), CudaError> {
+        let tmp = dir.join(format!("{name}.{unique}.tmp"));
+        std::fs::write(&tmp, text).map_err(io)?;
+        std::fs::rename(&tmp, dir.join(name)).map_err(io)
+    };
+    write_new("sim.h", SIM_H)?;
+    write_new("runtime.cpp", RUNTIME)?;
+    let module = dir.join(format!("module.{unique}.cpp"));
+    std::fs::write(&module, tu).map_err(io)?;
+    let tmp = dir.join(format!("libkernsim.{unique}.tmp"));
     let out = Command::new(cxx)
         .args(FLAGS)
         .arg("-o")
         .arg(&tmp)
-        .arg(dir.join("module.cpp"))
+        .arg(&module)
         .output()
         .map_err(|e| sim_error(format!("running {cxx}: {e}")))?;
     if !out.status.success() {
@@ -159,9 +174,10 @@ fn compile(cxx: &str, dir: &Path, tu: &str, lib: &Path) -> Result<(), CudaError>
         let head: Vec<&str> = log.lines().take(30).collect();
         return Err(sim_error(format!(
             "{cxx} failed on {}:\n{}",
-            dir.join("module.cpp").display(),
+            module.display(),
             head.join("\n")
         )));
     }
-    std::fs::rename(&tmp, lib).map_err(io)
+    std::fs::rename(&tmp, lib).map_err(io)?;
+    std::fs::rename(&module, dir.join("module.cpp")).map_err(io)
 }
