@@ -3,14 +3,22 @@
 //! exactly here by enumerating every continuation through the model. Chi-square over 20k seeds per arm at
 //! p = 0.01, for the MTP head (a sampled q) and a deterministic drafter (point-mass q). A deliberately wrong
 //! acceptance rule (redraw from p on rejection) must fail the same test.
+//!
+//! The gate runs on the CPU engine and on the CUDA backend (the host emulation of its operations in CI; the
+//! real GPU with `TURBOSPARK_TEST_GPU=1`, tools/device/README.md), there with the GPU MTP head: the law is
+//! enumerated through the same device, whose passes of <= 16 rows take the decode kernels, so the exact
+//! law and the sampled runs read the same logits.
 
 mod common;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use backend::Model;
 use common::{detok, fixture, Oracle};
-use drafters::{Drafter, MtpHead};
-use families::{Transformer, Wanted};
+use cuda_backend::{CudaDevice, CudaModel, LoadOptions};
+use drafters::Drafter;
+use families::{Backend, Wanted};
 use runtime::{generate, Acceptance, CancelFlag, GenerationConfig, Request, Session, Speculative};
 use sampling::{History, ShapedDistribution, Shaping};
 
@@ -26,8 +34,8 @@ fn shaping() -> Shaping {
     }
 }
 
-fn dist(model: &Transformer, history: &[u32], prompt_len: usize) -> ShapedDistribution {
-    let mut st = model.new_state();
+fn dist<B: Backend>(model: &B, history: &[u32], prompt_len: usize) -> ShapedDistribution {
+    let mut st = model.new_state().unwrap();
     let out = model.forward(history, 0, &mut st, &Wanted::last()).unwrap();
     ShapedDistribution::new(
         out.row(0),
@@ -38,7 +46,7 @@ fn dist(model: &Transformer, history: &[u32], prompt_len: usize) -> ShapedDistri
 }
 
 /// P(t1, t2, t3) by enumeration.
-fn exact_joint(model: &Transformer, prompt: &[u32]) -> HashMap<[u32; 3], f64> {
+fn exact_joint<B: Backend>(model: &B, prompt: &[u32]) -> HashMap<[u32; 3], f64> {
     let mut joint = HashMap::new();
     let p1 = dist(model, prompt, prompt.len());
     for (t1, a) in p1.support() {
@@ -53,14 +61,14 @@ fn exact_joint(model: &Transformer, prompt: &[u32]) -> HashMap<[u32; 3], f64> {
     joint
 }
 
-fn sample(
-    model: &Transformer,
+fn sample<B: Backend>(
+    model: &B,
     prompt: &[u32],
     drafter: Option<Box<dyn Drafter + Send>>,
     spec: Option<Speculative>,
 ) -> HashMap<[u32; 3], u64> {
-    let d = detok(model.vocab as u32);
-    let mut session = Session::new(model);
+    let d = detok(model.vocab() as u32);
+    let mut session = Session::open(model).unwrap();
     if let Some(dr) = drafter {
         session = session.with_drafter(dr);
     }
@@ -124,62 +132,56 @@ fn chi_square(exact: &HashMap<[u32; 3], f64>, counts: &HashMap<[u32; 3], u64>) -
     (stat, critical)
 }
 
-#[test]
-fn sampled_speculative_matches_sequential_distribution() {
-    let (ck, model) = fixture("qwen3_5");
+/// The four arms on `model`: sequential, the MTP head (`mtp`), a point-mass drafter, and the wrong
+/// acceptance rule, which must be rejected.
+fn check_arms<B: Backend>(model: &B, mtp: &dyn Fn() -> Box<dyn Drafter + Send>, device: &str) {
     let prompt: Vec<u32> = vec![17, 201, 5, 77, 310, 42, 9, 128];
-    let exact = exact_joint(&model, &prompt);
+    let exact = exact_joint(model, &prompt);
     let mass: f64 = exact.values().sum();
     assert!(
         (mass - 1.0).abs() < 1e-9 && exact.len() > 8,
         "support {} mass {mass}",
         exact.len()
     );
-
-    let (stat, crit) = chi_square(&exact, &sample(&model, &prompt, None, None));
-    assert!(
-        stat <= crit,
-        "sequential sampler vs exact law: chi2 {stat:.1} > {crit:.1}"
-    );
-
-    let mtp = || -> Box<dyn Drafter + Send> {
-        Box::new(MtpHead::load(&ck, model.clone()).unwrap().unwrap())
+    let arm = |name: &str, drafter: Option<Box<dyn Drafter + Send>>, spec: Option<Speculative>| {
+        let (stat, crit) = chi_square(&exact, &sample(model, &prompt, drafter, spec));
+        println!("{device} {name}: chi2 {stat:.1}, critical {crit:.1}");
+        (stat, crit)
     };
-    let (stat, crit) = chi_square(
-        &exact,
-        &sample(&model, &prompt, Some(mtp()), Some(Speculative::new(2))),
-    );
+
+    let (stat, crit) = arm("sequential", None, None);
     assert!(
         stat <= crit,
-        "MTP block 2 vs exact law: chi2 {stat:.1} > {crit:.1}"
+        "{device}: sequential sampler vs exact law: chi2 {stat:.1} > {crit:.1}"
+    );
+    let (stat, crit) = arm("MTP block 2", Some(mtp()), Some(Speculative::new(2)));
+    assert!(
+        stat <= crit,
+        "{device}: MTP block 2 vs exact law: chi2 {stat:.1} > {crit:.1}"
     );
 
     // A deterministic drafter proposing the greedy path: q is a point mass.
     let mut greedy = prompt.clone();
-    let mut st = model.new_state();
+    let mut st = model.new_state().unwrap();
     let mut out = model.forward(&prompt, 0, &mut st, &Wanted::last()).unwrap();
     for _ in 0..4 {
         let t = kernels::argmax(out.row(0)) as u32;
         greedy.push(t);
-        out = model
-            .forward(&[t], st.position(), &mut st, &Wanted::last())
-            .unwrap();
+        let pos = greedy.len() - 1;
+        out = model.forward(&[t], pos, &mut st, &Wanted::last()).unwrap();
     }
     let oracle = || {
         Box::new(Oracle {
             full: greedy.clone(),
             error_rate: 0.0,
-            vocab: model.vocab as u32,
+            vocab: model.vocab() as u32,
             calls: 0,
-        })
+        }) as Box<dyn Drafter + Send>
     };
-    let (stat, crit) = chi_square(
-        &exact,
-        &sample(&model, &prompt, Some(oracle()), Some(Speculative::new(2))),
-    );
+    let (stat, crit) = arm("point-mass drafter", Some(oracle()), Some(Speculative::new(2)));
     assert!(
         stat <= crit,
-        "point-mass drafter vs exact law: chi2 {stat:.1} > {crit:.1}"
+        "{device}: point-mass drafter vs exact law: chi2 {stat:.1} > {crit:.1}"
     );
 
     // Negative control: the same test must reject a wrong acceptance rule (redrawing from p on rejection
@@ -188,12 +190,35 @@ fn sampled_speculative_matches_sequential_distribution() {
         acceptance: Acceptance::ResampleTargetOnReject,
         ..Speculative::new(2)
     };
-    let (stat, crit) = chi_square(
-        &exact,
-        &sample(&model, &prompt, Some(oracle()), Some(wrong)),
-    );
+    let (stat, crit) = arm("wrong acceptance rule", Some(oracle()), Some(wrong));
     assert!(
         stat > crit,
-        "the wrong rule passed: chi2 {stat:.1} <= {crit:.1}"
+        "{device}: the wrong rule passed: chi2 {stat:.1} <= {crit:.1}"
     );
+}
+
+#[test]
+fn sampled_speculative_matches_sequential_distribution() {
+    let (ck, model) = fixture("qwen3_5");
+    let model = Model::Cpu(model);
+    let mtp = || model.mtp_drafter(&ck).unwrap().unwrap();
+    check_arms(&model, &mtp, "cpu");
+}
+
+/// The same gate through the CUDA backend with the product's GPU options (bf16 weights, the batch-
+/// invariant decode/verify kernels) and the GPU MTP head.
+#[test]
+fn sampled_speculative_matches_sequential_distribution_on_the_cuda_backend() {
+    let (ck, _) = fixture("qwen3_5");
+    let dev = if std::env::var_os("TURBOSPARK_TEST_GPU").is_some() {
+        Arc::new(CudaDevice::open().expect("TURBOSPARK_TEST_GPU is set but no GPU opened"))
+    } else {
+        Arc::new(CudaDevice::emulated())
+    };
+    let model = Model::Cuda(Arc::new(
+        CudaModel::load(&dev, &ck, LoadOptions::default()).unwrap(),
+    ));
+    let mtp = || model.mtp_drafter(&ck).unwrap().unwrap();
+    let device = if dev.is_emulated() { "cuda (emulated)" } else { "cuda" };
+    check_arms(&model, &mtp, device);
 }
