@@ -95,6 +95,36 @@ impl CudaModel {
     }
 }
 
+impl CudaModel {
+    /// Device milliseconds per replay of `state`'s one-row decode graph, `n` replays queued back to back
+    /// with no host work in between (ids, position and logits stay on the device). Set against the
+    /// wall time per decoded token it splits a step into GPU time and host time (upload of the id and
+    /// position, the logits copy, the caller's argmax). The replays advance the state's recurrent rows
+    /// and rewrite one cache row: time on a scratch state. `None` without a captured graph.
+    pub fn time_decode_graph(
+        &self,
+        state: &mut CudaState,
+        token: u32,
+        n: usize,
+    ) -> Result<Option<f64>, CudaError> {
+        let start = state.position;
+        // A first step captures the graph.
+        self.forward(&[token], start, state, &families::Wanted::last())?;
+        let dev = &*self.dev;
+        let Some(g) = &state.graph else {
+            return Ok(None);
+        };
+        let a = record(dev)?;
+        for _ in 0..n {
+            g.launch()
+                .map_err(CudaError::driver("launching the decode graph"))?;
+        }
+        let b = record(dev)?;
+        dev.synchronize()?;
+        Ok(Some(elapsed_ms(&a, &b)? as f64 / n.max(1) as f64))
+    }
+}
+
 /// A timing event recorded on the device's stream now.
 pub(crate) fn event(dev: &CudaDevice) -> Result<CudaEvent, CudaError> {
     record(dev)

@@ -240,6 +240,18 @@ fn one_config(
         if dev.is_emulated() {
             return Ok(outcome);
         }
+        if graphs {
+            let mut scratch = model.new_state(prompt_len + 2)?;
+            model.forward(&prompt, 0, &mut scratch, &Wanted::last())?;
+            if let Some(ms) = model.time_decode_graph(&mut scratch, next, 50)? {
+                let wall_ms = 1e3 / tps;
+                println!(
+                    "bench {name}: decode graph alone {ms:.3} ms per step on the GPU ({:.1}% of roofline) vs {wall_ms:.3} ms per token end to end: host side (id upload, logits copy, argmax) {:.3} ms",
+                    100.0 / (ms * 1e-3) / roof,
+                    wall_ms - ms
+                );
+            }
+        }
         print_profile(
             "one un-graphed decode step",
             &model.profile_decode(&mut st, next)?,
