@@ -174,16 +174,8 @@ pub fn greedy(logits: &[f32]) -> Result<u32, SamplingError> {
     Ok(argmax_lowest(logits))
 }
 
-/// Argmax with the lowest index winning ties (0 for an all -inf row, which callers rule out).
+/// Argmax with the lowest index winning ties (0 for an all -inf row, which callers rule out). The rows
+/// reaching here hold no NaN (`check_logits`), where `kernels::argmax` is exactly this, vectorised.
 fn argmax_lowest(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    let mut best_value = f32::NEG_INFINITY;
-    for (i, &l) in logits.iter().enumerate() {
-        // Strict `>`: a later equal value never displaces an earlier one.
-        if l > best_value {
-            best = i;
-            best_value = l;
-        }
-    }
-    best as u32
+    kernels::argmax(logits) as u32
 }

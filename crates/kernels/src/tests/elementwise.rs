@@ -55,6 +55,46 @@ fn argmax_takes_lowest_index_on_ties_and_skips_nan() {
     assert_eq!(argmax(&[]), 0);
 }
 
+/// The vectorised two-pass argmax equals a one-pass strict-`>` scan skipping NaN, on rows with ties,
+/// NaN, signed zeros and maxima in every lane and in the tail.
+#[test]
+fn argmax_equals_a_one_pass_scan() {
+    fn scan(x: &[f32]) -> usize {
+        let (mut best, mut best_value) = (0, f32::NAN);
+        for (i, &v) in x.iter().enumerate() {
+            if !v.is_nan() && (best_value.is_nan() || v > best_value) {
+                best = i;
+                best_value = v;
+            }
+        }
+        best
+    }
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for len in [1usize, 15, 16, 17, 31, 33, 100, 1000] {
+        for _ in 0..200 {
+            // Few distinct values, so ties are common.
+            let x: Vec<f32> = (0..len)
+                .map(|_| match next() % 11 {
+                    0 => f32::NAN,
+                    1 => -0.0,
+                    2 => 0.0,
+                    3 => f32::NEG_INFINITY,
+                    k => (k as f32 - 7.0) * 0.5,
+                })
+                .collect();
+            assert_eq!(argmax(&x), scan(&x), "{x:?}");
+        }
+    }
+    assert_eq!(argmax(&[f32::NAN, f32::NAN]), 0);
+    assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY]), 1);
+}
+
 #[test]
 fn softmax_hand_values_and_shift_invariance() {
     let mut x = vec![1.0f32, 2.0, 3.0];
