@@ -35,7 +35,12 @@ impl L2Prefetch {
     pub fn from_env() -> L2Prefetch {
         let parsed = std::env::var("TURBOSPARK_L2_PREFETCH").ok().and_then(|v| {
             let (a, b) = v.split_once(',')?;
-            let mb = |s: &str| s.trim().parse::<f64>().ok().map(|m| (m * 1048576.0) as usize);
+            let mb = |s: &str| {
+                s.trim()
+                    .parse::<f64>()
+                    .ok()
+                    .map(|m| (m * 1048576.0) as usize)
+            };
             Some(L2Prefetch {
                 ahead: mb(a)?,
                 across_mixer: mb(b)?,
@@ -111,7 +116,11 @@ impl L2Hints {
     /// Names the matrix the GEMV after the next one reads (`across_mixer`: a mixer core runs between).
     pub fn warm_next(&self, w: &Mat, halves: bool, across_mixer: bool) {
         let p = self.policy();
-        let budget = if across_mixer { p.across_mixer } else { p.ahead };
+        let budget = if across_mixer {
+            p.across_mixer
+        } else {
+            p.ahead
+        };
         if let Ok(mut g) = self.next.lock() {
             *g = L2Next::of(w, halves, budget);
         }
@@ -133,16 +142,28 @@ mod tests {
     fn prefixes_are_clamped_aligned_and_split_for_swiglu() {
         let base = 0x10_0000u64;
         // A 5120-byte matrix.
-        assert_eq!(L2Next::of_range(base, 5120, false, 1000).ranges, [(base, 992), (0, 0)]);
-        assert_eq!(L2Next::of_range(base, 5120, false, 1 << 20).ranges, [(base, 5120), (0, 0)]);
+        assert_eq!(
+            L2Next::of_range(base, 5120, false, 1000).ranges,
+            [(base, 992), (0, 0)]
+        );
+        assert_eq!(
+            L2Next::of_range(base, 5120, false, 1 << 20).ranges,
+            [(base, 5120), (0, 0)]
+        );
         // [gate ; up]: a prefix of each half, the up half starting halfway.
         let n = L2Next::of_range(base, 5120, true, 1 << 20);
         assert_eq!(n.ranges, [(base, 2560), (base + 2560, 2560)]);
-        assert_eq!(L2Next::of_range(base, 5120, true, 1000).ranges, [(base, 496), (base + 2560, 496)]);
+        assert_eq!(
+            L2Next::of_range(base, 5120, true, 1000).ranges,
+            [(base, 496), (base + 2560, 496)]
+        );
         // Halves not on a 16-byte boundary: the up range starts at the next one.
         let n = L2Next::of_range(base, 5128, true, 1 << 20);
         assert_eq!(n.ranges, [(base, 2560), (base + 2576, 2544)]);
-        assert_eq!(L2Next::of_range(base, 5120, true, 8).ranges, [(0, 0), (0, 0)]);
+        assert_eq!(
+            L2Next::of_range(base, 5120, true, 8).ranges,
+            [(0, 0), (0, 0)]
+        );
     }
 
     #[test]
