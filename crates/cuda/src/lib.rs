@@ -7,7 +7,7 @@
 //!   ([`driver_present`] is the cheap probe for `auto`).
 //! - Kernels: CUDA C in `src/cu/`, compiled by NVRTC for the device's sm_XY and cached on disk
 //!   (`nvrtc.rs`). bf16 weights with f32 accumulation and f32 activations for decode/verify rows;
-//!   cuBLAS GEMMs for prefill passes (`ops.rs`). On sm_90 kernels are launched with programmatic
+//!   cuBLAS GEMMs and the chunked GDN form (`gdn_chunk.rs`) for prefill passes (`ops.rs`). On sm_90 kernels are launched with programmatic
 //!   dependent launch ([`CudaDevice::set_pdl`]), so each starts while its predecessor drains, and each
 //!   GEMV warms L2 with the next GEMV's first weights as it finishes (`l2.rs`).
 //! - [`CudaDevice::simulated`]: the same kernels compiled by the host C++ compiler against a CUDA shim
@@ -29,6 +29,7 @@ pub mod device;
 mod emu;
 pub mod error;
 mod forward;
+mod gdn_chunk;
 pub mod l2;
 mod mma;
 pub mod model;
