@@ -119,13 +119,34 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
             if (i < nr) {
                 const float in = prep[(size_t)(t0 + i) * ldq + src];
                 x = is_w ? (beta[i] * eg[i]) * in : beta[i] * in;
-                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                for (int j = 0; j < i; ++j) acc[j & 3] = fmaf(a[i][j], dst[(size_t)j * ld], acc[j & 3]);
-                x -= (acc[0] + acc[1]) + (acc[2] + acc[3]);
+                // Four independent sums (scalars: a dynamically indexed array would live in local memory).
+                float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+                int j = 0;
+                for (; j + 4 <= i; j += 4) {
+                    s0 = fmaf(a[i][j], dst[(size_t)j * ld], s0);
+                    s1 = fmaf(a[i][j + 1], dst[(size_t)(j + 1) * ld], s1);
+                    s2 = fmaf(a[i][j + 2], dst[(size_t)(j + 2) * ld], s2);
+                    s3 = fmaf(a[i][j + 3], dst[(size_t)(j + 3) * ld], s3);
+                }
+                for (; j < i; ++j) s0 = fmaf(a[i][j], dst[(size_t)j * ld], s0);
+                x -= (s0 + s1) + (s2 + s3);
             }
             dst[(size_t)i * ld] = x;
         }
     }
+}
+
+// Stages rows 0..GDC_C of a [*, width] operand (row t at base + t * ld, columns d0..d0+GDC_KS, times
+// fsm[t][f] when f >= 0) into stg, zero past nr rows or `width` columns, between two barriers.
+__device__ __forceinline__ void gdc_stage(float (*stg)[GDC_KS + 1], const float* __restrict__ base, size_t ld,
+                                          int width, int d0, int nr, const float (*fsm)[2], int f) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < GDC_C * GDC_KS; e += GDC_THREADS) {
+        const int t = e / GDC_KS, d = e % GDC_KS;
+        const bool ok = t < nr && d0 + d < width;
+        stg[t][d] = ok ? base[(size_t)t * ld + d0 + d] * (f < 0 ? 1.0f : fsm[t][f]) : 0.0f;
+    }
+    __syncthreads();
 }
 
 extern "C" __global__ void __launch_bounds__(GDC_THREADS)
@@ -140,7 +161,6 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
     __shared__ float fsm[GDC_C][2];
     const int h = blockIdx.x, kh = h / (hv / hk), tid = threadIdx.x;
     const int cd = 2 * hk * dk + hv * dv;
-    gdn_window_advance(window, proj, ldp, n, cd, kernel);
     const int col0 = blockIdx.y * GDC_COLS;
     const int chunks = (n + GDC_C - 1) / GDC_C;
     const size_t np = (size_t)chunks * GDC_C;
@@ -152,17 +172,6 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
     }
     // This thread's tile: rows r0, r0 + 1 (of a chunk, or of a dk slice of S) x columns c0..c0+3.
     const int r0 = 2 * (tid >> 3), c0 = 4 * (tid & 7);
-    // Stages rows 0..C of a [*, width] operand (row t at base + t * ld, columns d0..d0+KS, times
-    // scale(t)) into stg; zero past nr rows or `width` columns.
-    auto stage = [&](const float* base, size_t ld, int width, int d0, int nr, int f) {
-        __syncthreads();
-        for (int e = tid; e < GDC_C * GDC_KS; e += GDC_THREADS) {
-            const int t = e / GDC_KS, d = e % GDC_KS;
-            const bool ok = t < nr && d0 + d < width;
-            stg[t][d] = ok ? base[(size_t)t * ld + d0 + d] * (f < 0 ? 1.0f : fsm[t][f]) : 0.0f;
-        }
-        __syncthreads();
-    };
     for (int c = 0; c < chunks; ++c) {
         const int t0 = c * GDC_C, nr = min(GDC_C, n - t0);
         const size_t hrow = (size_t)h * np + t0;
@@ -181,7 +190,7 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
                 acc[rr][cc] = (t < nr && col < dv) ? ubuf[(hrow + t) * dv + col] : 0.0f;
             }
         for (int d0 = 0; d0 < dk; d0 += GDC_KS) {
-            stage(wbuf + hrow * dk, dk, dk, d0, nr, -1);
+            gdc_stage(stg, wbuf + hrow * dk, dk, dk, d0, nr, fsm, -1);
             const int dn = min(GDC_KS, dk - d0);
             for (int d = 0; d < dn; ++d) {
                 const float4 s4 = *reinterpret_cast<const float4*>(&sm[d0 + d][c0]);
@@ -206,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
             for (int cc = 0; cc < 4; ++cc) o[rr][cc] = 0.0f;
         const float* qrows = prep + (size_t)t0 * ldq + qoff;
         for (int d0 = 0; d0 < dk; d0 += GDC_KS) {
-            stage(qrows, ldq, dk, d0, nr, 0);
+            gdc_stage(stg, qrows, ldq, dk, d0, nr, fsm, 0);
             const int dn = min(GDC_KS, dk - d0);
             for (int d = 0; d < dn; ++d) {
                 const float4 s4 = *reinterpret_cast<const float4*>(&sm[d0 + d][c0]);
@@ -219,7 +228,7 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
                 }
             }
         }
-        stage(pbuf + hrow * GDC_C, GDC_C, GDC_C, 0, nr, -1);
+        gdc_stage(stg, pbuf + hrow * GDC_C, GDC_C, GDC_C, 0, nr, fsm, -1);
         for (int j = 0; j < GDC_C; ++j) {
             const float4 v4 = *reinterpret_cast<const float4*>(&vp[j][c0]);
             const float vv[4] = {v4.x, v4.y, v4.z, v4.w};
@@ -243,7 +252,7 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
         const float e_last = fac[(hrow + nr - 1) * 2];
         const float* krows = prep + (size_t)t0 * ldq + koff;
         for (int d0 = 0; d0 < dk; d0 += GDC_KS) {
-            stage(krows, ldq, dk, d0, nr, 1);
+            gdc_stage(stg, krows, ldq, dk, d0, nr, fsm, 1);
             float s[2][4];
 #pragma unroll
             for (int rr = 0; rr < 2; ++rr)
@@ -271,4 +280,6 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
         const int d = e / GDC_COLS, c = col0 + e % GDC_COLS;
         if (c < dv) sh[(size_t)d * dv + c] = sm[d][e % GDC_COLS];
     }
+    // Last: fewer registers live (first, it made ptxas spill around the chunk loop).
+    gdn_window_advance(window, proj, ldp, n, cd, kernel);
 }
