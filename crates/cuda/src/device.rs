@@ -69,6 +69,8 @@ pub const KERNELS: &[&str] = &[
     "attn_combine",
     "gdn_conv_prep",
     "gdn_rec",
+    "gdn_chunk_prep",
+    "gdn_chunk_state",
 ];
 
 /// Streaming multiprocessors the kernel simulator reports (small, so that grid-stride loops run).

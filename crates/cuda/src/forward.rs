@@ -6,7 +6,8 @@
 //! is the same) to bound scratch memory. Each pass: embed → per layer [norm+mixer projection → mixer
 //! core → output projection (+= x) → norm+gate_up+SwiGLU → down (+= x)] → final norm of the rows that
 //! need it → LM head in groups of `LOGIT_ROWS` rows (norms and SwiGLU fused into the GEMV for rows that
-//! fit its shared-memory stage, separate kernels otherwise, with identical results).
+//! fit its shared-memory stage, separate kernels otherwise, with identical results). The GDN core of a
+//! pass over `gemv_max_rows` rows with no tape runs in chunked form (`gdn_chunk.rs`), else step form.
 //! Row position `start` lives in device memory (`Scratch::start`), so the one-row decode pass can be
 //! captured once as a CUDA graph and replayed at any position: only the token id and position are
 //! copied in before each launch, and the logits row is copied out after it.
@@ -16,6 +17,7 @@ use families::{ForwardOut, ModelError, Rows, Tap, Wanted};
 use crate::buf::{dtoh, htod, DBuf};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
+use crate::gdn_chunk::{gdn_chunked, use_chunked};
 use crate::model::{CudaModel, FfnW, LayerW, MixerW};
 use crate::ops::{self, AttnBufs, GdnArgs, NormW};
 use crate::profile::{mark, Prof};
@@ -283,6 +285,7 @@ impl CudaModel {
 
     /// One decoder layer over the m rows in `sc.x` (updated in place). The input norms are fused into
     /// the projections that read them (ops::linear_normed / linear_swiglu), SwiGLU into gate_up.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn layer(
         &self,
         l: &LayerW,
@@ -330,15 +333,23 @@ impl CudaModel {
                 let (x, h, big, xb) = (sc.x.ptr, sc.h.ptr, sc.big.ptr, sc.xb.ptr);
                 ops::linear_normed(dev, &g.proj, x, input_norm, h, big, m, xb, gm)?;
                 mark(prof, dev, "gdn norm+proj linear", g.proj.bytes())?;
+                let chunked = use_chunked(self.opts.gdn_chunked, m, gm, tape.is_some());
                 if let Some(t) = tape {
                     t.record(dev, g.shape, s, conv, sc.big.ptr, m)?;
                 }
                 let args = self.gdn_args(g);
-                // Value columns split over hv x 8 blocks for every pass: 32 one-block-per-head blocks
-                // left the H200 idle (decode GDN 0.424 -> 0.352 ms per token, run 7); same bits.
-                let fine = false;
                 let (prep, o) = (sc.mid.ptr, sc.o.ptr);
-                ops::gdn_recurrence(dev, g.shape, &args, big, conv.ptr, prep, s.ptr, o, m, fine)?;
+                if chunked {
+                    let sh = g.shape;
+                    gdn_chunked(dev, sh, &args, big, conv.ptr, prep, s.ptr, o, &sc.gdn, m)?;
+                } else {
+                    // Value columns split over hv x 8 blocks for every pass: 32 one-block-per-head
+                    // blocks left the H200 idle (decode GDN 0.424 -> 0.352 ms per token, run 7).
+                    let fine = false;
+                    ops::gdn_recurrence(
+                        dev, g.shape, &args, big, conv.ptr, prep, s.ptr, o, m, fine,
+                    )?;
+                }
                 mark(prof, dev, "gdn conv+rec+norm", 0)?;
                 ops::linear(dev, &g.out, sc.o.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
                 mark(prof, dev, "gdn out linear", g.out.bytes())?;

@@ -7,8 +7,9 @@
 //!   ([`driver_present`] is the cheap probe for `auto`).
 //! - Kernels: CUDA C in `src/cu/`, compiled by NVRTC for the device's sm_XY and cached on disk
 //!   (`nvrtc.rs`). bf16 weights with f32 accumulation and f32 activations for decode/verify rows;
-//!   cuBLAS GEMMs for prefill passes (`ops.rs`). On sm_90 kernels are launched with programmatic
-//!   dependent launch ([`CudaDevice::set_pdl`]), so each starts while its predecessor drains.
+//!   cuBLAS GEMMs and the chunked GDN form (`gdn_chunk.rs`) for prefill passes (`ops.rs`). On sm_90
+//!   kernels are launched with programmatic dependent launch ([`CudaDevice::set_pdl`]), so each starts
+//!   while its predecessor drains.
 //! - [`CudaDevice::simulated`]: the same kernels compiled by the host C++ compiler against a CUDA shim
 //!   (`src/sim/`) and run on the CPU, so they can be checked (`cuda_check --simulate`) without a GPU;
 //!   [`CudaDevice::emulated`] instead computes each operation as the CPU engine does.
@@ -28,6 +29,7 @@ pub mod device;
 mod emu;
 pub mod error;
 mod forward;
+mod gdn_chunk;
 mod mma;
 pub mod model;
 mod moe;

@@ -43,6 +43,10 @@ pub struct LoadOptions {
     pub tensor_core_gemv: bool,
     /// Rows per internal pass of a long forward (bounds scratch memory; the result does not depend on it).
     pub max_pass_rows: usize,
+    /// Run the GDN recurrence of passes over `gemv_max_rows` rows without a tape (prefill) in chunked
+    /// form (gdn_chunk.rs), equal to the step form to rounding; off: the step form everywhere. Default
+    /// on unless `TURBOSPARK_GDN_CHUNKED=0`.
+    pub gdn_chunked: bool,
 }
 
 impl Default for LoadOptions {
@@ -55,6 +59,7 @@ impl Default for LoadOptions {
             verify_graphs: false,
             tensor_core_gemv: false,
             max_pass_rows: 512,
+            gdn_chunked: std::env::var("TURBOSPARK_GDN_CHUNKED").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -344,6 +349,9 @@ pub(crate) fn load_layer(
             let g = load_gdn(up, c, &format!("{lp}linear_attn."))?;
             widths.big = widths.big.max(g.proj.rows);
             widths.mid = widths.mid.max(g.shape.prep_width());
+            widths.gdn_chunk = widths
+                .gdn_chunk
+                .max(crate::gdn_chunk::floats_per_row(g.shape));
             widths.o = widths.o.max(g.out.cols);
             widths.max_in = widths.max_in.max(g.out.cols);
             MixerW::Gdn(g)

@@ -548,9 +548,9 @@ impl GdnShape {
     pub fn proj_width(&self) -> usize {
         self.conv_dim() + self.hv * self.dv + 2 * self.hv
     }
-    /// Width of a gdn_conv_prep output row [q ; k ; v ; beta ; decay].
+    /// Width of a gdn_conv_prep output row [q ; k ; v ; beta ; decay ; g = ln decay].
     pub fn prep_width(&self) -> usize {
-        self.conv_dim() + 2 * self.hv
+        self.conv_dim() + 3 * self.hv
     }
 }
 
@@ -589,29 +589,8 @@ pub(crate) fn gdn_recurrence(
         )?;
         return emu::gated_norm(s, o, proj, g.norm_w, g.eps, rows);
     }
-    let cd = s.conv_dim();
+    conv_prep(dev, s, g, proj, window, prep, rows)?;
     let (ldp, ldq) = (s.proj_width() as i32, s.prep_width() as i32);
-    launch(
-        dev,
-        "gdn_conv_prep",
-        ((s.hk + (s.hv * s.dv).div_ceil(256)) as u32, rows as u32, 1),
-        256,
-        &[
-            Arg::P(proj),
-            Arg::I(ldp),
-            Arg::P(g.conv_w),
-            Arg::P(window),
-            Arg::P(g.a_log),
-            Arg::P(g.dt_bias),
-            Arg::P(prep),
-            Arg::I(ldq),
-            Arg::I(s.hk as i32),
-            Arg::I(s.hv as i32),
-            Arg::I(s.dk as i32),
-            Arg::I(s.dv as i32),
-            Arg::I(s.kernel as i32),
-        ],
-    )?;
     // Column blocks per head: GDN_P (8) threads per column, 4 columns per warp, at least 16 columns
     // (128 threads) per block, so each thread stages at most 2 of the next row's 2 dk <= 256 q/k values.
     let cb = if fine {
@@ -648,6 +627,53 @@ pub(crate) fn gdn_recurrence(
     if cb == 1 {
         return Ok(());
     }
+    gated_norm(dev, s, g, proj, o, rows)
+}
+
+/// gdn_conv_prep over `rows` rows of `proj` [rows, proj_width]: prep [rows, prep_width] (reads the
+/// conv window, does not move it).
+pub(crate) fn conv_prep(
+    dev: &CudaDevice,
+    s: GdnShape,
+    g: &GdnArgs,
+    proj: u64,
+    window: u64,
+    prep: u64,
+    rows: usize,
+) -> Result<(), CudaError> {
+    let (ldp, ldq) = (s.proj_width() as i32, s.prep_width() as i32);
+    launch(
+        dev,
+        "gdn_conv_prep",
+        ((s.hk + (s.hv * s.dv).div_ceil(256)) as u32, rows as u32, 1),
+        256,
+        &[
+            Arg::P(proj),
+            Arg::I(ldp),
+            Arg::P(g.conv_w),
+            Arg::P(window),
+            Arg::P(g.a_log),
+            Arg::P(g.dt_bias),
+            Arg::P(prep),
+            Arg::I(ldq),
+            Arg::I(s.hk as i32),
+            Arg::I(s.hv as i32),
+            Arg::I(s.dk as i32),
+            Arg::I(s.dv as i32),
+            Arg::I(s.kernel as i32),
+        ],
+    )
+}
+
+/// gated_rmsnorm over the GDN outputs o [rows, hv, dv] in place, gated by z of `proj`.
+pub(crate) fn gated_norm(
+    dev: &CudaDevice,
+    s: GdnShape,
+    g: &GdnArgs,
+    proj: u64,
+    o: u64,
+    rows: usize,
+) -> Result<(), CudaError> {
     let warps = rows * s.hv;
     launch(
         dev,
@@ -656,8 +682,8 @@ pub(crate) fn gdn_recurrence(
         256,
         &[
             Arg::P(o),
-            Arg::P(proj + (cd * 4) as u64),
-            Arg::I(ldp),
+            Arg::P(proj + (s.conv_dim() * 4) as u64),
+            Arg::I(s.proj_width() as i32),
             Arg::P(g.norm_w),
             Arg::F(g.eps),
             Arg::I(rows as i32),

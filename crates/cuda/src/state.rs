@@ -10,8 +10,8 @@
 //! Tape (DESIGN.md §4, on the GPU): while a tape records, each GDN layer keeps S and the conv window as
 //! they were at the tape's start and appends every row of its fused projection [qkv ; z ; b ; a].
 //! `rollback_retaining(keep)` restores the start copies and reruns conv1d_silu + gdn_step over the first
-//! `keep` recorded rows: the same kernels on the same inputs, so the state is bit-identical to having
-//! run only those rows; attention layers just move the cursor. No forward pass is needed.
+//! `keep` recorded rows: the same kernels on the same inputs (a pass that records never runs the chunked
+//! GDN form), so the state is bit-identical to having run only those rows; attention layers just move the cursor. No forward pass is needed.
 
 use cudarc::driver::CudaGraph;
 
@@ -54,6 +54,8 @@ pub(crate) struct Scratch {
     pub logits: DBuf,   // [min(rows, LOGIT_ROWS), vocab]
     pub moe_ids: DBuf,  // i32 [rows, moe_k]: routed experts per slot
     pub moe_wts: DBuf,  // [rows, moe_k + 1]: their weights, then the shared expert's gate
+    /// Chunked GDN work space (gdn_chunk.rs): [rows padded to a chunk, gdn_chunk]; empty for one row.
+    pub gdn: DBuf,
 }
 
 /// Widths the scratch must hold, from the model.
@@ -70,6 +72,8 @@ pub(crate) struct Widths {
     pub vocab: usize,
     /// Most routed experts per row of any MoE layer (0 without MoE).
     pub moe_k: usize,
+    /// Widest chunked-GDN scratch per padded row of any GDN layer (gdn_chunk::floats_per_row).
+    pub gdn_chunk: usize,
 }
 
 /// Projection rows a new tape holds before it grows (a verify block is at most gemv_max_rows).
@@ -106,6 +110,14 @@ impl Scratch {
             logits: DBuf::f32s(dev, rows.min(LOGIT_ROWS) * w.vocab)?,
             moe_ids,
             moe_wts,
+            gdn: DBuf::f32s(
+                dev,
+                if rows > 1 {
+                    rows.next_multiple_of(crate::gdn_chunk::CHUNK) * w.gdn_chunk
+                } else {
+                    0
+                },
+            )?,
         })
     }
 }

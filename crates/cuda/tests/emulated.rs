@@ -55,6 +55,7 @@ fn exact() -> LoadOptions {
         verify_graphs: false,
         tensor_core_gemv: false,
         max_pass_rows: 512,
+        gdn_chunked: true,
     }
 }
 

@@ -49,6 +49,80 @@ fn simulated_kernels_pass_the_self_test() {
     assert!(failed.is_empty(), "failed: {failed:#?}");
 }
 
+/// The chunked GDN kernels against the step form and an f64 recurrence (also part of the self-test).
+#[test]
+fn simulated_chunked_gdn_matches_step_form_and_f64() {
+    let Some(dev) = simulated() else { return };
+    let rows = cuda_backend::selftest::self_test_gdn_chunked(&dev).unwrap();
+    let failed: Vec<String> = rows
+        .iter()
+        .filter(|r| !r.ok())
+        .map(|r| format!("{} (error {:.2e}, bound {:.0e})", r.what, r.error, r.bound))
+        .collect();
+    assert!(rows.len() >= 40, "{} checks", rows.len());
+    assert!(failed.is_empty(), "failed: {failed:#?}");
+}
+
+/// A prefill over gemv_max_rows runs the chunked GDN form: its logits, and a decode row after it,
+/// agree with the step form's (forced by `gdn_chunked: false`) to rounding, and are not the same bits
+/// (which would mean the chunked kernels never ran). The fixture prompt (80 rows) spans two chunks.
+#[test]
+fn simulated_chunked_gdn_prefill_matches_step_form_prefill() {
+    let Some(dev) = simulated() else { return };
+    let dir = fixture("qwen3_5");
+    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let prompt: Vec<u32> = st
+        .tensor("prompt_ids")
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+        .collect();
+    let n = prompt.len();
+    assert!(
+        n > 64 && n > LoadOptions::default().gemv_max_rows,
+        "{n} rows"
+    );
+    let ck = Checkpoint::open(&dir).unwrap();
+    let run = |gdn_chunked| {
+        let opts = LoadOptions {
+            weights: WeightFormat::AsStored,
+            gdn_chunked,
+            ..LoadOptions::default()
+        };
+        let m = CudaModel::load(&dev, &ck, opts).unwrap();
+        let mut s = m.new_state(n + 4).unwrap();
+        let pre = m
+            .forward(&prompt, 0, &mut s, &Wanted::all())
+            .unwrap()
+            .logits;
+        let next = kernels::argmax(&pre[(n - 1) * pre.len() / n..]) as u32;
+        let step = m.forward(&[next], n, &mut s, &Wanted::last()).unwrap();
+        (pre, next, step.logits)
+    };
+    let (chunk_pre, chunk_next, chunk_step) = run(true);
+    let (step_pre, step_next, step_step) = run(false);
+    let scale = step_pre.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    let max_d = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max)
+    };
+    let (d_pre, d_step) = (max_d(&chunk_pre, &step_pre), max_d(&chunk_step, &step_step));
+    println!(
+        "chunked vs step prefill max |Δ| {d_pre:.2e}, next decode row {d_step:.2e} (scale {scale})"
+    );
+    assert!(d_pre <= 1e-5 * scale, "prefill logits: max |Δ| {d_pre}");
+    assert_eq!(chunk_next, step_next);
+    assert!(
+        d_step <= 1e-5 * scale,
+        "decode row after it: max |Δ| {d_step}"
+    );
+    assert!(!bits_eq(&chunk_pre, &step_pre), "chunked GDN not used");
+}
+
 #[test]
 fn simulated_hybrid_forward_matches_transformers_and_verify_rows_equal_decode_rows() {
     let Some(dev) = simulated() else { return };

@@ -7,7 +7,8 @@
 // bx < hk own key head bx: q and k channels (threads 0..dk and 128..128+dk), L2-normalised (f64 sum of
 // squares, eps 1e-6 inside the sqrt), q *= dk^-1/2; and, for the value heads of that key head,
 // beta = sigmoid(b), decay = exp(-exp(A_log) * softplus(a + dt_bias)). Other blocks convolve v channels.
-// Output row layout (stride ldq): [q (hk*dk) | k (hk*dk) | v (hv*dv) | beta (hv) | decay (hv)].
+// Output row layout (stride ldq): [q (hk*dk) | k (hk*dk) | v (hv*dv) | beta (hv) | decay (hv) | g (hv)],
+// g = log decay (the chunked form in gdn_chunk.cu differences it; the step form multiplies by decay).
 //
 // gdn_rec, grid (hv, cb), GDN_P * dv / cb threads: the recurrence, rows in order. Thread = (value
 // column, part): GDN_P threads per column, part p owning state rows i = GDN_P*j + p of S [dk, dv] in
@@ -76,7 +77,21 @@ extern "C" __global__ void __launch_bounds__(GDN_PREP_THREADS)
         out[cd + h] = sigmoid_f(pr[h]);
         const float g = -expf(a_log[h]) * softplus_f(pr[hv + h] + dt_bias[h]);
         out[cd + hv + h] = expf(g);
+        out[cd + 2 * hv + h] = g;
     }
+}
+
+// Conv window after n rows: new slot j = element n + j of [old window (K-1) ; the n new inputs]; in
+// place, slot j only reads slots > j. Channels spread over every thread of the grid (x, y).
+__device__ __forceinline__ void gdn_window_advance(float* __restrict__ window, const float* __restrict__ proj,
+                                                   int ldp, int n, int cd, int kernel) {
+    const int stride = gridDim.x * gridDim.y * blockDim.x;
+    for (int c = (blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x; c < cd; c += stride)
+        for (int j = 0; j < kernel - 1; ++j) {
+            const int src = n + j;
+            window[(size_t)j * cd + c] =
+                src < kernel - 1 ? window[(size_t)src * cd + c] : proj[(size_t)(src - (kernel - 1)) * ldp + c];
+        }
 }
 
 extern "C" __global__ void __launch_bounds__(1024)
@@ -94,17 +109,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     const bool col_ok = col < dv;
     const int cd = 2 * hk * dk + hv * dv;
     const int nqk = 2 * dk;
-    // Conv window: new slot j = element n + j of [old window (K-1) ; the n new inputs]; in place, slot
-    // j only reads slots > j.
-    {
-        const int stride = gridDim.x * gridDim.y * blockDim.x;
-        for (int c = (blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + tid; c < cd; c += stride)
-            for (int j = 0; j < kernel - 1; ++j) {
-                const int src = n + j;
-                window[(size_t)j * cd + c] =
-                    src < kernel - 1 ? window[(size_t)src * cd + c] : proj[(size_t)(src - (kernel - 1)) * ldp + c];
-            }
-    }
+    gdn_window_advance(window, proj, ldp, n, cd, kernel);
     // Element i of [q ; k] (2 dk values): its column in a prep row, and its shared-memory slot.
     auto qk_index = [&](int i) { return i < dk ? kh * dk + i : hk * dk + kh * dk + (i - dk); };
     auto qk_slot = [&](float* buf, int i) -> float* {

@@ -8,6 +8,7 @@
 //! launch, matrices with few rows (several warps per row), query heads not a multiple of 4 per KV head,
 //! head_dim below a warp, keys spanning many chunks, and more value columns than one GDN warp.
 
+mod gdn_chunk;
 mod linear;
 mod mixers;
 mod moe;
@@ -76,7 +77,15 @@ pub fn self_test(dev: &CudaDevice) -> Result<Vec<SelfTestRow>, CudaError> {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     linear::checks(dev, &mut rng, &mut rows)?;
     mixers::checks(dev, &mut rng, &mut rows)?;
+    gdn_chunk::checks(dev, &mut rng, &mut rows)?;
     moe::checks(dev, &mut rng, &mut rows)?;
+    Ok(rows)
+}
+
+/// Only the chunked GDN checks (gdn_chunk.rs; also part of [`self_test`]).
+pub fn self_test_gdn_chunked(dev: &CudaDevice) -> Result<Vec<SelfTestRow>, CudaError> {
+    let mut rows = Vec::new();
+    gdn_chunk::checks(dev, &mut Rng(0x2545_F491_4F6C_DD1D), &mut rows)?;
     Ok(rows)
 }
 
