@@ -49,6 +49,6 @@ pub use device::{driver_present, CudaDevice, DeviceInfo};
 pub use error::CudaError;
 pub use model::{CudaModel, LoadOptions};
 pub use mtp::CudaMtp;
-pub use profile::ProfileRow;
+pub use profile::{HostCosts, ProfileRow};
 pub use state::{CudaSnapshot, CudaState};
 pub use weights::WeightFormat;

@@ -125,6 +125,58 @@ impl CudaModel {
     }
 }
 
+/// Host-side costs of one decode step, each the mean of `n` repetitions in milliseconds (wall clock):
+/// copying one logits row to pageable host memory, uploading one id, and launching the decode graph
+/// then waiting for it (minus the graph's own GPU time gives the launch-and-wake latency).
+#[derive(Clone, Copy, Debug)]
+pub struct HostCosts {
+    pub logits_copy_ms: f64,
+    pub id_upload_ms: f64,
+    pub graph_launch_sync_ms: f64,
+}
+
+impl CudaModel {
+    /// Measures [`HostCosts`] on `state` (a scratch state: the graph replays advance it).
+    pub fn host_costs(
+        &self,
+        state: &mut CudaState,
+        token: u32,
+        n: usize,
+    ) -> Result<Option<HostCosts>, CudaError> {
+        let start = state.position;
+        self.forward(&[token], start, state, &families::Wanted::last())?;
+        let dev = &*self.dev;
+        let n = n.max(1);
+        let mut logits = vec![0.0f32; self.vocab];
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            crate::buf::dtoh(dev, &mut logits, state.one.logits.ptr)?;
+        }
+        let logits_copy_ms = t.elapsed().as_secs_f64() * 1e3 / n as f64;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            htod(dev, state.one.ids.ptr, &[token as i32])?;
+        }
+        dev.synchronize()?;
+        let id_upload_ms = t.elapsed().as_secs_f64() * 1e3 / n as f64;
+        let Some(g) = &state.graph else {
+            return Ok(None);
+        };
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            g.launch()
+                .map_err(CudaError::driver("launching the decode graph"))?;
+            dev.synchronize()?;
+        }
+        let graph_launch_sync_ms = t.elapsed().as_secs_f64() * 1e3 / n as f64;
+        Ok(Some(HostCosts {
+            logits_copy_ms,
+            id_upload_ms,
+            graph_launch_sync_ms,
+        }))
+    }
+}
+
 /// A timing event recorded on the device's stream now.
 pub(crate) fn event(dev: &CudaDevice) -> Result<CudaEvent, CudaError> {
     record(dev)

@@ -250,6 +250,20 @@ fn one_config(
                     100.0 / (ms * 1e-3) / roof,
                     wall_ms - ms
                 );
+                if let Some(h) = model.host_costs(&mut scratch, next, 50)? {
+                    let argmax_ms = {
+                        let row = out.row(0);
+                        let t = Instant::now();
+                        for _ in 0..50 {
+                            std::hint::black_box(kernels::argmax(std::hint::black_box(row)));
+                        }
+                        t.elapsed().as_secs_f64() * 1e3 / 50.0
+                    };
+                    println!(
+                        "bench {name}: host costs per step: logits row to pageable memory {:.3} ms, id upload {:.3} ms, graph launch + wait {:.3} ms (GPU {ms:.3}), argmax {argmax_ms:.3} ms",
+                        h.logits_copy_ms, h.id_upload_ms, h.graph_launch_sync_ms
+                    );
+                }
             }
         }
         print_profile(
