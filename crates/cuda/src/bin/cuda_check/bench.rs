@@ -19,7 +19,7 @@ use families::Wanted;
 use model_io::ModelConfig;
 
 /// Device-to-device copy bandwidth in bytes/s, counting read + write.
-fn copy_bandwidth(dev: &CudaDevice) -> Result<f64> {
+pub fn copy_bandwidth(dev: &CudaDevice) -> Result<f64> {
     let bytes = 1usize << 30;
     let stream = dev
         .stream()
@@ -123,6 +123,40 @@ pub fn run(
     Ok(consistent)
 }
 
+/// Row counts of the verify-cost curve.
+pub const VERIFY_ROWS: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// Milliseconds of one verify round (n draft rows forwarded with all logits to the host, tape on,
+/// rolled back) per n in VERIFY_ROWS, each the mean of 10 rounds after an untimed one (which captures
+/// the block's graph when verify graphs are on). The state is left where it was.
+pub fn verify_curve(
+    dev: &CudaDevice,
+    model: &CudaModel,
+    st: &mut cuda_backend::CudaState,
+    next: u32,
+) -> Result<Vec<f64>> {
+    let rounds = 10;
+    let mut out = Vec::new();
+    for n in VERIFY_ROWS {
+        let drafts: Vec<u32> = (0..n)
+            .map(|i| (next as usize + 31 * i) as u32 % model.vocab as u32)
+            .collect();
+        let mut t = Instant::now();
+        for round in 0..=rounds {
+            if round == 1 {
+                dev.synchronize()?;
+                t = Instant::now();
+            }
+            let pos = st.position();
+            model.begin_tape(st)?;
+            model.forward(&drafts, pos, st, &Wanted::all())?;
+            model.rollback_retaining(st, 0)?;
+        }
+        out.push(t.elapsed().as_secs_f64() * 1e3 / rounds as f64);
+    }
+    Ok(out)
+}
+
 fn print_profile(title: &str, rows: &[cuda_backend::ProfileRow]) {
     let total: f64 = rows.iter().map(|r| r.ms).sum();
     println!("bench profile of {title} ({total:.3} ms):");
@@ -209,31 +243,11 @@ fn one_config(
     if detail {
         // The verify-cost curve: one speculative verify round (n rows with all logits to the host, tape on,
         // then rolled back) for n = 1, 2, 4, 8, 16, relative to n = 1 — the physics that picks the block.
-        let rounds = 10;
-        let mut base_ms = 0.0;
-        for n in [1usize, 2, 4, 8, 16] {
-            let drafts: Vec<u32> = (0..n)
-                .map(|i| (next as usize + 31 * i) as u32 % model.vocab as u32)
-                .collect();
-            // One untimed round first: it captures the block's graph.
-            let mut t = Instant::now();
-            for round in 0..=rounds {
-                if round == 1 {
-                    dev.synchronize()?;
-                    t = Instant::now();
-                }
-                let pos = st.position();
-                model.begin_tape(&mut st)?;
-                model.forward(&drafts, pos, &mut st, &Wanted::all())?;
-                model.rollback_retaining(&mut st, 0)?;
-            }
-            let ms = t.elapsed().as_secs_f64() * 1e3 / rounds as f64;
-            if n == 1 {
-                base_ms = ms;
-            }
+        let curve = verify_curve(dev, &model, &mut st, next)?;
+        for (n, ms) in VERIFY_ROWS.iter().zip(&curve) {
             println!(
                 "bench {name}: verify round of {n:2} rows (all logits to the host) + rollback: {ms:.3} ms = {:.2}x one row",
-                ms / base_ms
+                ms / curve[0]
             );
         }
         println!("bench {name}: verify graphs {:?}", st.verify_graph_status());

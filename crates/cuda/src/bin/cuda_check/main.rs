@@ -12,6 +12,8 @@
 //! Exit code: 0 all checks passed, 1 a check failed, 2 no GPU/driver.
 //! Usage: cuda_check [--fixtures DIR] [--only NAME] [--no-bench] [--shape NAME] [--prompt N] [--new N]
 //!                   [--sweep]     (times every GEMV kernel variant on the qwen35-4b matrix shapes)
+//!                   [--table]     (the table: decode / prefill 512, 4096 / verify curves for
+//!                                  qwen35-4b, qwen35-9b and qwen3-8b, one run; see table.rs)
 //!                   [--testbed DIR] (also check the GPU MTP head on this checkpoint, e.g. models/testbed)
 //!                   [--emulate]   (host-emulated device: checks this program's logic without a GPU)
 //!                   [--simulate]  (the real kernels compiled for the CPU: checks the kernels without a GPU)
@@ -19,6 +21,7 @@
 mod bench;
 mod fixtures;
 mod mtp;
+mod table;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,6 +38,7 @@ struct Args {
     emulate: bool,
     simulate: bool,
     sweep: bool,
+    table: bool,
     testbed: Option<PathBuf>,
 }
 
@@ -49,6 +53,7 @@ fn parse() -> Result<Args, String> {
         emulate: false,
         simulate: false,
         sweep: false,
+        table: false,
         testbed: None,
     };
     let mut it = std::env::args().skip(1);
@@ -61,6 +66,7 @@ fn parse() -> Result<Args, String> {
             "--emulate" => a.emulate = true,
             "--simulate" => a.simulate = true,
             "--sweep" => a.sweep = true,
+            "--table" => a.table = true,
             "--testbed" => a.testbed = Some(PathBuf::from(value()?)),
             "--shape" => a.shape = value()?,
             "--prompt" => a.prompt = value()?.parse().map_err(|e| format!("--prompt: {e}"))?,
@@ -208,6 +214,15 @@ fn main() {
             Err(e) => {
                 all_ok = false;
                 println!("bench: ERROR {e:#}");
+            }
+        }
+    }
+    if args.table && !dev.is_emulated() {
+        match table::run(&dev, &["qwen35-4b", "qwen35-9b", "qwen3-8b"], args.new) {
+            Ok(ok) => all_ok &= ok,
+            Err(e) => {
+                all_ok = false;
+                println!("table: ERROR {e:#}");
             }
         }
     }
