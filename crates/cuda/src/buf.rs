@@ -131,12 +131,45 @@ pub(crate) fn dtoh<T: Copy>(dev: &CudaDevice, out: &mut [T], src: u64) -> Result
         return Ok(());
     };
     bind(dev)?;
+    let bytes = std::mem::size_of_val(out);
+    if bytes >= STAGED_DTOH_BYTES {
+        if let Ok(mut staging) = gpu.staging.lock() {
+            if staging.as_ref().is_none_or(|s| s.len() < bytes) {
+                *staging = None;
+                // SAFETY: the bytes are written by the copy below before they are read. Flags 0:
+                // cached (write-combined memory would make the host's read back slow).
+                *staging = Some(
+                    unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }
+                        .map_err(CudaError::driver(format!("allocating {bytes} pinned bytes")))?,
+                );
+            }
+            if let Some(pinned) = staging.as_mut() {
+                let dst = pinned
+                    .as_mut_slice()
+                    .map_err(CudaError::driver("waiting for the pinned staging buffer"))?;
+                // SAFETY: `src` addresses at least `bytes` live bytes (callers' invariant); the
+                // staging buffer holds at least `bytes` and stays locked until the copy completed.
+                unsafe { result::memcpy_dtoh_async(&mut dst[..bytes], src, gpu.stream.cu_stream()) }
+                    .map_err(CudaError::driver("copying to the host"))?;
+                dev.synchronize()?;
+                // SAFETY: both ranges hold `bytes` bytes and do not overlap (device-owned staging).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(dst.as_ptr(), out.as_mut_ptr().cast::<u8>(), bytes)
+                };
+                return Ok(());
+            }
+        }
+    }
     // SAFETY: `src` addresses at least `size_of_val(out)` live bytes (callers' invariant); the host
     // slice stays borrowed until the synchronize below has completed the copy.
     unsafe { result::memcpy_dtoh_async(out, src, gpu.stream.cu_stream()) }
         .map_err(CudaError::driver("copying to the host"))?;
     dev.synchronize()
 }
+
+/// Device-to-host copies from this size go through the device's pinned staging buffer: a logits row
+/// (608 KB) took 0.079 ms into pageable memory on the H200 (run 19), ~8 GB/s.
+const STAGED_DTOH_BYTES: usize = 64 * 1024;
 
 /// Device to device, `bytes` bytes, queued on the stream.
 pub(crate) fn dtod(dev: &CudaDevice, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {

@@ -99,6 +99,8 @@ pub(crate) struct Gpu {
     pub blas: CudaBlas,
     _module: Arc<CudaModule>,
     functions: HashMap<&'static str, CudaFunction>,
+    /// Page-locked staging for large device-to-host copies (`buf::dtoh`), grown on demand.
+    pub staging: Mutex<Option<cudarc::driver::PinnedHostSlice<u8>>>,
 }
 
 /// An opened GPU with its stream, compiled kernels and cuBLAS handle, or the host emulation of the
@@ -241,6 +243,7 @@ impl CudaDevice {
                 blas,
                 _module: module,
                 functions,
+                staging: Mutex::new(None),
             }),
             info,
         })
