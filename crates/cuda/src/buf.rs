@@ -139,8 +139,9 @@ pub(crate) fn dtoh<T: Copy>(dev: &CudaDevice, out: &mut [T], src: u64) -> Result
                 // SAFETY: the bytes are written by the copy below before they are read. Flags 0:
                 // cached (write-combined memory would make the host's read back slow).
                 *staging = Some(
-                    unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }
-                        .map_err(CudaError::driver(format!("allocating {bytes} pinned bytes")))?,
+                    unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(bytes, 0) }.map_err(
+                        CudaError::driver(format!("allocating {bytes} pinned bytes")),
+                    )?,
                 );
             }
             if let Some(pinned) = staging.as_mut() {
@@ -149,12 +150,18 @@ pub(crate) fn dtoh<T: Copy>(dev: &CudaDevice, out: &mut [T], src: u64) -> Result
                     .map_err(CudaError::driver("waiting for the pinned staging buffer"))?;
                 // SAFETY: `src` addresses at least `bytes` live bytes (callers' invariant); the
                 // staging buffer holds at least `bytes` and stays locked until the copy completed.
-                unsafe { result::memcpy_dtoh_async(&mut dst[..bytes], src, gpu.stream.cu_stream()) }
-                    .map_err(CudaError::driver("copying to the host"))?;
+                unsafe {
+                    result::memcpy_dtoh_async(&mut dst[..bytes], src, gpu.stream.cu_stream())
+                }
+                .map_err(CudaError::driver("copying to the host"))?;
                 dev.synchronize()?;
                 // SAFETY: both ranges hold `bytes` bytes and do not overlap (device-owned staging).
                 unsafe {
-                    std::ptr::copy_nonoverlapping(dst.as_ptr(), out.as_mut_ptr().cast::<u8>(), bytes)
+                    std::ptr::copy_nonoverlapping(
+                        dst.as_ptr(),
+                        out.as_mut_ptr().cast::<u8>(),
+                        bytes,
+                    )
                 };
                 return Ok(());
             }
