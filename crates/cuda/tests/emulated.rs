@@ -55,6 +55,8 @@ fn exact() -> LoadOptions {
         verify_graphs: false,
         tensor_core_gemv: false,
         max_pass_rows: 512,
+        attention_tc: true,
+        attention_tc_splits: 0,
     }
 }
 

@@ -178,7 +178,11 @@ fn check_arms<B: Backend>(model: &B, mtp: &dyn Fn() -> Box<dyn Drafter + Send>, 
             calls: 0,
         }) as Box<dyn Drafter + Send>
     };
-    let (stat, crit) = arm("point-mass drafter", Some(oracle()), Some(Speculative::new(2)));
+    let (stat, crit) = arm(
+        "point-mass drafter",
+        Some(oracle()),
+        Some(Speculative::new(2)),
+    );
     assert!(
         stat <= crit,
         "{device}: point-mass drafter vs exact law: chi2 {stat:.1} > {crit:.1}"
@@ -219,6 +223,10 @@ fn sampled_speculative_matches_sequential_distribution_on_the_cuda_backend() {
         CudaModel::load(&dev, &ck, LoadOptions::default()).unwrap(),
     ));
     let mtp = || model.mtp_drafter(&ck).unwrap().unwrap();
-    let device = if dev.is_emulated() { "cuda (emulated)" } else { "cuda" };
+    let device = if dev.is_emulated() {
+        "cuda (emulated)"
+    } else {
+        "cuda"
+    };
     check_arms(&model, &mtp, device);
 }
