@@ -13,6 +13,7 @@
 //      O *= exp2(m_old - m_new);
 //   4. O += P V with the S accumulators re-packed as the A fragments (C layout of two n8 tiles = A
 //      layout of one k16), V as B. O [16, D] stays in registers: D / 2 floats per lane (128 at D 256).
+// ptxas (sm_90, no spills): 218 registers at D 256 (2 blocks per SM), 127 at D 128, 128 at D 64.
 // Key splits (grid z): with `splits` > 1 the pass's keys 0..L (L = start + m) are cut into ranges of C =
 // roundup(ceil(L / splits), BK) keys, so that short passes still fill the GPU; each block writes the
 // unnormalised partial (m, l, acc) of its rows and attn_tc_combine merges them in split order. With
@@ -60,8 +61,10 @@ __device__ __forceinline__ void attn_tc_body(const float* __restrict__ q, const 
     constexpr int VW = D + 8;        // words per V key pair
     constexpr int NT = D / 8;        // n8 tiles of O
     constexpr int KT = ATC_BK / 8;   // n8 tiles of S
-    // Q in registers when it fits beside O (D <= 128); at D 256 it is re-read from shared memory.
-    constexpr bool QREG = D <= 128;
+    // Q fragments in registers for D <= 32, else re-read from shared memory per tile: keeping them
+    // takes 220 registers instead of 127 at D 128 (2 resident blocks per SM instead of 4), 136 instead
+    // of 128 at D 64 (3 instead of 4).
+    constexpr bool QREG = D <= 32;
     unsigned* smem = DYN_SMEM(unsigned);
     unsigned* qs = smem;                            // [4][16][KW]
     unsigned* ks = qs + ATC_WARPS * 16 * KW;        // [BK][KW]
@@ -122,6 +125,8 @@ __device__ __forceinline__ void attn_tc_body(const float* __restrict__ q, const 
     for (int kt = kb; kt < ke; kt += ATC_BK) {
         __syncthreads();  // the previous tile's K / V are no longer read
         // K: [BK][D] f32 -> bf16 rows; keys past ke are zeros (never visible, but must not be NaN).
+        // Unrolled so that several 16-byte loads per thread are in flight.
+#pragma unroll 4
         for (int i = threadIdx.x; i < ATC_BK * (D / 4); i += ATC_WARPS * 32) {
             const int kr = i / (D / 4), c4 = i % (D / 4), key = kt + kr;
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -131,6 +136,7 @@ __device__ __forceinline__ void attn_tc_body(const float* __restrict__ q, const 
             *reinterpret_cast<uint2*>(ks + kr * KW + 2 * c4) = w;
         }
         // V: key pairs, word (p, c) = (V[2p][c], V[2p + 1][c]).
+#pragma unroll 2
         for (int i = threadIdx.x; i < (ATC_BK / 2) * (D / 4); i += ATC_WARPS * 32) {
             const int p = i / (D / 4), c4 = i % (D / 4), key = kt + 2 * p;
             float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
