@@ -67,6 +67,12 @@ pub const KERNELS: &[&str] = &[
     "attn_split_2",
     "attn_split_4",
     "attn_combine",
+    "attn_tc_16",
+    "attn_tc_32",
+    "attn_tc_64",
+    "attn_tc_128",
+    "attn_tc_256",
+    "attn_tc_combine",
     "gdn_conv_prep",
     "gdn_rec",
     "gdn_chunk_prep",
@@ -200,10 +206,17 @@ impl CudaDevice {
             let f = module
                 .load_function(name)
                 .map_err(CudaError::driver(format!("looking up kernel {name}")))?;
-            if name.starts_with("linear_mma_") {
+            let opt_in = if name.starts_with("linear_mma_") {
+                crate::mma::MMA_STAGE_BYTES
+            } else if name.starts_with("attn_tc_") && name != "attn_tc_combine" {
+                crate::ops::ATT_TC_MAX_SMEM
+            } else {
+                0
+            };
+            if opt_in > 0 {
                 f.set_attribute(
                     dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    crate::mma::MMA_STAGE_BYTES as i32,
+                    opt_in as i32,
                 )
                 .map_err(CudaError::driver(format!(
                     "opting {name} in to its shared memory"

@@ -22,6 +22,7 @@ use crate::model::{CudaModel, FfnW, LayerW, MixerW};
 use crate::ops::{self, AttnBufs, GdnArgs, NormW};
 use crate::profile::{mark, Prof};
 use crate::state::{check_signature, CudaState, LayerState, Scratch, Tape, LOGIT_ROWS};
+use crate::weights::WDtype;
 
 /// What one pass returns to the host.
 pub(crate) struct PassOut {
@@ -323,7 +324,15 @@ impl CudaModel {
                     a.k_norm.ptr,
                     a.inv_freq.ptr,
                     m,
-                    ops::att_splits(m, gm),
+                    ops::attn_core(
+                        a.shape,
+                        m,
+                        gm,
+                        // bf16 operands only where the prefill GEMMs already round to bf16.
+                        self.opts.attention_tc && a.qkv.dtype == WDtype::Bf16,
+                        self.opts.attention_tc_splits,
+                        dev.info.sms.max(0) as usize,
+                    ),
                 )?;
                 mark(prof, dev, "attn core", 0)?;
                 ops::linear(dev, &a.o, sc.mid.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;

@@ -41,12 +41,19 @@ pub struct LoadOptions {
     /// tools/device/README.md run 6): FMA is 20-40% faster for one row, tensor cores 1.5-2x faster for 8
     /// rows and ~3x for 16. The engine turns it on for checkpoints that carry a drafter.
     pub tensor_core_gemv: bool,
-    /// Rows per internal pass of a long forward (bounds scratch memory; the result does not depend on it).
+    /// Rows per internal pass of a long forward (bounds scratch memory; the result depends on it only
+    /// to rounding, through the key splits of tensor-core attention).
     pub max_pass_rows: usize,
     /// Run the GDN recurrence of passes over `gemv_max_rows` rows without a tape (prefill) in chunked
     /// form (gdn_chunk.rs), equal to the step form to rounding; off: the step form everywhere. Default
     /// on unless `TURBOSPARK_GDN_CHUNKED=0`.
     pub gdn_chunked: bool,
+    /// Attention of passes over `gemv_max_rows` rows (prefill) on the tensor cores (attention_tc.cu:
+    /// bf16 operands, f32 softmax) in layers with bf16 matrices, whose prefill GEMMs already round
+    /// activations to bf16; off, or with f32 matrices: the f32 split-K kernels of decode.
+    pub attention_tc: bool,
+    /// Key splits of tensor-core attention per pass (0: from the pass shape and the SM count).
+    pub attention_tc_splits: usize,
 }
 
 impl Default for LoadOptions {
@@ -60,6 +67,8 @@ impl Default for LoadOptions {
             tensor_core_gemv: false,
             max_pass_rows: 512,
             gdn_chunked: std::env::var("TURBOSPARK_GDN_CHUNKED").map_or(true, |v| v != "0"),
+            attention_tc: true,
+            attention_tc_splits: 0,
         }
     }
 }

@@ -18,12 +18,13 @@ use cudarc::nvrtc::{result, sys};
 use crate::error::CudaError;
 
 /// The kernel sources, concatenated in this order into one module.
-pub const SOURCES: [(&str, &str); 8] = [
+pub const SOURCES: [(&str, &str); 9] = [
     ("common.cuh", include_str!("cu/common.cuh")),
     ("linear.cu", include_str!("cu/linear.cu")),
     ("linear_mma.cu", include_str!("cu/linear_mma.cu")),
     ("misc.cu", include_str!("cu/misc.cu")),
     ("attention.cu", include_str!("cu/attention.cu")),
+    ("attention_tc.cu", include_str!("cu/attention_tc.cu")),
     ("gdn.cu", include_str!("cu/gdn.cu")),
     ("gdn_chunk.cu", include_str!("cu/gdn_chunk.cu")),
     ("moe.cu", include_str!("cu/moe.cu")),

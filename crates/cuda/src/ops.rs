@@ -442,8 +442,63 @@ pub(crate) struct AttnBufs {
     pub out: u64,
 }
 
-/// attn_prep + attn_split + attn_combine over `rows` rows; `s_max` (<= ATT_SPLITS_FINE) is the number
-/// of key chunks per row and the stride of the split buffers [rows, hq, s_max(, d)].
+/// Warps per attn_tc block (ATC_WARPS), each over 16 query rows of one head.
+const ATT_TC_WARPS: usize = 4;
+/// Dynamic shared memory of attn_tc_<d>: 64 (d + 8) words (Q, K and V tiles, attention_tc.cu).
+pub(crate) fn att_tc_smem(d: usize) -> usize {
+    256 * (d + 8)
+}
+/// The most any attn_tc kernel asks for (d = ATT_MAX_D); device.rs opts the kernels in to it.
+pub(crate) const ATT_TC_MAX_SMEM: usize = 256 * (ATT_MAX_D + 8);
+
+/// How attention runs after attn_prep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AttnCore {
+    /// attn_split + attn_combine (f32, CUDA cores) with `s_max` key chunks per row: decode and verify
+    /// passes, batch-invariant per row.
+    SplitK { s_max: usize },
+    /// attn_tc (bf16 tensor cores, f32 softmax) over `splits` key ranges (1: no attn_tc_combine):
+    /// prefill passes. `splits` <= the split buffers' s_max.
+    TensorCores { splits: usize },
+}
+
+/// The attention core of a pass of `rows` rows: split-K up to `gemv_max_rows` rows (and for head dims
+/// attn_tc is not built for, or with `tc` off); above, tensor cores with `tc_splits` key splits (0:
+/// enough to put ~4 blocks on each of `sms` multiprocessors, at most ATT_SPLITS_COARSE).
+pub(crate) fn attn_core(
+    s: AttnShape,
+    rows: usize,
+    gemv_max_rows: usize,
+    tc: bool,
+    tc_splits: usize,
+    sms: usize,
+) -> AttnCore {
+    let s_max = att_splits(rows, gemv_max_rows);
+    if rows <= gemv_max_rows || !tc || ![16, 32, 64, 128, 256].contains(&s.d) {
+        return AttnCore::SplitK { s_max };
+    }
+    let splits = if tc_splits > 0 {
+        tc_splits
+    } else {
+        let blocks = rows.div_ceil(16 * ATT_TC_WARPS / att_gq(s)) * (s.hq / att_gq(s));
+        (4 * sms.max(1)).div_ceil(blocks.max(1))
+    };
+    AttnCore::TensorCores {
+        splits: splits.clamp(1, s_max),
+    }
+}
+
+/// Query heads per block sharing one KV head's loads: the largest of 4, 2, 1 dividing the GQA group.
+fn att_gq(s: AttnShape) -> usize {
+    let group = s.hq / s.hkv;
+    [4, 2, 1]
+        .into_iter()
+        .find(|g| group.is_multiple_of(*g))
+        .unwrap_or(1)
+}
+
+/// attn_prep, then the attention `core` over `rows` rows. The split buffers are [rows, hq, s_max(, d)]
+/// for split-K and [rows, hq, splits(, d)] for tensor cores.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     dev: &CudaDevice,
@@ -453,7 +508,7 @@ pub(crate) fn attention(
     k_norm: u64,
     inv_freq: u64,
     rows: usize,
-    s_max: usize,
+    core: AttnCore,
 ) -> Result<(), CudaError> {
     if dev.host_ops() {
         return emu::attention(s, b, q_norm, k_norm, inv_freq, rows);
@@ -484,12 +539,11 @@ pub(crate) fn attention(
         ],
     )?;
     let scale = 1.0f32 / (s.d as f32).sqrt();
-    // Query heads per block: the largest of 4, 2, 1 dividing the GQA group.
-    let group = s.hq / s.hkv;
-    let gq = [4, 2, 1]
-        .into_iter()
-        .find(|g| group.is_multiple_of(*g))
-        .unwrap_or(1);
+    let s_max = match core {
+        AttnCore::SplitK { s_max } => s_max,
+        AttnCore::TensorCores { splits } => return attention_tc(dev, s, b, rows, splits, scale),
+    };
+    let (group, gq) = (s.hq / s.hkv, att_gq(s));
     launch(
         dev,
         &format!("attn_split_{gq}"),
@@ -525,6 +579,67 @@ pub(crate) fn attention(
             Arg::I(s.hq as i32),
             Arg::I(s.d as i32),
             Arg::I(s_max as i32),
+            Arg::I(s.gated as i32),
+        ],
+    )
+}
+
+/// attn_tc_<d> (+ attn_tc_combine when splits > 1) over `rows` rows whose q and cache rows attn_prep
+/// has written. Grid: (row blocks of 16 x 4 / gq rows, hkv x group / gq, splits), 4 warps.
+fn attention_tc(
+    dev: &CudaDevice,
+    s: AttnShape,
+    b: &AttnBufs,
+    rows: usize,
+    splits: usize,
+    scale: f32,
+) -> Result<(), CudaError> {
+    let gq = att_gq(s);
+    let row_blocks = rows.div_ceil(16 * ATT_TC_WARPS / gq);
+    launch_smem(
+        dev,
+        &format!("attn_tc_{}", s.d),
+        (row_blocks as u32, (s.hq / gq) as u32, splits as u32),
+        (32 * ATT_TC_WARPS) as u32,
+        att_tc_smem(s.d) as u32,
+        &[
+            Arg::P(b.q),
+            Arg::P(b.k_cache),
+            Arg::P(b.v_cache),
+            Arg::P(b.start),
+            Arg::P(b.gate),
+            Arg::P(b.out),
+            Arg::P(b.part_m),
+            Arg::P(b.part_l),
+            Arg::P(b.part_acc),
+            Arg::I(rows as i32),
+            Arg::I(s.hq as i32),
+            Arg::I(s.hkv as i32),
+            Arg::I(gq as i32),
+            Arg::I(splits as i32),
+            Arg::I(s.gated as i32),
+            Arg::F(scale),
+        ],
+    )?;
+    if splits == 1 {
+        return Ok(());
+    }
+    launch(
+        dev,
+        "attn_tc_combine",
+        (s.hq as u32, rows as u32, 1),
+        128,
+        &[
+            Arg::P(b.part_m),
+            Arg::P(b.part_l),
+            Arg::P(b.part_acc),
+            Arg::P(b.start),
+            Arg::P(b.gate),
+            Arg::P(b.out),
+            Arg::I(rows as i32),
+            Arg::I(s.hq as i32),
+            Arg::I(s.d as i32),
+            Arg::I(splits as i32),
             Arg::I(s.gated as i32),
         ],
     )

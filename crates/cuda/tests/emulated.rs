@@ -56,6 +56,8 @@ fn exact() -> LoadOptions {
         tensor_core_gemv: false,
         max_pass_rows: 512,
         gdn_chunked: true,
+        attention_tc: true,
+        attention_tc_splits: 0,
     }
 }
 

@@ -7,7 +7,7 @@ use crate::buf::DBuf;
 use crate::device::CudaDevice;
 use crate::error::CudaError;
 use crate::ops::{
-    self, AttnBufs, AttnShape, GdnArgs, GdnShape, ATT_SPLITS_COARSE, ATT_SPLITS_FINE,
+    self, AttnBufs, AttnCore, AttnShape, GdnArgs, GdnShape, ATT_SPLITS_COARSE, ATT_SPLITS_FINE,
 };
 
 pub(super) fn checks(
@@ -53,11 +53,11 @@ pub(super) fn checks(
 }
 
 /// (out, k cache, v cache) after an attention run.
-type AttnOut = (Vec<f32>, Vec<f32>, Vec<f32>);
+pub(super) type AttnOut = (Vec<f32>, Vec<f32>, Vec<f32>);
 
 /// Runs the attention kernels on copies of the inputs; returns (out, k cache, v cache).
 #[allow(clippy::too_many_arguments)]
-fn run_attention(
+pub(super) fn run_attention(
     dev: &CudaDevice,
     s: AttnShape,
     qkv: &[f32],
@@ -66,9 +66,13 @@ fn run_attention(
     vc: &[f32],
     start: usize,
     n: usize,
-    s_max: usize,
+    core: AttnCore,
 ) -> Result<AttnOut, CudaError> {
     let (hq, d) = (s.hq, s.d);
+    let s_max = match core {
+        AttnCore::SplitK { s_max } => s_max,
+        AttnCore::TensorCores { splits } => splits,
+    };
     let bufs = [
         DBuf::from_host(dev, qkv)?,
         DBuf::f32s(dev, n * hq * d)?,
@@ -93,7 +97,7 @@ fn run_attention(
         part_acc: bufs[8].ptr,
         out: bufs[9].ptr,
     };
-    ops::attention(dev, s, &b, norms.0.ptr, norms.1.ptr, norms.2.ptr, n, s_max)?;
+    ops::attention(dev, s, &b, norms.0.ptr, norms.1.ptr, norms.2.ptr, n, core)?;
     Ok((
         download(dev, &bufs[9], n * hq * d)?,
         download(dev, &bufs[3], kc.len())?,
@@ -112,6 +116,7 @@ fn attention_check(
     s_max: usize,
 ) -> Result<(), CudaError> {
     let (hq, hkv, d) = (s.hq, s.hkv, s.d);
+    let split_k = AttnCore::SplitK { s_max };
     let qw = hq * d * if s.gated { 2 } else { 1 };
     let width = qw + 2 * hkv * d;
     let qkv = rng.vec(n * width, 1.0);
@@ -127,7 +132,7 @@ fn attention_check(
         DBuf::from_host(dev, &inv_freq)?,
     );
     let nr = (&norms.0, &norms.1, &norms.2);
-    let (got, kc_got, vc_got) = run_attention(dev, s, &qkv, nr, &kc, &vc, start, n, s_max)?;
+    let (got, kc_got, vc_got) = run_attention(dev, s, &qkv, nr, &kc, &vc, start, n, split_k)?;
     // Host reference with the CPU engine's kernels.
     let (mut q, mut gate) = (vec![0.0; n * hq * d], vec![0.0; n * hq * d]);
     let (mut k, mut v) = (vec![0.0; n * hkv * d], vec![0.0; n * hkv * d]);
@@ -174,7 +179,7 @@ fn attention_check(
     let mut alone = Vec::with_capacity(got.len());
     for r in 0..n {
         let row = &qkv[r * width..(r + 1) * width];
-        let (o, _, _) = run_attention(dev, s, row, nr, &kc_got, &vc_got, start + r, 1, s_max)?;
+        let (o, _, _) = run_attention(dev, s, row, nr, &kc_got, &vc_got, start + r, 1, split_k)?;
         alone.extend(o);
     }
     out.push(bitwise_row(

@@ -7,8 +7,10 @@
 //! Shapes include the awkward cases: widths not a multiple of the vector width, more rows than one GEMV
 //! launch, matrices with few rows (several warps per row), query heads not a multiple of 4 per KV head,
 //! head_dim below a warp, keys spanning many chunks, and more value columns than one GDN warp.
+//! Tensor-core attention (prefill passes only) is checked against split-K to bf16 rounding.
 
 mod gdn_chunk;
+mod attention_tc;
 mod linear;
 mod mixers;
 mod moe;
@@ -78,6 +80,7 @@ pub fn self_test(dev: &CudaDevice) -> Result<Vec<SelfTestRow>, CudaError> {
     linear::checks(dev, &mut rng, &mut rows)?;
     mixers::checks(dev, &mut rng, &mut rows)?;
     gdn_chunk::checks(dev, &mut rng, &mut rows)?;
+    attention_tc::checks(dev, &mut rng, &mut rows)?;
     moe::checks(dev, &mut rng, &mut rows)?;
     Ok(rows)
 }

@@ -187,7 +187,7 @@ fn one_config(
     let opts = LoadOptions {
         graphs,
         tensor_core_gemv: tensor_cores,
-        ..LoadOptions::default()
+        ..crate::base_options()
     };
     let model = CudaModel::random(dev, config, 7, opts)?;
     let load_s = t.elapsed().as_secs_f64();

@@ -175,7 +175,7 @@ pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool, tensor_cores: bool)
             LoadOptions::default().gemv_max_rows
         },
         tensor_core_gemv: tensor_cores,
-        ..LoadOptions::default()
+        ..crate::base_options()
     };
     let gpu = CudaModel::load(dev, &ck, opts)?;
     // bf16 mode, step 1: f32 activations vs the CPU engine on bf16-rounded matrices.
@@ -190,7 +190,7 @@ pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool, tensor_cores: bool)
         let strict_opts = LoadOptions {
             weights: WeightFormat::Bf16,
             gemv_max_rows: usize::MAX,
-            ..LoadOptions::default()
+            ..crate::base_options()
         };
         let strict = CudaModel::load(dev, &ck, strict_opts)?;
         let mut gs = strict.new_state(r.prompt.len() + 8)?;
@@ -420,7 +420,7 @@ pub fn spec_rounds(
         weights: WeightFormat::Bf16,
         tensor_core_gemv: tensor_cores,
         verify_graphs,
-        ..LoadOptions::default()
+        ..crate::base_options()
     };
     let gpu = CudaModel::load(dev, &ck, opts)?;
     let name = dir

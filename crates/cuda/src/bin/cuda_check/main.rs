@@ -17,6 +17,8 @@
 //!                   [--testbed DIR] (also check the GPU MTP head on this checkpoint, e.g. models/testbed)
 //!                   [--emulate]   (host-emulated device: checks this program's logic without a GPU)
 //!                   [--simulate]  (the real kernels compiled for the CPU: checks the kernels without a GPU)
+//! Environment: TURBOSPARK_ATTN_TC=0 runs prefill attention on the split-K kernels instead of the tensor
+//! cores; TURBOSPARK_ATTN_TC_SPLITS=N fixes its key splits (default: from the pass shape).
 
 mod bench;
 mod fixtures;
@@ -75,6 +77,20 @@ fn parse() -> Result<Args, String> {
         }
     }
     Ok(a)
+}
+
+/// LoadOptions::default() with the environment's prefill-attention choices (module doc), so that a run
+/// can compare them without a rebuild.
+pub(crate) fn base_options() -> cuda_backend::LoadOptions {
+    let d = cuda_backend::LoadOptions::default();
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    cuda_backend::LoadOptions {
+        attention_tc: var("TURBOSPARK_ATTN_TC").map_or(d.attention_tc, |v| v != "0"),
+        attention_tc_splits: var("TURBOSPARK_ATTN_TC_SPLITS")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d.attention_tc_splits),
+        ..d
+    }
 }
 
 const BF16_HEADER_PROBE: &str = r#"

@@ -111,7 +111,7 @@ pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool) -> Result<bool> {
             WeightFormat::Bf16
         },
         graphs,
-        ..LoadOptions::default()
+        ..crate::base_options()
     };
     let target = Arc::new(CudaModel::load(dev, &ck, opts(true))?);
     let mut gpu = CudaMtp::load(&target, &ck)?.context("GPU MTP head")?;

@@ -84,7 +84,7 @@ fn measure(dev: &Arc<CudaDevice>, shape_name: &str, bw: f64, new: usize) -> Resu
     for tc in [false, true] {
         let opts = LoadOptions {
             tensor_core_gemv: tc,
-            ..LoadOptions::default()
+            ..crate::base_options()
         };
         let model = CudaModel::random(dev, &config, 7, opts)?;
         let prompt = |len: usize| -> Vec<u32> {
