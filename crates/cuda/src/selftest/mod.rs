@@ -9,8 +9,8 @@
 //! head_dim below a warp, keys spanning many chunks, and more value columns than one GDN warp.
 //! Tensor-core attention (prefill passes only) is checked against split-K to bf16 rounding.
 
-mod gdn_chunk;
 mod attention_tc;
+mod gdn_chunk;
 mod linear;
 mod mixers;
 mod moe;
