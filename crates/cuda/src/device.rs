@@ -222,6 +222,15 @@ impl CudaDevice {
                     "opting {name} in to its shared memory"
                 )))?;
             }
+            if name == "gdn_chunk_state" {
+                f.set_attribute(
+                    dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    crate::gdn_chunk::STATE_SMEM_BYTES as i32,
+                )
+                .map_err(CudaError::driver(format!(
+                    "opting {name} in to its shared memory"
+                )))?;
+            }
             functions.insert(name, f);
         }
         let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas {

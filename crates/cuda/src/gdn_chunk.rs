@@ -1,13 +1,13 @@
 //! The chunked (WY) Gated DeltaNet recurrence for prefill passes (`src/cu/gdn_chunk.cu` states the
-//! algorithm): gdn_conv_prep, gdn_chunk_prep (all chunks in parallel), gdn_chunk_state (chunks in order,
-//! S in shared memory, moves the conv window), gated_rmsnorm.
+//! algorithm): gdn_conv_prep, gdn_chunk_prep (all chunks in parallel: T = (I + A)^-1, W, U, P),
+//! gdn_chunk_state (chunks in order, S in shared memory, moves the conv window), gated_rmsnorm.
 //!
 //! Invariant: it agrees with the step form (`ops::gdn_recurrence`) to f32 rounding, not bit for bit, so
 //! the forward runs it only for passes of more than `gemv_max_rows` rows without a tape
 //! ([`use_chunked`]): decode and verify rows, and the tape replay that rebuilds state with the step
 //! form, never see it. The conv window comes out bit-identical to the step form's (same code).
 
-use crate::buf::{launch, Arg, DBuf};
+use crate::buf::{launch, launch_smem, Arg, DBuf};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
 use crate::ops::{self, GdnArgs, GdnShape};
@@ -16,8 +16,15 @@ use crate::ops::{self, GdnArgs, GdnShape};
 pub(crate) const CHUNK: usize = 64;
 /// Value columns per gdn_chunk_state block (GDC_COLS).
 const COLS: usize = 32;
-/// Threads of both kernels (GDC_THREADS).
+/// Threads of gdn_chunk_prep (GDC_THREADS).
 const THREADS: u32 = 256;
+/// Threads of gdn_chunk_state (GDC_ST_THREADS).
+const STATE_THREADS: u32 = 512;
+/// Dynamic shared memory of gdn_chunk_state (GDC_ST_FLOATS floats): the S slice [128, COLS], V' and
+/// its scaled copy [CHUNK, COLS] each, W, Q and K rows [CHUNK, 132] each, P rows [CHUNK, 68]. Above
+/// 48 KiB: device.rs opts the kernel in.
+pub(crate) const STATE_SMEM_BYTES: usize =
+    4 * (128 * COLS + 2 * CHUNK * COLS + 3 * CHUNK * 132 + CHUNK * 68);
 
 /// Whether a pass of `rows` rows runs the chunked form: a prefill (more than `gemv_max_rows` rows,
 /// whose rows need not equal decode rows) with no tape recording (the replay uses the step form).
@@ -113,11 +120,12 @@ pub(crate) fn gdn_chunked(
     ];
     a.extend(dims);
     a.push(Arg::I(s.kernel as i32));
-    launch(
+    launch_smem(
         dev,
         "gdn_chunk_state",
         (s.hv as u32, s.dv.div_ceil(COLS) as u32, 1),
-        THREADS,
+        STATE_THREADS,
+        STATE_SMEM_BYTES as u32,
         &a,
     )?;
     ops::gated_norm(dev, s, g, proj, o, rows)
