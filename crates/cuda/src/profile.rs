@@ -177,6 +177,36 @@ impl CudaModel {
     }
 }
 
+impl CudaModel {
+    /// One speculative verify round with a timing event after every operation: `tokens` forwarded at
+    /// the state's position with the tape on and every row's logits to the host (the LM head row
+    /// includes that copy), then rolled back to the position before them (the tape replay, its own
+    /// row). The state ends where it started.
+    pub fn profile_verify(
+        &self,
+        state: &mut CudaState,
+        tokens: &[u32],
+    ) -> Result<Vec<ProfileRow>, CudaError> {
+        let dev = &*self.dev;
+        let (start, n) = (state.position, tokens.len());
+        let fits = n > 0 && n <= self.opts.gemv_max_rows && start + n <= state.capacity;
+        if !fits || tokens.iter().any(|&t| t as usize >= self.vocab) {
+            return Err(CudaError::Unsupported {
+                what: format!("profiling a verify block of {n} tokens at position {start}"),
+            });
+        }
+        self.begin_tape(state)?;
+        let first = record(dev)?;
+        let mut prof = Some(Prof { marks: Vec::new() });
+        self.pass(tokens, start, state, 0, &[], &mut prof)?;
+        state.position = start + n;
+        self.rollback_retaining(state, 0)?;
+        mark(&mut prof, dev, "rollback (tape replay)", 0)?;
+        dev.synchronize()?;
+        summarize(&first, prof)
+    }
+}
+
 /// A timing event recorded on the device's stream now.
 pub(crate) fn event(dev: &CudaDevice) -> Result<CudaEvent, CudaError> {
     record(dev)

@@ -284,6 +284,14 @@ fn one_config(
             "one un-graphed decode step",
             &model.profile_decode(&mut st, next)?,
         );
+        // Where a verify round's time goes (compare with the one-row step above).
+        let drafts: Vec<u32> = (0..4)
+            .map(|i| (next as usize + 31 * i) as u32 % model.vocab as u32)
+            .collect();
+        print_profile(
+            "one verify round of 4 rows (tape, all logits to the host, rollback)",
+            &model.profile_verify(&mut st, &drafts)?,
+        );
         // A forward splits longer prompts into passes of max_pass_rows: profile the first pass.
         let pass_len = prompt_len.min(model.options().max_pass_rows.max(1));
         let mut ps = model.new_state(pass_len + 1)?;
