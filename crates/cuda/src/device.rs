@@ -37,6 +37,7 @@ pub const KERNELS: &[&str] = &[
     "linear_f32_7",
     "linear_f32_8",
     "linear_mma_t1_u4_b4_half",
+    "mma_split_rows",
     "linear_mma_t1_u4_b4_full",
     "linear_mma_t1_u8_b3_half",
     "linear_mma_t1_u8_b3_full",
@@ -121,6 +122,9 @@ pub struct CudaDevice {
     pdl_paused: AtomicBool,
     /// The kernel simulator (`CudaDevice::simulated`): kernels run on the CPU.
     sim: Option<crate::simulate::Sim>,
+    /// Split input fragments of the tensor-core GEMV (`mma::gemv_mma`, mma_split_rows): allocated once
+    /// at open, never moved, so captured graphs may hold its address.
+    frag_scratch: std::sync::OnceLock<crate::buf::DBuf>,
     pub info: DeviceInfo,
 }
 
@@ -254,8 +258,9 @@ impl CudaDevice {
             kernels_from_cache: compiled.from_cache,
             compile_seconds,
         };
-        Ok(CudaDevice {
+        let dev = CudaDevice {
             sim: None,
+            frag_scratch: std::sync::OnceLock::new(),
             pdl: AtomicBool::new(arch >= 90),
             pdl_failure: Mutex::new(None),
             pdl_paused: AtomicBool::new(false),
@@ -268,7 +273,9 @@ impl CudaDevice {
                 staging: Mutex::new(None),
             }),
             info,
-        })
+        };
+        dev.alloc_frag_scratch()?;
+        Ok(dev)
     }
 
     /// A device whose buffers live in host memory and whose operations run on the CPU, one by one, as
@@ -278,6 +285,7 @@ impl CudaDevice {
         CudaDevice {
             gpu: None,
             sim: None,
+            frag_scratch: std::sync::OnceLock::new(),
             pdl: AtomicBool::new(false),
             pdl_failure: Mutex::new(None),
             pdl_paused: AtomicBool::new(false),
@@ -306,8 +314,9 @@ impl CudaDevice {
         let t = std::time::Instant::now();
         let sim = crate::simulate::Sim::load(KERNELS)?;
         let kernel_cache = sim.path.clone();
-        Ok(CudaDevice {
+        let dev = CudaDevice {
             gpu: None,
+            frag_scratch: std::sync::OnceLock::new(),
             pdl: AtomicBool::new(false),
             pdl_failure: Mutex::new(None),
             pdl_paused: AtomicBool::new(false),
@@ -324,7 +333,21 @@ impl CudaDevice {
                 compile_seconds: t.elapsed().as_secs_f64(),
             },
             sim: Some(sim),
-        })
+        };
+        dev.alloc_frag_scratch()?;
+        Ok(dev)
+    }
+
+    /// Allocates the tensor-core GEMV's fragment scratch (see `frag_scratch`).
+    fn alloc_frag_scratch(&self) -> Result<(), CudaError> {
+        let buf = crate::buf::DBuf::zeros(self, crate::mma::FRAG_SCRATCH_BYTES)?;
+        let _ = self.frag_scratch.set(buf);
+        Ok(())
+    }
+
+    /// The tensor-core GEMV's fragment scratch (None on the host emulation, which runs no kernels).
+    pub(crate) fn frag_scratch(&self) -> Option<&crate::buf::DBuf> {
+        self.frag_scratch.get()
     }
 
     /// Turns programmatic dependent launch on or off for launches from now on (on by default on sm_90+):

@@ -5,7 +5,7 @@
 //! Invariant: the kernel and variant of a matrix depend on its shape, the device and the load option
 //! only, never on the row count, so a verify row equals the same row decoded alone, bit for bit.
 
-use crate::buf::{launch_smem, Arg};
+use crate::buf::{launch, launch_smem, Arg};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
 use crate::ops::{GemvMode, NormW, LIN_WARPS};
@@ -13,6 +13,13 @@ use crate::weights::{Mat, WDtype};
 
 /// Rows per launch of the tensor-core GEMV (MMA_MAX_ROWS: the m16 of its mma).
 const MMA_MAX_ROWS: usize = 16;
+/// Bytes of the device's fragment scratch (`CudaDevice::frag_scratch`): 16 rows of up to 32768 columns
+/// at 6 bytes (three bf16 terms) per value.
+pub(crate) const FRAG_SCRATCH_BYTES: usize = MMA_MAX_ROWS * 32768 * 6;
+/// Normed launches of at least this many rows split their input once (mma_split_rows) instead of in
+/// every block: the per-block prologue grows with the rows (run 24: a 4-row verify's normed GEMVs at
+/// 1.5-1.9x one row); one row keeps the in-block stage (no extra launch on the decode path).
+const PRESPLIT_MIN_ROWS: usize = 2;
 /// Largest split-fragment stage (rows x cols x 6 bytes) of a tensor-core GEMV block: two blocks per SM
 /// within the H100/H200's 227 KiB; the kernels are opted in to it at load (`device.rs`).
 pub(crate) const MMA_STAGE_BYTES: usize = 96 * 1024;
@@ -162,16 +169,37 @@ pub(crate) fn gemv_mma(
         let name = variant.kernel(n);
         // The input rows as split fragments: 3 bf16 terms per value.
         let stage_bytes = n * w.cols * 6;
-        let stage = stage_bytes <= MMA_STAGE_BYTES;
+        let mut stage = (stage_bytes <= MMA_STAGE_BYTES) as i32;
+        let (mut xin, mut nw) = (x + (r0 * w.cols * 4) as u64, norm.w);
+        let presplit = dev.frag_scratch().filter(|b| {
+            mode.norm.is_some() && n >= PRESPLIT_MIN_ROWS && stage_bytes <= b.bytes
+        });
+        if let Some(frags) = presplit {
+            launch(
+                dev,
+                "mma_split_rows",
+                (n as u32, 1, 1),
+                (LIN_WARPS * 32) as u32,
+                &[
+                    Arg::P(xin),
+                    Arg::P(frags.ptr),
+                    Arg::I(w.cols as i32),
+                    Arg::P(norm.w),
+                    Arg::F(norm.eps),
+                    Arg::I(norm.zero_centred as i32),
+                ],
+            )?;
+            (stage, xin, nw) = (2, frags.ptr, 0);
+        }
         launch_smem(
             dev,
             &name,
             (blocks as u32, 1, 1),
             (LIN_WARPS * 32) as u32,
-            if stage { stage_bytes as u32 } else { 0 },
+            if stage == 1 { stage_bytes as u32 } else { 0 },
             &[
                 Arg::P(w.buf.ptr),
-                Arg::P(x + (r0 * w.cols * 4) as u64),
+                Arg::P(xin),
                 Arg::P(y + (r0 * y_width * 4) as u64),
                 Arg::I(n as i32),
                 Arg::I(w.cols as i32),
@@ -179,10 +207,10 @@ pub(crate) fn gemv_mma(
                 Arg::I(mode.accumulate as i32),
                 Arg::I(wpk as i32),
                 Arg::I(inter as i32),
-                Arg::P(norm.w),
+                Arg::P(nw),
                 Arg::F(norm.eps),
                 Arg::I(norm.zero_centred as i32),
-                Arg::I(stage as i32),
+                Arg::I(stage),
             ],
         )?;
         r0 += n;

@@ -175,6 +175,46 @@ __device__ __forceinline__ void load_frag(const unsigned* frag, int m, int n, in
     }
 }
 
+// Split fragments q0..q1 (q = row * in/8 + column group) of the n input rows, normalised when norm_w
+// is given (inv: the rows' 1/rms), into frag + q * 12: [term][mma][a0, a2] as load_frag reads them.
+__device__ __forceinline__ void split_rows_into(const float* __restrict__ x, int n, int in,
+                                                const float* __restrict__ norm_w, int zero_centred,
+                                                const float* inv, unsigned* frag, int q0, int q1) {
+    const int groups8 = in / 8;
+    for (int q = q0 + threadIdx.x; q < q1; q += blockDim.x) {
+        const int m = q / groups8, c = (q % groups8) * 8;
+        float v[8];
+        load_x8(x, m, n, in, c, norm_w, zero_centred, inv, v);
+        unsigned a[3][2][4];
+        split_a<false>(v, v, a);
+        unsigned* dst = frag + (size_t)q * 12;
+#pragma unroll
+        for (int s = 0; s < 3; ++s)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                dst[s * 4 + j * 2] = a[s][j][0];
+                dst[s * 4 + j * 2 + 1] = a[s][j][2];
+            }
+    }
+}
+
+// mma_split_rows, grid (n), MMA_WARPS * 32 threads: the staged fragments of n input rows, written once
+// to global memory (frag [n, in/8, 12]) for every block of the GEMV that follows (`stage` 2), instead of
+// each block normalising and splitting all n rows itself — measured on the H200 (run 24), that prologue
+// made a 4-row verify's normed GEMVs 1.5-1.9x the one-row time. Block m does row m in rms_inv_rows'
+// order and split_rows_into's arithmetic, so the fragments equal the in-kernel stage bit for bit and a
+// row's result does not depend on which path its launch took.
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
+    mma_split_rows(const float* __restrict__ x, unsigned* __restrict__ frag, int in,
+                   const float* __restrict__ norm_w, float eps, int zero_centred) {
+    PDL_ENTER();
+    __shared__ float inv[MMA_MAX_ROWS];
+    const int m = blockIdx.x, groups8 = in / 8;
+    const float* xr = x + (size_t)m * in;
+    if (norm_w) rms_inv_rows(xr, 1, in, eps, inv);
+    split_rows_into(xr, 1, in, norm_w, zero_centred, inv, frag + (size_t)m * groups8 * 12, 0, groups8);
+}
+
 // T weight tiles of 8 rows per warp (2: 16 output rows, or 8 gate + 8 up rows; 4: 32 / 16 + 16), chosen
 // from the matrix shape (ops.rs); FULL: more than 8 input rows (A rows g + 8 in use). `units` =
 // ceil(out / 8T), or ceil(I / 4T) for SwiGLU (swiglu_inter = I: W is [gate ; up], y = act [n, I]).
@@ -215,29 +255,18 @@ __device__ __forceinline__ void linear_mma(const bf16_t* __restrict__ w, const f
         for (int u = 0; u < U && c_begin + u < c_end; ++u)
             if (wrow[tile] >= 0) PREFETCH_L2(w + (size_t)wrow[tile] * in + (size_t)(c_begin + u) * 32 + lane_col);
     PDL_ENTER();
-    if (norm_w) rms_inv_rows(x, n, in, eps, inv);
-    // Staged (`stage`: the launcher checked that n x in x 6 bytes fit): the block splits every input row
-    // once into shared memory, as fragments [row][column group of 8][term][mma][a0, a2], so the loop
+    // Staged (`stage` 1: the launcher checked that n x in x 6 bytes fit): the block splits every input
+    // row once into shared memory, as fragments [row][column group of 8][term][mma][a0, a2], so the loop
     // below only loads them: splitting per chunk and warp costs more issue slots than the weights allow.
+    // `stage` 2: mma_split_rows already wrote those fragments (norm applied) to global memory at x.
     const int groups8 = in / 8;
-    unsigned* frag = DYN_SMEM(unsigned);
-    if (stage) {
-        for (int q = threadIdx.x; q < n * groups8; q += blockDim.x) {
-            const int m = q / groups8, c = (q % groups8) * 8;
-            float v[8];
-            load_x8(x, m, n, in, c, norm_w, zero_centred, inv, v);
-            unsigned a[3][2][4];
-            split_a<false>(v, v, a);
-            unsigned* dst = frag + (size_t)q * 12;
-#pragma unroll
-            for (int s = 0; s < 3; ++s)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    dst[s * 4 + j * 2] = a[s][j][0];
-                    dst[s * 4 + j * 2 + 1] = a[s][j][2];
-                }
-        }
+    const unsigned* frag = stage == 2 ? reinterpret_cast<const unsigned*>(x) : DYN_SMEM(unsigned);
+    if (stage == 1) {
+        if (norm_w) rms_inv_rows(x, n, in, eps, inv);
+        split_rows_into(x, n, in, norm_w, zero_centred, inv, DYN_SMEM(unsigned), 0, n * groups8);
         __syncthreads();
+    } else if (stage == 0 && norm_w) {
+        rms_inv_rows(x, n, in, eps, inv);
     }
 
     float acc2[J][T][4];
