@@ -171,9 +171,9 @@ pub(crate) fn gemv_mma(
         let stage_bytes = n * w.cols * 6;
         let mut stage = (stage_bytes <= MMA_STAGE_BYTES) as i32;
         let (mut xin, mut nw) = (x + (r0 * w.cols * 4) as u64, norm.w);
-        let presplit = dev.frag_scratch().filter(|b| {
-            mode.norm.is_some() && n >= PRESPLIT_MIN_ROWS && stage_bytes <= b.bytes
-        });
+        let presplit = dev
+            .frag_scratch()
+            .filter(|b| mode.norm.is_some() && n >= PRESPLIT_MIN_ROWS && stage_bytes <= b.bytes);
         if let Some(frags) = presplit {
             launch(
                 dev,
