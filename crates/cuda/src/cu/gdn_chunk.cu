@@ -10,13 +10,16 @@
 // Only differences G_t - G_s with t >= s (and G_t, G_last - G_t) are exponentiated: every factor is in
 // [0, 1], nothing overflows, and decays that underflow do so to 0 as in the product form.
 //
-// gdn_chunk_prep, grid (hv, chunks), GDC_THREADS threads: everything that does not depend on S0, all
-// chunks in parallel. Gram matrices K K^T and Q K^T from dk slices staged in shared memory (4 x 4 per
-// thread); A to shared memory, P to global. T by forward substitution in shared memory, T^T row c
-// (column c of T) by 4 lanes of one warp (strided partial sums, xor butterfly; only __syncwarp between
-// rows, the column never leaves its warp). Then W and U as products T X over 64-column slabs of
-// X = [beta e^G K | beta V] staged in shared memory, 4 x 4 outputs per thread, the sum stopping at the
-// diagonal (T is lower triangular).
+// gdn_chunk_prep, grid (hv, chunks), GDC_THREADS threads, 2 blocks per SM: everything that does not
+// depend on S0, all chunks in parallel. Gram matrices K K^T and Q K^T from dk slices staged in shared
+// memory (2 x 4 of each per thread); A to shared memory, P to global. T by forward substitution in
+// shared memory, T^T row c (column c of T) by 4 lanes of one warp of the first 8 (strided partial sums,
+// xor butterfly; only __syncwarp between rows, the column never leaves its warp). Then W and U as
+// products T X over 64-column slabs of X = [beta e^G K | beta V] staged in shared memory, 2 x 4 outputs
+// per thread, the sum stopping at the diagonal (T is lower triangular).
+// The grid is one wave (4B shape, 512 rows: 256 blocks on 132 SMs), so the kernel takes as long as one
+// block: at 256 threads (4 x 4 tiles) ncu saw 23.5% warps active and 94 us; 512 threads halve each
+// thread's share of the Gram and T X products (same per-element summation order: same bits).
 // gdn_chunk_state, grid (hv, ceil(dv / GDC_COLS)), GDC_ST_THREADS threads, dynamic shared memory
 // (GDC_ST_FLOATS floats, opt-in above 48 KiB): the chunks in order, S0[:, cols] in shared memory. Per
 // chunk, with the chunk's W and Q rows ([W; Q], 2C x dk), K rows and P in shared memory:
@@ -33,7 +36,7 @@
 // Invariant: not bitwise equal to gdn_rec (another summation order; f32 throughout, agreeing to
 // rounding), so it never runs where rows must equal decode rows: decode, verify, tape and its replay.
 #define GDC_C 64
-#define GDC_THREADS 256
+#define GDC_THREADS 512
 #define GDC_SL 32
 #define GDC_XS 68  // row stride of T^T, X slabs and staged P: float4 rows; T^T rows 4 banks apart
 #define GDC_COLS 32
@@ -44,7 +47,7 @@
 #define GDC_ST_FLOATS \
     (GDN_MAX_DK * GDC_COLS + 2 * GDC_C * GDC_COLS + 3 * GDC_C * GDC_WS + GDC_C * GDC_XS)
 
-extern "C" __global__ void __launch_bounds__(GDC_THREADS)
+extern "C" __global__ void __launch_bounds__(GDC_THREADS, 2)
     gdn_chunk_prep(const float* __restrict__ prep, int ldq, float* __restrict__ wbuf, float* __restrict__ ubuf,
                    float* __restrict__ pbuf, float* __restrict__ fac, int n, int hk, int hv, int dk, int dv) {
     PDL_ENTER();
@@ -84,11 +87,11 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
         fac[(hrow + tid) * 2] = e;
         fac[(hrow + tid) * 2 + 1] = ok ? expf((float)(gcum[nr - 1] - gcum[tid])) : 0.0f;
     }
-    // K K^T and Q K^T, rows ib..ib+3, columns jb..jb+3 per thread.
-    const int ib = 4 * (tid >> 4), jb = 4 * (tid & 15);
-    float kk[4][4], qk[4][4];
+    // K K^T and Q K^T, rows ib, ib + 1, columns jb..jb+3 per thread.
+    const int ib = 2 * (tid >> 4), jb = 4 * (tid & 15);
+    float kk[2][4], qk[2][4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r)
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int s = 0; s < 4; ++s) kk[r][s] = qk[r][s] = 0.0f;
     for (int d0 = 0; d0 < dk; d0 += GDC_SL) {
@@ -102,15 +105,16 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
         }
         __syncthreads();
         for (int d = 0; d < GDC_SL; ++d) {
-            float ki[4], qi[4], kj[4];
+            float ki[2], qi[2], kj[4];
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
+            for (int r = 0; r < 2; ++r) {
                 ki[r] = ks[ib + r][d];
                 qi[r] = qs[ib + r][d];
-                kj[r] = ks[jb + r][d];
             }
 #pragma unroll
-            for (int r = 0; r < 4; ++r)
+            for (int r = 0; r < 4; ++r) kj[r] = ks[jb + r][d];
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
 #pragma unroll
                 for (int s = 0; s < 4; ++s) {
                     kk[r][s] = fmaf(ki[r], kj[s], kk[r][s]);
@@ -120,7 +124,7 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
     }
     __syncthreads();  // A overwrites the slabs
 #pragma unroll
-    for (int r = 0; r < 4; ++r)
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
             const int i = ib + r, j = jb + s;
@@ -130,8 +134,9 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
         }
     __syncthreads();
     // T[i][c] = [i == c] - sum_{c <= j < i} A[i][j] T[j][c], rows in order; lanes 4c'..4c'+3 of warp w own
-    // column c = 8w + c' (GDC_THREADS / 4 = GDC_C columns), lane part p summing j = c + p, c + p + 4, ...
-    {
+    // column c = 8w + c' (the first 4 GDC_C threads, whole warps), lane part p summing j = c + p,
+    // c + p + 4, ...
+    if (tid < 4 * GDC_C) {
         const int lane = tid & 31, c = 8 * (tid >> 5) + (lane >> 2), p = lane & 3;
         float* tc = tt[c];
         for (int i = 0; i < GDC_C; ++i) {
@@ -149,10 +154,10 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
             __syncwarp();
         }
     }
-    // [W | U] = T X, 64 columns of X = [beta e^G K | beta V] at a time; rows i0..i0+3, columns c0..c0+3.
-    // Rows s >= nr of X are 0, and T[i][s] = 0 for s > i: the sum stops at min(i0 + 4, nr). Padded rows
-    // (i >= nr) come out 0: their rows of A are 0, so T[i][s < nr] = 0.
-    const int i0 = 4 * (tid >> 4), c0 = 4 * (tid & 15), sn = min(i0 + 4, nr);
+    // [W | U] = T X, 64 columns of X = [beta e^G K | beta V] at a time; rows i0, i0 + 1, columns
+    // c0..c0+3. Rows s >= nr of X are 0, and T[i][s] = 0 for s > i: the sum stops at min(i0 + 2, nr).
+    // Padded rows (i >= nr) come out 0: their rows of A are 0, so T[i][s < nr] = 0.
+    const int i0 = 2 * (tid >> 4), c0 = 4 * (tid & 15), sn = min(i0 + 2, nr);
     const int kslabs = (dk + GDC_C - 1) / GDC_C, slabs = kslabs + (dv + GDC_C - 1) / GDC_C;
     for (int sl = 0; sl < slabs; ++sl) {
         const bool is_w = sl < kslabs;
@@ -166,23 +171,23 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
             xs[s][d] = ok ? f * prep[(size_t)(t0 + s) * ldq + src + d] : 0.0f;
         }
         __syncthreads();
-        float acc[4][4];
+        float acc[2][4];
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
+        for (int r = 0; r < 2; ++r)
 #pragma unroll
             for (int cc = 0; cc < 4; ++cc) acc[r][cc] = 0.0f;
         for (int s = 0; s < sn; ++s) {
-            const float4 t4 = *reinterpret_cast<const float4*>(&tt[s][i0]);
+            const float2 t2 = *reinterpret_cast<const float2*>(&tt[s][i0]);
             const float4 x4 = *reinterpret_cast<const float4*>(&xs[s][c0]);
-            const float tv[4] = {t4.x, t4.y, t4.z, t4.w}, xv[4] = {x4.x, x4.y, x4.z, x4.w};
+            const float tv[2] = {t2.x, t2.y}, xv[4] = {x4.x, x4.y, x4.z, x4.w};
 #pragma unroll
-            for (int r = 0; r < 4; ++r)
+            for (int r = 0; r < 2; ++r)
 #pragma unroll
                 for (int cc = 0; cc < 4; ++cc) acc[r][cc] = fmaf(tv[r], xv[cc], acc[r][cc]);
         }
         float* dst = (is_w ? wbuf + hrow * dk : ubuf + hrow * dv) + x0;
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
+        for (int r = 0; r < 2; ++r)
 #pragma unroll
             for (int cc = 0; cc < 4; ++cc)
                 if (x0 + c0 + cc < width) dst[(size_t)(i0 + r) * width + c0 + cc] = acc[r][cc];
