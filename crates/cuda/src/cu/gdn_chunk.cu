@@ -27,8 +27,8 @@
 //      copy e^{G_last - G} V', threads of Q rows keep e^G (Q S0) for O;
 //   2. S1 (2 rows x 4 columns each) over K and the scaled V'; the Q threads add P V' and write O.
 // Operands of the next chunk are loaded into registers while this chunk computes (K and P during step
-// 1, W and Q during step 2) and stored after it: two barriers per chunk, no load latency exposed but
-// the first chunk's. It also advances the conv window exactly as gdn_rec does (the same
+// 1, W and Q during step 2) and stored after it, the chunk's row factors (fac) before step 1: two
+// barriers per chunk, no load latency exposed but the first chunk's. It also advances the conv window exactly as gdn_rec does (the same
 // gdn_window_advance); the gated RMSNorm follows as the gated_rmsnorm kernel.
 //
 // Scratch (np = chunks * GDC_C rows, padded rows written as 0): w [hv, np, dk], u [hv, np, dv],
@@ -285,6 +285,12 @@ extern "C" __global__ void __launch_bounds__(GDC_ST_THREADS, 1)
                 const int col = col0 + c0 + cc;
                 u[rr][cc] = (!q_rows && col < dv) ? ubuf[(hrow + r0 + rr) * dv + col] : 0.0f;
             }
+        // Row factors (e^{G_t} for O rows, e^{G_last - G_t} for V' rows) and e^{G_last}, loaded before
+        // step 1 so that their latency hides behind it.
+        float f[2];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) f[rr] = q_rows ? fac[(hrow + tq + rr) * 2] : fac[(hrow + r0 + rr) * 2 + 1];
+        const float e_last = fac[(hrow + nr - 1) * 2];
         // Step 1: [W; Q] S0, rows r0, r0 + 1.
         float x[2][4];
 #pragma unroll
@@ -310,16 +316,15 @@ extern "C" __global__ void __launch_bounds__(GDC_ST_THREADS, 1)
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
             if (q_rows) {
-                const float f = fac[(hrow + tq + rr) * 2];  // e^{G_t}
 #pragma unroll
-                for (int cc = 0; cc < 4; ++cc) o[rr][cc] = f * x[rr][cc];
+                for (int cc = 0; cc < 4; ++cc) o[rr][cc] = f[rr] * x[rr][cc];
             } else {
-                const float f = fac[(hrow + r0 + rr) * 2 + 1];  // e^{G_last - G_t}
                 float v[4];
 #pragma unroll
                 for (int cc = 0; cc < 4; ++cc) v[cc] = u[rr][cc] - x[rr][cc];
                 *reinterpret_cast<float4*>(&vp[r0 + rr][c0]) = make_float4(v[0], v[1], v[2], v[3]);
-                *reinterpret_cast<float4*>(&vs[r0 + rr][c0]) = make_float4(f * v[0], f * v[1], f * v[2], f * v[3]);
+                *reinterpret_cast<float4*>(&vs[r0 + rr][c0]) =
+                    make_float4(f[rr] * v[0], f[rr] * v[1], f[rr] * v[2], f[rr] * v[3]);
             }
         }
 #pragma unroll
@@ -336,7 +341,6 @@ extern "C" __global__ void __launch_bounds__(GDC_ST_THREADS, 1)
                               min(GDC_C, n - t0 - GDC_C), dk);
         // Step 2: S1 rows r0, r0 + 1 = e^{G_last} S0 + K^T (e^{G_last - G} V'). Each element of sm is read
         // here only by the thread that rewrites it (every other read of S0 was in step 1).
-        const float e_last = fac[(hrow + nr - 1) * 2];
         float s[2][4];
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr)
