@@ -16,7 +16,9 @@
 // shared memory, T^T row c (column c of T) by 4 lanes of one warp of the first 8 (strided partial sums,
 // xor butterfly; only __syncwarp between rows, the column never leaves its warp). Then W and U as
 // products T X over 64-column slabs of X = [beta e^G K | beta V] staged in shared memory, 2 x 4 outputs
-// per thread, the sum stopping at the diagonal (T is lower triangular).
+// per thread, the sum stopping at the diagonal (T is lower triangular). Every slab is loaded into
+// registers one phase ahead of its store to shared memory, so no global load latency is exposed but
+// the first Gram slab's (issued before the decay sums).
 // The grid is one wave (4B shape, 512 rows: 256 blocks on 132 SMs), so the kernel takes as long as one
 // block: at 256 threads (4 x 4 tiles) ncu saw 23.5% warps active and 94 us; 512 threads halve each
 // thread's share of the Gram and T X products (same per-element summation order: same bits).
@@ -40,6 +42,9 @@
 #define GDC_SL 32
 #define GDC_XS 68  // row stride of T^T, X slabs and staged P: float4 rows; T^T rows 4 banks apart
 #define GDC_COLS 32
+// gdn_chunk_prep's staged operands per thread: Gram slab elements (K and Q each), X slab elements.
+#define GDC_G_REGS (GDC_C * GDC_SL / GDC_THREADS)
+#define GDC_X_REGS (GDC_C * GDC_C / GDC_THREADS)
 #define GDC_ST_THREADS 512
 #define GDC_WS (GDN_MAX_DK + 4)  // row stride of staged W, Q, K rows: float4 rows 4 banks apart
 // gdn_chunk_state's shared memory (gdn_chunk.rs: STATE_SMEM_BYTES): S0 slice, V', scaled V', [W; Q],
@@ -65,6 +70,34 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS, 2)
     const int cd = 2 * hk * dk + hv * dv;
     const size_t np = (size_t)gridDim.y * GDC_C, hrow = (size_t)h * np + t0;
     const int qoff = kh * dk, koff = hk * dk + kh * dk, voff = 2 * hk * dk + h * dv;
+    // Slab operands go global -> registers -> shared memory; each load is issued one phase ahead (the
+    // first Gram slab before the decay sums, the first X slab before T, the next slab before this one's
+    // product) so that its latency hides behind work. Element tid + GDC_THREADS k of a slab.
+    float gk[GDC_G_REGS], gq[GDC_G_REGS], xr[GDC_X_REGS];
+    auto load_gram = [&](int d0) {
+        const int d = tid % GDC_SL, tb = tid / GDC_SL;
+#pragma unroll
+        for (int k = 0; k < GDC_G_REGS; ++k) {
+            const int t = tb + GDC_THREADS / GDC_SL * k;
+            const bool ok = t < nr && d0 + d < dk;
+            const float* row = prep + (size_t)(t0 + t) * ldq + d0 + d;
+            gk[k] = ok ? row[koff] : 0.0f;
+            gq[k] = ok ? row[qoff] : 0.0f;
+        }
+    };
+    // Slab sl of X: columns x0.. of K (sl < kslabs) or of V; scaled by beta (e^G) when stored.
+    const int kslabs = (dk + GDC_C - 1) / GDC_C, slabs = kslabs + (dv + GDC_C - 1) / GDC_C;
+    auto load_x = [&](int sl) {
+        const bool is_w = sl < kslabs;
+        const int x0 = (is_w ? sl : sl - kslabs) * GDC_C, width = is_w ? dk : dv;
+        const int src = (is_w ? koff : voff) + x0, d = tid % GDC_C, sb = tid / GDC_C;
+#pragma unroll
+        for (int k = 0; k < GDC_X_REGS; ++k) {
+            const int s = sb + GDC_THREADS / GDC_C * k;
+            xr[k] = (s < nr && x0 + d < width) ? prep[(size_t)(t0 + s) * ldq + src + d] : 0.0f;
+        }
+    };
+    load_gram(0);
     if (tid < GDC_C) {
         const bool ok = tid < nr;
         const float* row = prep + (size_t)(t0 + tid) * ldq;
@@ -96,14 +129,14 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS, 2)
         for (int s = 0; s < 4; ++s) kk[r][s] = qk[r][s] = 0.0f;
     for (int d0 = 0; d0 < dk; d0 += GDC_SL) {
         __syncthreads();
-        for (int e = tid; e < GDC_C * GDC_SL; e += GDC_THREADS) {
-            const int t = e / GDC_SL, d = e % GDC_SL;
-            const bool ok = t < nr && d0 + d < dk;
-            const float* row = prep + (size_t)(t0 + t) * ldq + d0 + d;
-            ks[t][d] = ok ? row[koff] : 0.0f;
-            qs[t][d] = ok ? row[qoff] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < GDC_G_REGS; ++k) {
+            const int t = tid / GDC_SL + GDC_THREADS / GDC_SL * k;
+            ks[t][tid % GDC_SL] = gk[k];
+            qs[t][tid % GDC_SL] = gq[k];
         }
         __syncthreads();
+        if (d0 + GDC_SL < dk) load_gram(d0 + GDC_SL);
         for (int d = 0; d < GDC_SL; ++d) {
             float ki[2], qi[2], kj[4];
 #pragma unroll
@@ -133,6 +166,7 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS, 2)
             pbuf[(hrow + i) * GDC_C + j] = qk[r][s] * gd;
         }
     __syncthreads();
+    load_x(0);
     // T[i][c] = [i == c] - sum_{c <= j < i} A[i][j] T[j][c], rows in order; lanes 4c'..4c'+3 of warp w own
     // column c = 8w + c' (the first 4 GDC_C threads, whole warps), lane part p summing j = c + p,
     // c + p + 4, ...
@@ -158,19 +192,17 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS, 2)
     // c0..c0+3. Rows s >= nr of X are 0, and T[i][s] = 0 for s > i: the sum stops at min(i0 + 2, nr).
     // Padded rows (i >= nr) come out 0: their rows of A are 0, so T[i][s < nr] = 0.
     const int i0 = 2 * (tid >> 4), c0 = 4 * (tid & 15), sn = min(i0 + 2, nr);
-    const int kslabs = (dk + GDC_C - 1) / GDC_C, slabs = kslabs + (dv + GDC_C - 1) / GDC_C;
     for (int sl = 0; sl < slabs; ++sl) {
         const bool is_w = sl < kslabs;
         const int x0 = (is_w ? sl : sl - kslabs) * GDC_C, width = is_w ? dk : dv;
-        const int src = (is_w ? koff : voff) + x0;
         __syncthreads();  // T complete (first slab); the previous slab's reads done
-        for (int e = tid; e < GDC_C * GDC_C; e += GDC_THREADS) {
-            const int s = e / GDC_C, d = e % GDC_C;
-            const bool ok = s < nr && x0 + d < width;
-            const float f = is_w ? beta[s] * eg[s] : beta[s];
-            xs[s][d] = ok ? f * prep[(size_t)(t0 + s) * ldq + src + d] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < GDC_X_REGS; ++k) {
+            const int s = tid / GDC_C + GDC_THREADS / GDC_C * k;
+            xs[s][tid % GDC_C] = (is_w ? beta[s] * eg[s] : beta[s]) * xr[k];
         }
         __syncthreads();
+        if (sl + 1 < slabs) load_x(sl + 1);
         float acc[2][4];
 #pragma unroll
         for (int r = 0; r < 2; ++r)
