@@ -17,7 +17,7 @@ pub(crate) const CHUNK: usize = 64;
 /// Value columns per gdn_chunk_state block (GDC_COLS).
 const COLS: usize = 32;
 /// Threads of gdn_chunk_prep (GDC_THREADS).
-const THREADS: u32 = 256;
+const THREADS: u32 = 512;
 /// Threads of gdn_chunk_state (GDC_ST_THREADS).
 const STATE_THREADS: u32 = 512;
 /// Dynamic shared memory of gdn_chunk_state (GDC_ST_FLOATS floats): the S slice [128, COLS], V' and

@@ -10,13 +10,18 @@
 // Only differences G_t - G_s with t >= s (and G_t, G_last - G_t) are exponentiated: every factor is in
 // [0, 1], nothing overflows, and decays that underflow do so to 0 as in the product form.
 //
-// gdn_chunk_prep, grid (hv, chunks), GDC_THREADS threads: everything that does not depend on S0, all
-// chunks in parallel. Gram matrices K K^T and Q K^T from dk slices staged in shared memory (4 x 4 per
-// thread); A to shared memory, P to global. T by forward substitution in shared memory, T^T row c
-// (column c of T) by 4 lanes of one warp (strided partial sums, xor butterfly; only __syncwarp between
-// rows, the column never leaves its warp). Then W and U as products T X over 64-column slabs of
-// X = [beta e^G K | beta V] staged in shared memory, 4 x 4 outputs per thread, the sum stopping at the
-// diagonal (T is lower triangular).
+// gdn_chunk_prep, grid (hv, chunks), GDC_THREADS threads, 2 blocks per SM: everything that does not
+// depend on S0, all chunks in parallel. Gram matrices K K^T and Q K^T from dk slices staged in shared
+// memory (2 x 4 of each per thread); A to shared memory, P to global. T by forward substitution in
+// shared memory, T^T row c (column c of T) by 4 lanes of one warp of the first 8 (strided partial sums,
+// xor butterfly; only __syncwarp between rows, the column never leaves its warp). Then W and U as
+// products T X over 64-column slabs of X = [beta e^G K | beta V] staged in shared memory, 2 x 4 outputs
+// per thread, the sum stopping at the diagonal (T is lower triangular). Every slab is loaded into
+// registers one phase ahead of its store to shared memory, so no global load latency is exposed but
+// the first Gram slab's (issued before the decay sums).
+// The grid is one wave (4B shape, 512 rows: 256 blocks on 132 SMs), so the kernel takes as long as one
+// block: at 256 threads (4 x 4 tiles) ncu saw 23.5% warps active and 94 us; 512 threads halve each
+// thread's share of the Gram and T X products (same per-element summation order: same bits).
 // gdn_chunk_state, grid (hv, ceil(dv / GDC_COLS)), GDC_ST_THREADS threads, dynamic shared memory
 // (GDC_ST_FLOATS floats, opt-in above 48 KiB): the chunks in order, S0[:, cols] in shared memory. Per
 // chunk, with the chunk's W and Q rows ([W; Q], 2C x dk), K rows and P in shared memory:
@@ -24,8 +29,8 @@
 //      copy e^{G_last - G} V', threads of Q rows keep e^G (Q S0) for O;
 //   2. S1 (2 rows x 4 columns each) over K and the scaled V'; the Q threads add P V' and write O.
 // Operands of the next chunk are loaded into registers while this chunk computes (K and P during step
-// 1, W and Q during step 2) and stored after it: two barriers per chunk, no load latency exposed but
-// the first chunk's. It also advances the conv window exactly as gdn_rec does (the same
+// 1, W and Q during step 2) and stored after it, the chunk's row factors (fac) before step 1: two
+// barriers per chunk, no load latency exposed but the first chunk's. It also advances the conv window exactly as gdn_rec does (the same
 // gdn_window_advance); the gated RMSNorm follows as the gated_rmsnorm kernel.
 //
 // Scratch (np = chunks * GDC_C rows, padded rows written as 0): w [hv, np, dk], u [hv, np, dv],
@@ -33,10 +38,13 @@
 // Invariant: not bitwise equal to gdn_rec (another summation order; f32 throughout, agreeing to
 // rounding), so it never runs where rows must equal decode rows: decode, verify, tape and its replay.
 #define GDC_C 64
-#define GDC_THREADS 256
+#define GDC_THREADS 512
 #define GDC_SL 32
 #define GDC_XS 68  // row stride of T^T, X slabs and staged P: float4 rows; T^T rows 4 banks apart
 #define GDC_COLS 32
+// gdn_chunk_prep's staged operands per thread: Gram slab elements (K and Q each), X slab elements.
+#define GDC_G_REGS (GDC_C * GDC_SL / GDC_THREADS)
+#define GDC_X_REGS (GDC_C * GDC_C / GDC_THREADS)
 #define GDC_ST_THREADS 512
 #define GDC_WS (GDN_MAX_DK + 4)  // row stride of staged W, Q, K rows: float4 rows 4 banks apart
 // gdn_chunk_state's shared memory (gdn_chunk.rs: STATE_SMEM_BYTES): S0 slice, V', scaled V', [W; Q],
@@ -44,7 +52,7 @@
 #define GDC_ST_FLOATS \
     (GDN_MAX_DK * GDC_COLS + 2 * GDC_C * GDC_COLS + 3 * GDC_C * GDC_WS + GDC_C * GDC_XS)
 
-extern "C" __global__ void __launch_bounds__(GDC_THREADS)
+extern "C" __global__ void __launch_bounds__(GDC_THREADS, 2)
     gdn_chunk_prep(const float* __restrict__ prep, int ldq, float* __restrict__ wbuf, float* __restrict__ ubuf,
                    float* __restrict__ pbuf, float* __restrict__ fac, int n, int hk, int hv, int dk, int dv) {
     PDL_ENTER();
@@ -62,6 +70,34 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
     const int cd = 2 * hk * dk + hv * dv;
     const size_t np = (size_t)gridDim.y * GDC_C, hrow = (size_t)h * np + t0;
     const int qoff = kh * dk, koff = hk * dk + kh * dk, voff = 2 * hk * dk + h * dv;
+    // Slab operands go global -> registers -> shared memory; each load is issued one phase ahead (the
+    // first Gram slab before the decay sums, the first X slab before T, the next slab before this one's
+    // product) so that its latency hides behind work. Element tid + GDC_THREADS k of a slab.
+    float gk[GDC_G_REGS], gq[GDC_G_REGS], xr[GDC_X_REGS];
+    auto load_gram = [&](int d0) {
+        const int d = tid % GDC_SL, tb = tid / GDC_SL;
+#pragma unroll
+        for (int k = 0; k < GDC_G_REGS; ++k) {
+            const int t = tb + GDC_THREADS / GDC_SL * k;
+            const bool ok = t < nr && d0 + d < dk;
+            const float* row = prep + (size_t)(t0 + t) * ldq + d0 + d;
+            gk[k] = ok ? row[koff] : 0.0f;
+            gq[k] = ok ? row[qoff] : 0.0f;
+        }
+    };
+    // Slab sl of X: columns x0.. of K (sl < kslabs) or of V; scaled by beta (e^G) when stored.
+    const int kslabs = (dk + GDC_C - 1) / GDC_C, slabs = kslabs + (dv + GDC_C - 1) / GDC_C;
+    auto load_x = [&](int sl) {
+        const bool is_w = sl < kslabs;
+        const int x0 = (is_w ? sl : sl - kslabs) * GDC_C, width = is_w ? dk : dv;
+        const int src = (is_w ? koff : voff) + x0, d = tid % GDC_C, sb = tid / GDC_C;
+#pragma unroll
+        for (int k = 0; k < GDC_X_REGS; ++k) {
+            const int s = sb + GDC_THREADS / GDC_C * k;
+            xr[k] = (s < nr && x0 + d < width) ? prep[(size_t)(t0 + s) * ldq + src + d] : 0.0f;
+        }
+    };
+    load_gram(0);
     if (tid < GDC_C) {
         const bool ok = tid < nr;
         const float* row = prep + (size_t)(t0 + tid) * ldq;
@@ -84,33 +120,34 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
         fac[(hrow + tid) * 2] = e;
         fac[(hrow + tid) * 2 + 1] = ok ? expf((float)(gcum[nr - 1] - gcum[tid])) : 0.0f;
     }
-    // K K^T and Q K^T, rows ib..ib+3, columns jb..jb+3 per thread.
-    const int ib = 4 * (tid >> 4), jb = 4 * (tid & 15);
-    float kk[4][4], qk[4][4];
+    // K K^T and Q K^T, rows ib, ib + 1, columns jb..jb+3 per thread.
+    const int ib = 2 * (tid >> 4), jb = 4 * (tid & 15);
+    float kk[2][4], qk[2][4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r)
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int s = 0; s < 4; ++s) kk[r][s] = qk[r][s] = 0.0f;
     for (int d0 = 0; d0 < dk; d0 += GDC_SL) {
         __syncthreads();
-        for (int e = tid; e < GDC_C * GDC_SL; e += GDC_THREADS) {
-            const int t = e / GDC_SL, d = e % GDC_SL;
-            const bool ok = t < nr && d0 + d < dk;
-            const float* row = prep + (size_t)(t0 + t) * ldq + d0 + d;
-            ks[t][d] = ok ? row[koff] : 0.0f;
-            qs[t][d] = ok ? row[qoff] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < GDC_G_REGS; ++k) {
+            const int t = tid / GDC_SL + GDC_THREADS / GDC_SL * k;
+            ks[t][tid % GDC_SL] = gk[k];
+            qs[t][tid % GDC_SL] = gq[k];
         }
         __syncthreads();
+        if (d0 + GDC_SL < dk) load_gram(d0 + GDC_SL);
         for (int d = 0; d < GDC_SL; ++d) {
-            float ki[4], qi[4], kj[4];
+            float ki[2], qi[2], kj[4];
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
+            for (int r = 0; r < 2; ++r) {
                 ki[r] = ks[ib + r][d];
                 qi[r] = qs[ib + r][d];
-                kj[r] = ks[jb + r][d];
             }
 #pragma unroll
-            for (int r = 0; r < 4; ++r)
+            for (int r = 0; r < 4; ++r) kj[r] = ks[jb + r][d];
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
 #pragma unroll
                 for (int s = 0; s < 4; ++s) {
                     kk[r][s] = fmaf(ki[r], kj[s], kk[r][s]);
@@ -120,7 +157,7 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
     }
     __syncthreads();  // A overwrites the slabs
 #pragma unroll
-    for (int r = 0; r < 4; ++r)
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
             const int i = ib + r, j = jb + s;
@@ -129,9 +166,11 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
             pbuf[(hrow + i) * GDC_C + j] = qk[r][s] * gd;
         }
     __syncthreads();
+    load_x(0);
     // T[i][c] = [i == c] - sum_{c <= j < i} A[i][j] T[j][c], rows in order; lanes 4c'..4c'+3 of warp w own
-    // column c = 8w + c' (GDC_THREADS / 4 = GDC_C columns), lane part p summing j = c + p, c + p + 4, ...
-    {
+    // column c = 8w + c' (the first 4 GDC_C threads, whole warps), lane part p summing j = c + p,
+    // c + p + 4, ...
+    if (tid < 4 * GDC_C) {
         const int lane = tid & 31, c = 8 * (tid >> 5) + (lane >> 2), p = lane & 3;
         float* tc = tt[c];
         for (int i = 0; i < GDC_C; ++i) {
@@ -149,40 +188,38 @@ extern "C" __global__ void __launch_bounds__(GDC_THREADS)
             __syncwarp();
         }
     }
-    // [W | U] = T X, 64 columns of X = [beta e^G K | beta V] at a time; rows i0..i0+3, columns c0..c0+3.
-    // Rows s >= nr of X are 0, and T[i][s] = 0 for s > i: the sum stops at min(i0 + 4, nr). Padded rows
-    // (i >= nr) come out 0: their rows of A are 0, so T[i][s < nr] = 0.
-    const int i0 = 4 * (tid >> 4), c0 = 4 * (tid & 15), sn = min(i0 + 4, nr);
-    const int kslabs = (dk + GDC_C - 1) / GDC_C, slabs = kslabs + (dv + GDC_C - 1) / GDC_C;
+    // [W | U] = T X, 64 columns of X = [beta e^G K | beta V] at a time; rows i0, i0 + 1, columns
+    // c0..c0+3. Rows s >= nr of X are 0, and T[i][s] = 0 for s > i: the sum stops at min(i0 + 2, nr).
+    // Padded rows (i >= nr) come out 0: their rows of A are 0, so T[i][s < nr] = 0.
+    const int i0 = 2 * (tid >> 4), c0 = 4 * (tid & 15), sn = min(i0 + 2, nr);
     for (int sl = 0; sl < slabs; ++sl) {
         const bool is_w = sl < kslabs;
         const int x0 = (is_w ? sl : sl - kslabs) * GDC_C, width = is_w ? dk : dv;
-        const int src = (is_w ? koff : voff) + x0;
         __syncthreads();  // T complete (first slab); the previous slab's reads done
-        for (int e = tid; e < GDC_C * GDC_C; e += GDC_THREADS) {
-            const int s = e / GDC_C, d = e % GDC_C;
-            const bool ok = s < nr && x0 + d < width;
-            const float f = is_w ? beta[s] * eg[s] : beta[s];
-            xs[s][d] = ok ? f * prep[(size_t)(t0 + s) * ldq + src + d] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < GDC_X_REGS; ++k) {
+            const int s = tid / GDC_C + GDC_THREADS / GDC_C * k;
+            xs[s][tid % GDC_C] = (is_w ? beta[s] * eg[s] : beta[s]) * xr[k];
         }
         __syncthreads();
-        float acc[4][4];
+        if (sl + 1 < slabs) load_x(sl + 1);
+        float acc[2][4];
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
+        for (int r = 0; r < 2; ++r)
 #pragma unroll
             for (int cc = 0; cc < 4; ++cc) acc[r][cc] = 0.0f;
         for (int s = 0; s < sn; ++s) {
-            const float4 t4 = *reinterpret_cast<const float4*>(&tt[s][i0]);
+            const float2 t2 = *reinterpret_cast<const float2*>(&tt[s][i0]);
             const float4 x4 = *reinterpret_cast<const float4*>(&xs[s][c0]);
-            const float tv[4] = {t4.x, t4.y, t4.z, t4.w}, xv[4] = {x4.x, x4.y, x4.z, x4.w};
+            const float tv[2] = {t2.x, t2.y}, xv[4] = {x4.x, x4.y, x4.z, x4.w};
 #pragma unroll
-            for (int r = 0; r < 4; ++r)
+            for (int r = 0; r < 2; ++r)
 #pragma unroll
                 for (int cc = 0; cc < 4; ++cc) acc[r][cc] = fmaf(tv[r], xv[cc], acc[r][cc]);
         }
         float* dst = (is_w ? wbuf + hrow * dk : ubuf + hrow * dv) + x0;
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
+        for (int r = 0; r < 2; ++r)
 #pragma unroll
             for (int cc = 0; cc < 4; ++cc)
                 if (x0 + c0 + cc < width) dst[(size_t)(i0 + r) * width + c0 + cc] = acc[r][cc];
@@ -280,6 +317,12 @@ extern "C" __global__ void __launch_bounds__(GDC_ST_THREADS, 1)
                 const int col = col0 + c0 + cc;
                 u[rr][cc] = (!q_rows && col < dv) ? ubuf[(hrow + r0 + rr) * dv + col] : 0.0f;
             }
+        // Row factors (e^{G_t} for O rows, e^{G_last - G_t} for V' rows) and e^{G_last}, loaded before
+        // step 1 so that their latency hides behind it.
+        float f[2];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) f[rr] = q_rows ? fac[(hrow + tq + rr) * 2] : fac[(hrow + r0 + rr) * 2 + 1];
+        const float e_last = fac[(hrow + nr - 1) * 2];
         // Step 1: [W; Q] S0, rows r0, r0 + 1.
         float x[2][4];
 #pragma unroll
@@ -305,16 +348,15 @@ extern "C" __global__ void __launch_bounds__(GDC_ST_THREADS, 1)
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
             if (q_rows) {
-                const float f = fac[(hrow + tq + rr) * 2];  // e^{G_t}
 #pragma unroll
-                for (int cc = 0; cc < 4; ++cc) o[rr][cc] = f * x[rr][cc];
+                for (int cc = 0; cc < 4; ++cc) o[rr][cc] = f[rr] * x[rr][cc];
             } else {
-                const float f = fac[(hrow + r0 + rr) * 2 + 1];  // e^{G_last - G_t}
                 float v[4];
 #pragma unroll
                 for (int cc = 0; cc < 4; ++cc) v[cc] = u[rr][cc] - x[rr][cc];
                 *reinterpret_cast<float4*>(&vp[r0 + rr][c0]) = make_float4(v[0], v[1], v[2], v[3]);
-                *reinterpret_cast<float4*>(&vs[r0 + rr][c0]) = make_float4(f * v[0], f * v[1], f * v[2], f * v[3]);
+                *reinterpret_cast<float4*>(&vs[r0 + rr][c0]) =
+                    make_float4(f[rr] * v[0], f[rr] * v[1], f[rr] * v[2], f[rr] * v[3]);
             }
         }
 #pragma unroll
@@ -331,7 +373,6 @@ extern "C" __global__ void __launch_bounds__(GDC_ST_THREADS, 1)
                               min(GDC_C, n - t0 - GDC_C), dk);
         // Step 2: S1 rows r0, r0 + 1 = e^{G_last} S0 + K^T (e^{G_last - G} V'). Each element of sm is read
         // here only by the thread that rewrites it (every other read of S0 was in step 1).
-        const float e_last = fac[(hrow + nr - 1) * 2];
         float s[2][4];
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr)

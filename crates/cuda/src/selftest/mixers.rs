@@ -39,13 +39,19 @@ pub(super) fn checks(
     ] {
         attention_check(dev, rng, out, s, start, n, s_max)?;
     }
-    for (hk, hv, dk, dv) in [(2, 4, 16, 16), (1, 2, 128, 48), (2, 4, 128, 128)] {
+    // Conv kernel 4 (the models') takes gdn_conv_prep's compile-time path, 3 its runtime-length one.
+    for (hk, hv, dk, dv, kernel) in [
+        (2, 4, 16, 16, 4),
+        (1, 2, 128, 48, 4),
+        (2, 4, 128, 128, 4),
+        (2, 4, 16, 16, 3),
+    ] {
         let s = GdnShape {
             hk,
             hv,
             dk,
             dv,
-            kernel: 4,
+            kernel,
         };
         gdn_check(dev, rng, out, s)?;
     }
@@ -321,7 +327,7 @@ fn gdn_check(
             *y *= z * kernels::sigmoid(z);
         }
     }
-    let tag = format!("hk {hk} hv {hv} dk {dk} dv {dv}");
+    let tag = format!("hk {hk} hv {hv} dk {dk} dv {dv} conv {kk}");
     let checks = [
         ("conv + silu + l2 norm (prep)", prep_seen, prep_want, 1e-6),
         ("conv window", w_got.clone(), window, 0.0),
