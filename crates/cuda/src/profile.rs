@@ -126,8 +126,9 @@ impl CudaModel {
 }
 
 /// Host-side costs of one decode step, each the mean of `n` repetitions in milliseconds (wall clock):
-/// copying one logits row to pageable host memory, uploading one id, and launching the decode graph
-/// then waiting for it (minus the graph's own GPU time gives the launch-and-wake latency).
+/// copying one logits row to the host (`buf::dtoh`, through the pinned staging buffer), uploading one
+/// id, and launching the decode graph then waiting for it (minus the graph's own GPU time gives the
+/// launch-and-wake latency).
 #[derive(Clone, Copy, Debug)]
 pub struct HostCosts {
     pub logits_copy_ms: f64,

@@ -207,25 +207,21 @@ ATTN_SPLIT_KERNEL(attn_split_1, 1)
 ATTN_SPLIT_KERNEL(attn_split_2, 2)
 ATTN_SPLIT_KERNEL(attn_split_4, 4)
 
-// One block per (head, row); out [n, hq, d].
-extern "C" __global__ void attn_combine(const float* __restrict__ part_m, const float* __restrict__ part_l,
-                                        const float* __restrict__ part_acc, const int* __restrict__ start_p,
-                                        const float* __restrict__ gate, float* __restrict__ out, int hq, int d,
-                                        int s_max, int gated) {
-    PDL_ENTER();
+// Merges one (row, head)'s first `used` key splits in split order, for the block: out = sum_s w_s acc_s /
+// sum_s w_s l_s with w_s = e^(m_s - M) (2^(m_s - M) with EXP2: maxima kept in the log2 domain), then
+// out *= sigmoid(gate) when gate is given. Partials at base + s (m, l) and (base + s) * d (acc).
+template <bool EXP2>
+__device__ __forceinline__ void merge_splits(const float* __restrict__ part_m, const float* __restrict__ part_l,
+                                             const float* __restrict__ part_acc, size_t base, int used, int d,
+                                             const float* __restrict__ gate, float* __restrict__ out) {
     __shared__ float weight[ATT_MAX_SPLITS];
     __shared__ float inv_total;
-    const int head = blockIdx.x, row = blockIdx.y;
-    const int len = *start_p + row + 1;
-    const int chunk = att_chunk(len, s_max);
-    const int splits = (len + chunk - 1) / chunk;
-    const size_t base = ((size_t)row * hq + head) * s_max;
     if (threadIdx.x == 0) {
         float mx = NEG_INF;
-        for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_m[base + s]);
+        for (int s = 0; s < used; ++s) mx = fmaxf(mx, part_m[base + s]);
         float tl = 0.0f;
-        for (int s = 0; s < splits; ++s) {
-            weight[s] = expf(part_m[base + s] - mx);
+        for (int s = 0; s < used; ++s) {
+            weight[s] = EXP2 ? exp2f(part_m[base + s] - mx) : expf(part_m[base + s] - mx);
             tl += part_l[base + s] * weight[s];
         }
         inv_total = 1.0f / tl;
@@ -234,9 +230,24 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_m, const 
     const float inv = inv_total;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         float a = 0.0f;
-        for (int s = 0; s < splits; ++s) a += part_acc[(base + s) * d + i] * weight[s];
+        for (int s = 0; s < used; ++s) a += part_acc[(base + s) * d + i] * weight[s];
         float o = a * inv;
-        if (gated) o *= sigmoid_f(gate[((size_t)row * hq + head) * d + i]);
-        out[((size_t)row * hq + head) * d + i] = o;
+        if (gate) o *= sigmoid_f(gate[i]);
+        out[i] = o;
     }
+}
+
+// One block per (head, row); out [n, hq, d].
+extern "C" __global__ void attn_combine(const float* __restrict__ part_m, const float* __restrict__ part_l,
+                                        const float* __restrict__ part_acc, const int* __restrict__ start_p,
+                                        const float* __restrict__ gate, float* __restrict__ out, int hq, int d,
+                                        int s_max, int gated) {
+    PDL_ENTER();
+    const int head = blockIdx.x, row = blockIdx.y;
+    const int len = *start_p + row + 1;
+    const int chunk = att_chunk(len, s_max);
+    const int splits = (len + chunk - 1) / chunk;
+    const size_t at = ((size_t)row * hq + head) * d;
+    merge_splits<false>(part_m, part_l, part_acc, ((size_t)row * hq + head) * s_max, splits, d,
+                        gated ? gate + at : nullptr, out + at);
 }

@@ -281,30 +281,11 @@ extern "C" __global__ void attn_tc_combine(const float* __restrict__ part_m, con
                                            const float* __restrict__ gate, float* __restrict__ out, int m,
                                            int hq, int d, int splits, int gated) {
     PDL_ENTER();
-    __shared__ float weight[ATT_MAX_SPLITS];
-    __shared__ float inv_total;
     const int head = blockIdx.x, row = blockIdx.y;
     const int start = *start_p, len = start + row + 1;
     const int chunk = atc_chunk(start + m, splits);
     const int used = (len + chunk - 1) / chunk;  // splits holding keys of this row: 0..used-1
-    const size_t base = ((size_t)row * hq + head) * splits;
-    if (threadIdx.x == 0) {
-        float mx = NEG_INF;
-        for (int s = 0; s < used; ++s) mx = fmaxf(mx, part_m[base + s]);
-        float tl = 0.0f;
-        for (int s = 0; s < used; ++s) {
-            weight[s] = exp2f(part_m[base + s] - mx);
-            tl += part_l[base + s] * weight[s];
-        }
-        inv_total = 1.0f / tl;
-    }
-    __syncthreads();
-    const float inv = inv_total;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float a = 0.0f;
-        for (int s = 0; s < used; ++s) a += part_acc[(base + s) * d + i] * weight[s];
-        float o = a * inv;
-        if (gated) o *= sigmoid_f(gate[((size_t)row * hq + head) * d + i]);
-        out[((size_t)row * hq + head) * d + i] = o;
-    }
+    const size_t at = ((size_t)row * hq + head) * d;
+    merge_splits<true>(part_m, part_l, part_acc, ((size_t)row * hq + head) * splits, used, d,
+                       gated ? gate + at : nullptr, out + at);
 }

@@ -274,7 +274,7 @@ fn one_config(
                         t.elapsed().as_secs_f64() * 1e3 / 50.0
                     };
                     println!(
-                        "bench {name}: host costs per step: logits row to pageable memory {:.3} ms, id upload {:.3} ms, graph launch + wait {:.3} ms (GPU {ms:.3}), argmax {argmax_ms:.3} ms",
+                        "bench {name}: host costs per step: logits row to the host {:.3} ms, id upload {:.3} ms, graph launch + wait {:.3} ms (GPU {ms:.3}), argmax {argmax_ms:.3} ms",
                         h.logits_copy_ms, h.id_upload_ms, h.graph_launch_sync_ms
                     );
                 }
