@@ -35,6 +35,15 @@ impl ShapedDistribution {
         history: History<'_>,
     ) -> Result<Self, SamplingError> {
         shaping.validate()?;
+        if shaping.is_greedy() && shaping.repetition_penalty == 1.0 && !shaping.uses_counts() {
+            // No penalty applies, so the penalised row would be a copy of this one (608 KB per token at
+            // Qwen's vocabulary); the same checks, the same argmax.
+            check_logits(logits)?;
+            return Ok(ShapedDistribution {
+                vocab: logits.len(),
+                repr: Repr::Point(argmax_lowest(logits)),
+            });
+        }
         let penalized = penalized_logits(logits, shaping, history)?;
         if shaping.is_greedy() {
             return Ok(ShapedDistribution {

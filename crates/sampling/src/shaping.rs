@@ -126,7 +126,7 @@ impl Shaping {
         Ok(())
     }
 
-    fn uses_counts(&self) -> bool {
+    pub(crate) fn uses_counts(&self) -> bool {
         self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
 }
