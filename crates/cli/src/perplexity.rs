@@ -157,6 +157,7 @@ fn score_window<B: Backend>(
         let wanted = Wanted {
             logits,
             taps: Vec::new(),
+            argmax_only: false,
         };
         let out = model.forward(&window[pos..end], pos, &mut state, &wanted)?;
         for i in 0..out.rows {

@@ -57,6 +57,7 @@ pub const KERNELS: &[&str] = &[
     "rmsnorm",
     "gated_rmsnorm",
     "silu_mul",
+    "argmax_rows",
     "fill_normal_bf16",
     "moe_route",
     "moe_gate_up_bf16",

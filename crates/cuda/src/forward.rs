@@ -14,6 +14,7 @@
 
 use families::{ForwardOut, ModelError, Rows, Tap, Wanted};
 
+use crate::argmax;
 use crate::buf::{dtoh, htod, DBuf};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
@@ -24,9 +25,19 @@ use crate::profile::{mark, Prof};
 use crate::state::{check_signature, CudaState, LayerState, Scratch, Tape, LOGIT_ROWS};
 use crate::weights::WDtype;
 
+/// What a one-row decode step copies back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Want {
+    Nothing,
+    Logits,
+    Argmax,
+}
+
 /// What one pass returns to the host.
 pub(crate) struct PassOut {
     pub logits: Vec<f32>,
+    /// The logits rows' argmax instead of `logits` (argmax_only, no row refused: argmax.rs).
+    pub argmax: Option<Vec<u32>>,
     pub taps: Vec<Vec<f32>>,
 }
 
@@ -101,10 +112,12 @@ impl CudaModel {
             ..Default::default()
         };
         if n == 1 && wanted.taps.is_empty() && state.tape.is_none() && self.graph_ok() {
-            let logits = self.decode_graph_step(tokens[0], start, state)?;
-            if first == 0 {
-                out.logits = logits;
-            }
+            let want = match (first, wanted.argmax_only) {
+                (0, false) => Want::Logits,
+                (0, true) => Want::Argmax,
+                _ => Want::Nothing,
+            };
+            (out.logits, out.argmax) = self.decode_graph_step(tokens[0], start, state, want)?;
             state.position = start + 1;
             return Ok(out);
         }
@@ -116,6 +129,8 @@ impl CudaModel {
         }
         let mut p0 = 0;
         let pass_rows = self.opts.max_pass_rows.max(1);
+        // Ids stand in for logits only when one pass returns every row.
+        let argmax_only = wanted.argmax_only && n <= pass_rows;
         while p0 < n {
             let p1 = (p0 + pass_rows).min(n);
             let pass = self.pass(
@@ -124,9 +139,11 @@ impl CudaModel {
                 state,
                 first.saturating_sub(p0).min(p1 - p0),
                 &wanted.taps,
+                argmax_only,
                 &mut None,
             )?;
             out.logits.extend_from_slice(&pass.logits);
+            out.argmax = pass.argmax;
             for (slot, t) in out.taps.iter_mut().zip(pass.taps) {
                 slot.extend_from_slice(&t);
             }
@@ -141,6 +158,7 @@ impl CudaModel {
     }
 
     /// One pass of m rows at `start`; logits for rows first..m (pass-relative).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn pass(
         &self,
         tokens: &[u32],
@@ -148,6 +166,7 @@ impl CudaModel {
         state: &mut CudaState,
         first: usize,
         taps: &[Tap],
+        argmax_only: bool,
         prof: &mut Option<Prof>,
     ) -> Result<PassOut, CudaError> {
         let dev = &*self.dev;
@@ -202,7 +221,7 @@ impl CudaModel {
         }
         let final_hidden = taps.contains(&Tap::FinalHidden);
         let from = if final_hidden { 0 } else { first };
-        let mut logits = Vec::new();
+        let (mut logits, mut argmax) = (Vec::new(), None);
         if from < m {
             let h = self.hidden;
             self.final_norm_rows(sc, from, m)?;
@@ -215,7 +234,7 @@ impl CudaModel {
                     }
                 }
             }
-            logits = self.lm_head_rows(sc, first, m)?;
+            (logits, argmax) = self.lm_head_rows(sc, first, m, argmax_only)?;
             let head = self.lm_head.as_ref().unwrap_or(&self.embed);
             mark(
                 prof,
@@ -226,6 +245,7 @@ impl CudaModel {
         }
         Ok(PassOut {
             logits,
+            argmax,
             taps: tap_out,
         })
     }
@@ -250,8 +270,15 @@ impl CudaModel {
         )
     }
 
-    /// Logits of normed rows first..m of `sc.h`, in groups of LOGIT_ROWS.
-    fn lm_head_rows(&self, sc: &Scratch, first: usize, m: usize) -> Result<Vec<f32>, CudaError> {
+    /// Logits of normed rows first..m of `sc.h`, in groups of LOGIT_ROWS; or, with `argmax_only` and
+    /// one group, their argmax when no row is refused (argmax.rs).
+    fn lm_head_rows(
+        &self,
+        sc: &Scratch,
+        first: usize,
+        m: usize,
+        argmax_only: bool,
+    ) -> Result<(Vec<f32>, Option<Vec<u32>>), CudaError> {
         let dev = &*self.dev;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         let mut logits = vec![0.0f32; (m - first) * self.vocab];
@@ -268,11 +295,17 @@ impl CudaModel {
                 sc.xb.ptr,
                 self.opts.gemv_max_rows,
             )?;
+            if argmax_only && g == m - first {
+                argmax::launch_rows(dev, sc.logits.ptr, g, self.vocab, sc.argmax.ptr)?;
+                if let Some(ids) = argmax::read_ids(dev, sc.argmax.ptr, g)? {
+                    return Ok((Vec::new(), Some(ids)));
+                }
+            }
             let at = (r - first) * self.vocab;
             dtoh(dev, &mut logits[at..at + g * self.vocab], sc.logits.ptr)?;
             r += g;
         }
-        Ok(logits)
+        Ok((logits, None))
     }
 
     /// The RMSNorm with weight `w` and the model's eps / centring.
@@ -396,13 +429,15 @@ impl CudaModel {
         }
     }
 
-    /// One-row decode through the state's captured graph (captured on first use).
+    /// One-row decode through the state's captured graph (captured on first use); returns what `want`
+    /// asks for: the logits row, or its argmax (the row instead when the argmax kernel refused it).
     fn decode_graph_step(
         &self,
         token: u32,
         start: usize,
         state: &mut CudaState,
-    ) -> Result<Vec<f32>, CudaError> {
+        want: Want,
+    ) -> Result<(Vec<f32>, Option<Vec<u32>>), CudaError> {
         let dev: &CudaDevice = &self.dev;
         htod(dev, state.one.ids.ptr, &[token as i32])?;
         htod(dev, state.one.start.ptr, &[start as i32])?;
@@ -419,9 +454,18 @@ impl CudaModel {
                 .map_err(CudaError::driver("launching the decode graph"))?,
             None => self.decode_body(state, &mut None)?,
         }
+        match want {
+            Want::Nothing => return Ok((Vec::new(), None)),
+            Want::Argmax => {
+                if let Some(ids) = argmax::read_ids(dev, state.one.argmax.ptr, 1)? {
+                    return Ok((Vec::new(), Some(ids)));
+                }
+            }
+            Want::Logits => {}
+        }
         let mut logits = vec![0.0f32; self.vocab];
         dtoh(dev, &mut logits, state.one.logits.ptr)?;
-        Ok(logits)
+        Ok((logits, None))
     }
 
     /// Captures the one-row decode step of `state` into a graph (nothing runs during capture).
@@ -469,7 +513,10 @@ impl CudaModel {
             one.xb.ptr,
             self.opts.gemv_max_rows,
         )?;
-        mark(prof, dev, "final norm+lm head", head.bytes())
+        mark(prof, dev, "final norm+lm head", head.bytes())?;
+        // In the graph whatever the caller wants of this step: 8 bytes, read only for Want::Argmax.
+        argmax::launch_rows(dev, one.logits.ptr, 1, self.vocab, one.argmax.ptr)?;
+        mark(prof, dev, "argmax", 0)
     }
 
     /// Keeps the first `keep` rows run since `begin_tape` and drops the rest: GDN layers are rebuilt by

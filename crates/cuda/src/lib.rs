@@ -24,6 +24,7 @@
 //! on the GPU equals sequential decoding on the GPU token for token.
 
 pub mod adapter;
+mod argmax;
 mod buf;
 pub mod device;
 mod emu;

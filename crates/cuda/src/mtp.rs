@@ -9,16 +9,17 @@
 //! u = fc_h·norm_h(h) + fc_e·norm_e(e) needs no concatenated row (the same dot product, summed in
 //! another order). The embedding table and LM head are the target's buffers, shared, not copied.
 //!
-//! Traffic per round: observe uploads the verified taps rows [n, H] and n token ids, and copies one
-//! logits row back (the first draft of the next round); each further drafted token uploads its id and
-//! position and copies one [vocab] logits row back for the loop's `Chooser` (argmax, or a draw whose q
-//! the loop keeps for rejection sampling). On a GPU the draft step and verify-sized observes (up to
+//! Traffic per round: observe uploads the verified taps rows [n, H] and n token ids; the last row's
+//! logits (the first draft of the next round) stay on the device until propose; each further drafted
+//! token uploads its id and position. Each drafted token then copies one [vocab] logits row back for
+//! the loop's `Chooser` (a draw whose q the loop keeps for rejection sampling), or, when the chooser is
+//! a plain argmax (`Chooser::plain_argmax`), only the argmax taken on the device (argmax.rs). On a GPU the draft step and verify-sized observes (up to
 //! `gemv_max_rows`, at most 17 rows, one graph per row count) replay captured CUDA graphs; prefill-sized
 //! observes launch their kernels directly.
 //!
 //! Invariant: KV rows 0..position() hold verified pairs; rows a proposal wrote past it are overwritten by
-//! the next observe. `last` holds the normed output of the last committed row and `last_logits` its
-//! logits, both valid iff `last_logits` is non-empty (cleared by rewind and reset).
+//! the next observe. `last` holds the normed output of the last committed row and the scratch of pass
+//! `first` its logits, both valid iff `first` is set (cleared by rewind and reset).
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use families::{BackendError, ModelError, Tap};
 use model_io::{Checkpoint, LayerKind};
 
 use crate::adapter::{grown_capacity, INITIAL_CAPACITY};
+use crate::argmax;
 use crate::buf::{dtod, dtoh, htod, DBuf};
 use crate::error::CudaError;
 use crate::model::{load_layer, CudaModel, LayerW, MixerW};
@@ -111,7 +113,8 @@ pub struct CudaMtp {
     /// [hidden] the chained hidden while proposing (input and output of each draft step).
     work: DBuf,
     committed: usize,
-    last_logits: Vec<f32>,
+    /// The observe pass whose scratch holds the last committed row's logits (the first draft).
+    first: Option<Pass>,
 }
 
 impl CudaMtp {
@@ -186,7 +189,7 @@ impl CudaMtp {
             last: DBuf::f32s(&t.dev, h)?,
             work: DBuf::f32s(&t.dev, h)?,
             committed: 0,
-            last_logits: Vec::new(),
+            first: None,
             graphs: (0..=small_rows).map(|_| None).collect(),
             graph_error: None,
             widths,
@@ -224,21 +227,42 @@ impl CudaMtp {
         }
         // Until the rows are in, there is no valid first draft (a failed run leaves none).
         self.committed = start;
-        self.last_logits.clear();
-        let logits = self.run_rows(hidden, next_tokens, start)?;
+        self.first = None;
+        let pass = self.run_rows(hidden, next_tokens, start)?;
         self.committed = start + next_tokens.len();
-        self.last_logits.clone_from(&logits);
+        self.first = Some(pass);
+        let mut logits = vec![0.0f32; self.w.target.vocab];
+        dtoh(
+            &self.w.target.dev,
+            &mut logits,
+            self.io(pass)?.sc.logits.ptr,
+        )?;
         Ok(logits)
     }
 
+    /// Observes like `forward` and leaves the last row's logits on the device for `propose`.
+    fn observe_rows(
+        &mut self,
+        hidden: &[f32],
+        next_tokens: &[u32],
+        start: usize,
+    ) -> Result<(), CudaError> {
+        self.committed = start;
+        self.first = None;
+        let pass = self.run_rows(hidden, next_tokens, start)?;
+        self.committed = start + next_tokens.len();
+        self.first = Some(pass);
+        Ok(())
+    }
+
     /// Uploads and runs rows at start..start+n in passes of at most `max_pass_rows` rows; the last
-    /// row's normed output goes to `last`. Returns the last row's logits.
+    /// row's normed output goes to `last`. Returns the last pass, whose scratch holds its logits.
     fn run_rows(
         &mut self,
         hidden: &[f32],
         next_tokens: &[u32],
         start: usize,
-    ) -> Result<Vec<f32>, CudaError> {
+    ) -> Result<Pass, CudaError> {
         let n = next_tokens.len();
         let t = self.w.target.clone();
         let hd = t.hidden;
@@ -258,7 +282,7 @@ impl CudaMtp {
         self.ensure(start, n)?;
         let dev = &*t.dev;
         let pass_rows = t.opts.max_pass_rows.max(1);
-        let mut logits = vec![0.0f32; t.vocab];
+        let mut last = Pass::Step;
         let mut p0 = 0;
         while p0 < n {
             let m = (n - p0).min(pass_rows);
@@ -275,11 +299,30 @@ impl CudaMtp {
             htod(dev, io.hid.ptr, &hidden[p0 * hd..(p0 + m) * hd])?;
             self.launch(pass)?;
             p0 += m;
-            if p0 == n {
-                dtoh(dev, &mut logits, self.io(pass)?.sc.logits.ptr)?;
+            last = pass;
+        }
+        Ok(last)
+    }
+
+    /// The drafted token of the logits row in the scratch of `pass`: the device argmax for a plain-
+    /// argmax chooser (8 bytes back), else the chooser's pick from the copied row.
+    fn choose_from(
+        &self,
+        pass: Pass,
+        chooser: &mut dyn Chooser,
+        context: &[u32],
+    ) -> Result<u32, CudaError> {
+        let t = &*self.w.target;
+        let sc = &self.io(pass)?.sc;
+        if chooser.plain_argmax() {
+            argmax::launch_rows(&t.dev, sc.logits.ptr, 1, t.vocab, sc.argmax.ptr)?;
+            if let Some(ids) = argmax::read_ids(&t.dev, sc.argmax.ptr, 1)? {
+                return Ok(ids[0]);
             }
         }
-        Ok(logits)
+        let mut logits = vec![0.0f32; t.vocab];
+        dtoh(&t.dev, &mut logits, sc.logits.ptr)?;
+        Ok(chooser.choose(&logits, context))
     }
 
     /// The scratch `pass` runs in.
@@ -416,8 +459,8 @@ impl CudaMtp {
     }
 
     /// One chained draft row at `position`: token `token`, hidden `work` (replaced by the row's normed
-    /// output). Returns its logits. KV capacity must already cover `position`.
-    fn step(&mut self, token: u32, position: usize) -> Result<Vec<f32>, CudaError> {
+    /// output); its logits stay in the scratch of `Pass::Step`. KV capacity must already cover `position`.
+    fn step(&mut self, token: u32, position: usize) -> Result<(), CudaError> {
         let t = self.w.target.clone();
         let dev = &*t.dev;
         if token as usize >= t.vocab {
@@ -430,10 +473,7 @@ impl CudaMtp {
         }
         htod(dev, self.one.sc.ids.ptr, &[token as i32])?;
         htod(dev, self.one.sc.start.ptr, &[position as i32])?;
-        self.launch(Pass::Step)?;
-        let mut logits = vec![0.0f32; t.vocab];
-        dtoh(dev, &mut logits, self.one.sc.logits.ptr)?;
-        Ok(logits)
+        self.launch(Pass::Step)
     }
 }
 
@@ -448,7 +488,7 @@ impl Drafter for CudaMtp {
 
     fn reset(&mut self) {
         self.committed = 0;
-        self.last_logits.clear();
+        self.first = None;
     }
 
     fn position(&self) -> usize {
@@ -465,7 +505,7 @@ impl Drafter for CudaMtp {
         }
         self.committed = position;
         // The first draft belonged to the old last row; the next observe recomputes it.
-        self.last_logits.clear();
+        self.first = None;
         Ok(())
     }
 
@@ -480,7 +520,7 @@ impl Drafter for CudaMtp {
         if hidden.len() < n * hd || next_tokens.len() != n {
             return Err(ModelError::EmptyInput.into());
         }
-        self.forward(&hidden[..n * hd], next_tokens, self.committed)?;
+        self.observe_rows(&hidden[..n * hd], next_tokens, self.committed)?;
         Ok(())
     }
 
@@ -492,9 +532,12 @@ impl Drafter for CudaMtp {
     ) -> Result<Vec<u32>, BackendError> {
         // The last committed row predicts the token after history's last: valid only when observe
         // covered every row before it.
-        if k == 0 || self.last_logits.is_empty() || self.committed + 1 != history.len() {
+        let Some(first) = self
+            .first
+            .filter(|_| k > 0 && self.committed + 1 == history.len())
+        else {
             return Ok(Vec::new());
-        }
+        };
         if k > 1 {
             self.ensure(self.committed, k - 1)?;
             let dev = &*self.w.target.dev;
@@ -502,17 +545,16 @@ impl Drafter for CudaMtp {
         }
         let mut context = history.to_vec();
         let mut out = Vec::with_capacity(k);
-        let mut logits = Vec::new();
         for i in 0..k {
-            let row = if i == 0 { &self.last_logits } else { &logits };
-            let token = chooser.choose(row, &context);
+            let pass = if i == 0 { first } else { Pass::Step };
+            let token = self.choose_from(pass, chooser, &context)?;
             out.push(token);
             context.push(token);
             if i + 1 == k {
                 break;
             }
             // Chain: the head's own output stands in for the target hidden of the drafted position.
-            logits = self.step(token, self.committed + i)?;
+            self.step(token, self.committed + i)?;
         }
         Ok(out)
     }

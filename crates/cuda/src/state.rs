@@ -52,6 +52,7 @@ pub(crate) struct Scratch {
     pub part_acc: DBuf, // [rows, hq, s_max, d]
     pub xb: DBuf,       // bf16 [rows, widest input] for cuBLAS
     pub logits: DBuf,   // [min(rows, LOGIT_ROWS), vocab]
+    pub argmax: DBuf,   // i32 [min(rows, LOGIT_ROWS), 2]: each logits row's [argmax, refused]
     pub moe_ids: DBuf,  // i32 [rows, moe_k]: routed experts per slot
     pub moe_wts: DBuf,  // [rows, moe_k + 1]: their weights, then the shared expert's gate
     /// Chunked GDN work space (gdn_chunk.rs): [rows padded to a chunk, gdn_chunk]; empty for one row.
@@ -108,6 +109,7 @@ impl Scratch {
             part_acc: DBuf::f32s(dev, parts * w.head_dim)?,
             xb: DBuf::zeros(dev, rows * w.max_in * 2)?,
             logits: DBuf::f32s(dev, rows.min(LOGIT_ROWS) * w.vocab)?,
+            argmax: DBuf::zeros(dev, crate::argmax::pair_bytes(rows.min(LOGIT_ROWS)))?,
             moe_ids,
             moe_wts,
             gdn: DBuf::f32s(

@@ -148,6 +148,7 @@ impl CudaModel {
         }
         Ok(Some(PassOut {
             logits,
+            argmax: None,
             taps: tap_out,
         }))
     }

@@ -221,6 +221,7 @@ fn taps_and_rows_match_the_cpu_engine() {
     let wanted = Wanted {
         logits: Rows::From(15),
         taps: vec![Tap::LayerOutput(2), Tap::FinalHidden],
+        argmax_only: false,
     };
     let mut gs = m.new_state(32).unwrap();
     let g = m.forward(&prompt, 0, &mut gs, &wanted).unwrap();

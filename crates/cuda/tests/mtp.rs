@@ -87,6 +87,24 @@ impl Chooser for Recorder {
     }
 }
 
+/// Greedy without penalties: says so, so the drafter may answer from its device argmax; counts the
+/// rows it is shown anyway.
+#[derive(Default)]
+struct PlainArgmax {
+    rows_seen: usize,
+}
+
+impl Chooser for PlainArgmax {
+    fn choose(&mut self, logits: &[f32], _context: &[u32]) -> u32 {
+        self.rows_seen += 1;
+        kernels::argmax(logits) as u32
+    }
+
+    fn plain_argmax(&self) -> bool {
+        true
+    }
+}
+
 fn propose(d: &mut dyn Drafter, history: &[u32], k: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
     let mut r = Recorder::default();
     let out = d.propose(history, k, &mut r).unwrap();
@@ -123,6 +141,7 @@ fn setup(dir: &Path, dev: &Arc<CudaDevice>, opts: LoadOptions) -> Setup {
     let wanted = Wanted {
         logits: Rows::None,
         taps: vec![Tap::FinalHidden],
+        argmax_only: false,
     };
     let mut state = cpu.new_state();
     let taps = cpu
@@ -231,6 +250,14 @@ fn check(label: &str, dir: &Path, dev: &Arc<CudaDevice>, opts: LoadOptions, boun
     let (again, again_rows) = propose(&mut gpu, &prompt, k);
     assert_eq!(again, got_ids, "{label}: second proposal");
     assert!(again_rows == got_rows, "{label}: second proposal's logits");
+    // A plain-argmax chooser: the same proposals from the device argmax, no logits row copied.
+    let mut plain = PlainArgmax::default();
+    let ids = gpu.propose(&prompt, k, &mut plain).unwrap();
+    assert_eq!(ids, got_ids, "{label}: device-argmax proposals");
+    assert_eq!(
+        plain.rows_seen, 0,
+        "{label}: rows copied for a plain argmax"
+    );
     // Rewind three rows and observe them again: the same proposals, bit for bit.
     gpu.rewind(rows - 3).unwrap();
     assert!(

@@ -326,3 +326,53 @@ fn simulated_tensor_core_prefill_attention_agrees_with_split_k() {
         assert!(!bits_eq(&got, &want), "tensor-core attention not used");
     }
 }
+
+/// `Wanted::argmax_only`: a decode row and a 3-row verify forward return the argmax of the logits the
+/// same forward returns without it (the device kernel, not the host scan), and no logits.
+#[test]
+fn simulated_argmax_only_forwards_return_the_logits_argmax() {
+    let Some(dev) = simulated() else { return };
+    let dir = fixture("qwen3_5");
+    let ck = Checkpoint::open(&dir).unwrap();
+    let m = CudaModel::load(&dev, &ck, LoadOptions::default()).unwrap();
+    let prompt: Vec<u32> = (0..6).map(|i| (i * 37 + 5) % m.vocab as u32).collect();
+    let ids_only = |logits: families::Rows| Wanted {
+        logits,
+        taps: Vec::new(),
+        argmax_only: true,
+    };
+    let mut s = m.new_state(16).unwrap();
+    m.forward(&prompt, 0, &mut s, &Wanted::none()).unwrap();
+    let snap = s.snapshot().unwrap();
+    for (feed, rows) in [
+        (vec![3u32], families::Rows::Last),
+        (vec![3, 9, 27], families::Rows::All),
+    ] {
+        s.restore(&snap).unwrap();
+        let full = m
+            .forward(
+                &feed,
+                prompt.len(),
+                &mut s,
+                &Wanted {
+                    argmax_only: false,
+                    ..ids_only(rows.clone())
+                },
+            )
+            .unwrap();
+        s.restore(&snap).unwrap();
+        let ids = m
+            .forward(&feed, prompt.len(), &mut s, &ids_only(rows))
+            .unwrap();
+        let want: Vec<u32> = (0..full.rows)
+            .map(|r| kernels::argmax(full.row(r)) as u32)
+            .collect();
+        assert_eq!(
+            ids.argmax.as_deref(),
+            Some(&want[..]),
+            "{} rows",
+            feed.len()
+        );
+        assert!(ids.logits.is_empty() && full.argmax.is_none());
+    }
+}

@@ -25,6 +25,14 @@ use families::{BackendError, Tap};
 pub trait Chooser {
     /// `logits`: [vocab] for the position after `context` (committed history + earlier proposals).
     fn choose(&mut self, logits: &[f32], context: &[u32]) -> u32;
+
+    /// True when `choose` is the argmax of the row itself (lowest index on ties) whatever the context:
+    /// greedy without penalties. A drafter whose logits live on a device may then take that argmax
+    /// there and skip `choose` (copying the row, and calling `choose`, only for a row the argmax
+    /// refuses: NaN, +inf, all -inf).
+    fn plain_argmax(&self) -> bool {
+        false
+    }
 }
 
 pub trait Drafter {

@@ -84,6 +84,7 @@ fn setup() -> Setup {
     let wanted = Wanted {
         logits: Rows::None,
         taps: drafter.taps(),
+        argmax_only: false,
     };
     let taps = target
         .forward(&prompt, 0, &mut state, &wanted)

@@ -39,6 +39,7 @@ fn check(name: &str) {
     let wanted = Wanted {
         logits: families::Rows::None,
         taps: vec![Tap::FinalHidden],
+        argmax_only: false,
     };
     let out = target.forward(&prompt, 0, &mut state, &wanted).unwrap();
     let h = &out.taps[0];

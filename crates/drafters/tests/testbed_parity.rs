@@ -54,6 +54,7 @@ fn testbed_target_and_mtp_match_transformers() {
             &Wanted {
                 logits: Rows::From(t - 4),
                 taps: vec![Tap::FinalHidden],
+                argmax_only: false,
             },
         )
         .unwrap();

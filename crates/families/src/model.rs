@@ -80,6 +80,11 @@ pub enum Tap {
 pub struct Wanted {
     pub logits: Rows,
     pub taps: Vec<Tap>,
+    /// The caller needs only each returned row's argmax (lowest index on ties, NaN skipped: greedy
+    /// decoding without penalties). A backend may then answer with `ForwardOut::argmax` and no logits
+    /// (the GPU: 4 bytes per row across the bus instead of the whole row); it must send the logits
+    /// whenever a row holds a NaN, +inf or nothing but -inf, so that the caller reports it.
+    pub argmax_only: bool,
 }
 
 impl Wanted {
@@ -87,18 +92,21 @@ impl Wanted {
         Wanted {
             logits: Rows::Last,
             taps: Vec::new(),
+            argmax_only: false,
         }
     }
     pub fn all() -> Self {
         Wanted {
             logits: Rows::All,
             taps: Vec::new(),
+            argmax_only: false,
         }
     }
     pub fn none() -> Self {
         Wanted {
             logits: Rows::None,
             taps: Vec::new(),
+            argmax_only: false,
         }
     }
 }
@@ -112,6 +120,9 @@ pub struct ForwardOut {
     pub rows: usize,
     /// One [n, hidden] buffer per requested tap, in request order.
     pub taps: Vec<Vec<f32>>,
+    /// The returned rows' argmax instead of their logits (`logits` then empty), when the caller set
+    /// `Wanted::argmax_only` and the backend took that path.
+    pub argmax: Option<Vec<u32>>,
 }
 
 impl ForwardOut {

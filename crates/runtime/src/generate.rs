@@ -18,7 +18,7 @@
 use std::time::Instant;
 
 use drafters::Chooser;
-use families::{Backend, BackendState, Rows, Tap, Wanted};
+use families::{Backend, BackendState, ForwardOut, Rows, Tap, Wanted};
 use sampling::{Draft, DrawCounter, ShapedDistribution, Shaping, Verdict};
 
 use crate::config::{check_admission, GenerationConfig, GenerationResult, SpecStats};
@@ -105,6 +105,33 @@ impl Selector<'_> {
         )?)
     }
 
+    /// The distribution of returned row `i` of a forward: the point mass at the backend's argmax when it
+    /// answered `Wanted::argmax_only` with one (only asked for a plain-argmax shaping), else shaped from
+    /// the row's logits.
+    fn row_distribution(
+        &self,
+        out: &ForwardOut,
+        i: usize,
+        vocab: usize,
+        history: &[u32],
+    ) -> Result<ShapedDistribution, RuntimeError> {
+        match &out.argmax {
+            Some(ids) => {
+                let token = ids.get(i).copied().ok_or_else(|| {
+                    RuntimeError::Device(
+                        format!(
+                            "the backend returned {} argmax rows, row {i} was asked for",
+                            ids.len()
+                        )
+                        .into(),
+                    )
+                })?;
+                Ok(ShapedDistribution::point_mass(token, vocab)?)
+            }
+            None => self.distribution(out.row(i), history),
+        }
+    }
+
     fn pick(&mut self, dist: &ShapedDistribution) -> u32 {
         match dist.as_point_mass() {
             Some(t) => t,
@@ -128,6 +155,10 @@ impl Chooser for Selector<'_> {
                 0
             }
         }
+    }
+
+    fn plain_argmax(&self) -> bool {
+        self.shaping.is_plain_argmax()
     }
 }
 
@@ -177,7 +208,10 @@ pub fn generate<B: Backend>(
         _ => Vec::new(),
     };
     let hybrid_fork = session.state.is_recurrent() && prompt.len() - reused > 1;
-    let mut logits = Vec::new();
+    // Greedy without penalties needs only each row's argmax: the backend may take it where the logits are.
+    let argmax_only = cfg.shaping.is_plain_argmax();
+    let vocab = model.vocab();
+    let mut last_out = ForwardOut::default();
     let mut pending_taps: Option<(Vec<Vec<f32>>, usize, usize)> = None; // last chunk's taps, rows, start
     let mut pos = reused;
     while pos < prompt.len() {
@@ -192,18 +226,19 @@ pub fn generate<B: Backend>(
         let wanted = Wanted {
             logits: if last { Rows::Last } else { Rows::None },
             taps: taps.clone(),
+            argmax_only,
         };
-        let out = model.forward(&prompt[pos..end], pos, &mut session.state, &wanted)?;
+        let mut out = model.forward(&prompt[pos..end], pos, &mut session.state, &wanted)?;
         session.tokens.extend_from_slice(&prompt[pos..end]);
         if let Some(d) = session.drafter.as_mut().filter(|_| !taps.is_empty()) {
             if last {
-                pending_taps = Some((out.taps, end - pos, pos));
+                pending_taps = Some((std::mem::take(&mut out.taps), end - pos, pos));
             } else {
                 d.observe(&out.taps, end - pos, &prompt[pos + 1..=end])?;
             }
         }
         if last {
-            logits = out.logits;
+            last_out = out;
         } else if end == prompt.len() - 1 && hybrid_fork {
             session.save_checkpoint()?;
         }
@@ -224,7 +259,7 @@ pub fn generate<B: Backend>(
     // -- Decode.
     let decode_start = Instant::now();
     let mut next = {
-        let p = sel.distribution(&logits, sink.history())?;
+        let p = sel.row_distribution(&last_out, 0, vocab, sink.history())?;
         sel.pick(&p)
     };
     if let (Some(d), Some((t, n, _))) = (session.drafter.as_mut(), pending_taps.take()) {
@@ -271,6 +306,7 @@ pub fn generate<B: Backend>(
         let wanted = Wanted {
             logits: Rows::All,
             taps: taps.clone(),
+            argmax_only,
         };
         let out = model.forward(&feed, base, &mut session.state, &wanted)?;
         session.tokens.extend_from_slice(&feed);
@@ -282,7 +318,7 @@ pub fn generate<B: Backend>(
         let mut stopped = false;
         let mut chosen = None;
         for (i, &d) in proposals.iter().enumerate() {
-            let p = sel.distribution(out.row(i), sink.history())?;
+            let p = sel.row_distribution(&out, i, vocab, sink.history())?;
             judged += 1;
             let draft = match sel.drafted.get(i) {
                 Some(q) => Draft::Distribution(q),
@@ -308,7 +344,7 @@ pub fn generate<B: Backend>(
         }
         if !stopped && chosen.is_none() {
             // Every proposal passed: the bonus token comes from the last row.
-            let p = sel.distribution(out.row(proposals.len()), sink.history())?;
+            let p = sel.row_distribution(&out, proposals.len(), vocab, sink.history())?;
             chosen = Some(sel.pick(&p));
         }
 

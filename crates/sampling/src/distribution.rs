@@ -35,7 +35,7 @@ impl ShapedDistribution {
         history: History<'_>,
     ) -> Result<Self, SamplingError> {
         shaping.validate()?;
-        if shaping.is_greedy() && shaping.repetition_penalty == 1.0 && !shaping.uses_counts() {
+        if shaping.is_plain_argmax() {
             // No penalty applies, so the penalised row would be a copy of this one (608 KB per token at
             // Qwen's vocabulary); the same checks, the same argmax.
             check_logits(logits)?;

@@ -81,6 +81,12 @@ impl Shaping {
         self.temperature == 0.0
     }
 
+    /// Greedy with no penalty: the selected token is the argmax of the raw logits row itself, so a
+    /// backend may compute it where the logits are (`families::Wanted::argmax_only`).
+    pub fn is_plain_argmax(&self) -> bool {
+        self.is_greedy() && self.repetition_penalty == 1.0 && !self.uses_counts()
+    }
+
     /// Checks every field, naming the first one that is NaN, infinite or out of range.
     pub fn validate(&self) -> Result<(), SamplingError> {
         fn check(

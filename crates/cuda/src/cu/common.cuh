@@ -80,3 +80,47 @@ __device__ __forceinline__ float rms_inv(const float* __restrict__ xr, int width
     const float variance = (float)(ss / (double)width);
     return 1.0f / sqrtf(variance + eps);
 }
+
+// dst[0, count) = src[0, count), global to shared memory, every thread's loads issued before its stores:
+// a strided copy of one float per step left each step's L2 round trip exposed (a GEMV's staged input:
+// 2.8 us per launch on the H200, tools/device/probes/decode_chain.cu).
+__device__ __forceinline__ void copy_to_smem(const float* __restrict__ src, float* dst, int count) {
+    const bool vec = (count & 3) == 0 && ((unsigned long long)src & 15) == 0 && ((unsigned long long)dst & 15) == 0;
+    if (!vec) {
+        for (int i = threadIdx.x; i < count; i += blockDim.x) dst[i] = src[i];
+        return;
+    }
+    const float4* s4 = reinterpret_cast<const float4*>(src);
+    float4* d4 = reinterpret_cast<float4*>(dst);
+    const int n4 = count >> 2, step = blockDim.x;
+    for (int i0 = threadIdx.x; i0 < n4; i0 += 8 * step) {
+        float4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            if (i0 + k * step < n4) v[k] = s4[i0 + k * step];
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            if (i0 + k * step < n4) d4[i0 + k * step] = v[k];
+    }
+}
+
+// x[i] = (x[i] * inv) * (zero_centred ? 1 + w[i] : w[i]) over one row: the rmsnorm kernel's arithmetic
+// per element, w read four at a time.
+__device__ __forceinline__ void scale_in_place(float* x, int width, float inv, const float* __restrict__ w,
+                                               int zero_centred) {
+    if ((width & 3) == 0 && ((unsigned long long)w & 15) == 0 && ((unsigned long long)x & 15) == 0) {
+        float4* x4 = reinterpret_cast<float4*>(x);
+        const float4* w4 = reinterpret_cast<const float4*>(w);
+        for (int i = threadIdx.x; i < (width >> 2); i += blockDim.x) {
+            const float4 s = w4[i];
+            float4 v = x4[i];
+            v.x = (v.x * inv) * (zero_centred ? 1.0f + s.x : s.x);
+            v.y = (v.y * inv) * (zero_centred ? 1.0f + s.y : s.y);
+            v.z = (v.z * inv) * (zero_centred ? 1.0f + s.z : s.z);
+            v.w = (v.w * inv) * (zero_centred ? 1.0f + s.w : s.w);
+            x4[i] = v;
+        }
+    } else {
+        for (int i = threadIdx.x; i < width; i += blockDim.x) x[i] = (x[i] * inv) * (zero_centred ? 1.0f + w[i] : w[i]);
+    }
+}

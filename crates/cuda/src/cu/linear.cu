@@ -78,20 +78,16 @@ __device__ __forceinline__ void linear_rows(const W* __restrict__ w, const float
     PDL_ENTER();
     const float* xs = x;
     if (stage) {
+        // The rows come in with all loads in flight at once, then are normalised in place: the same
+        // products as normalising on the way, reading the copy.
         float* hs = DYN_SMEM(float);
-        for (int r = 0; r < N; ++r) {
-            const float* xr = x + (size_t)r * in;
-            float* hr = hs + (size_t)r * in;
-            if (norm_w) {
-                const float inv = rms_inv(xr, in, eps, scratch);
-                for (int i = threadIdx.x; i < in; i += blockDim.x) {
-                    const float scale = zero_centred ? 1.0f + norm_w[i] : norm_w[i];
-                    hr[i] = (xr[i] * inv) * scale;
-                }
-            } else {
-                for (int i = threadIdx.x; i < in; i += blockDim.x) hr[i] = xr[i];
+        copy_to_smem(x, hs, N * in);
+        __syncthreads();
+        if (norm_w)
+            for (int r = 0; r < N; ++r) {
+                float* hr = hs + (size_t)r * in;
+                scale_in_place(hr, in, rms_inv(hr, in, eps, scratch), norm_w, zero_centred);
             }
-        }
         __syncthreads();
         xs = hs;
     }

@@ -93,3 +93,68 @@ extern "C" __global__ void fill_normal_bf16(bf16_t* __restrict__ p, long long co
         p[i] = f2bf((s - 2.0f) * 1.7320508f * std);
     }
 }
+
+// The greedy token of each logits row without the row leaving the device (argmax.rs): out[2r] = the lowest
+// index of the row's largest value, NaN skipped (kernels::argmax's rule); out[2r + 1] = 1 when the host
+// would refuse the row (a NaN or +inf, or nothing but -inf: sampling's check_logits), so that the caller
+// copies it and lets the host say what is wrong. One block of ARGMAX_THREADS per row; within a thread the
+// indices rise, so a strict `>` keeps the first of equal values and the merges break ties by index.
+#define ARGMAX_THREADS 1024
+__device__ __forceinline__ void argmax_take(float v, int i, float& best, int& bi) {
+    if (v > best || (v == best && i < bi)) {
+        best = v;
+        bi = i;
+    }
+}
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
+    argmax_rows(const float* __restrict__ logits, int vocab, int* __restrict__ out) {
+    PDL_ENTER();
+    __shared__ float sv[32];
+    __shared__ int si[32], sbad[32];
+    const float* row = logits + (size_t)blockIdx.x * vocab;
+    float best = NEG_INF;
+    int bi = 0x7fffffff, bad = 0;
+    auto see = [&](float v, int i) {
+        const unsigned u = __float_as_uint(v);
+        bad |= (u & 0x7fffffffu) > 0x7f800000u || u == 0x7f800000u;  // NaN or +inf
+        if (v > best) {
+            best = v;
+            bi = i;
+        }
+    };
+    if ((vocab & 3) == 0 && ((unsigned long long)row & 15) == 0) {
+        const float4* r4 = reinterpret_cast<const float4*>(row);
+#pragma unroll 4
+        for (int j = threadIdx.x; j < (vocab >> 2); j += blockDim.x) {
+            const float4 v = r4[j];
+            see(v.x, 4 * j);
+            see(v.y, 4 * j + 1);
+            see(v.z, 4 * j + 2);
+            see(v.w, 4 * j + 3);
+        }
+    } else {
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) see(row[i], i);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+        argmax_take(ov, oi, best, bi);
+    }
+    const int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) {
+        sv[warp] = best;
+        si[warp] = bi;
+        sbad[warp] = bad;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) {
+            argmax_take(sv[w], si[w], best, bi);
+            bad |= sbad[w];
+        }
+        const bool none = bi == 0x7fffffff;  // nothing above -inf
+        out[2 * blockIdx.x] = none ? 0 : bi;
+        out[2 * blockIdx.x + 1] = bad || none;
+    }
+}

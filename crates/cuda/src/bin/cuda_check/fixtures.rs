@@ -242,6 +242,7 @@ pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool, tensor_cores: bool)
     let wanted = Wanted {
         logits: families::Rows::All,
         taps,
+        argmax_only: false,
     };
     let mut cs = cpu.new_state();
     let c_out = cpu.forward(&r.prompt, 0, &mut cs, &wanted)?;
@@ -456,6 +457,7 @@ pub fn spec_rounds(
     let wanted = Wanted {
         logits: Rows::All,
         taps: taps.to_vec(),
+        argmax_only: false,
     };
     let (mut done, mut round) = (0usize, 0usize);
     while done + 7 < steps {

@@ -101,6 +101,7 @@ pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool) -> Result<bool> {
     let wanted = Wanted {
         logits: Rows::None,
         taps: vec![Tap::FinalHidden],
+        argmax_only: false,
     };
     let mut cs = cpu.new_state();
     let taps = cpu.forward(&prompt, 0, &mut cs, &wanted)?.taps.remove(0);

@@ -43,23 +43,31 @@ fn prefill_s(dev: &CudaDevice, model: &CudaModel, prompt: &[u32]) -> Result<f64>
     Ok(t.elapsed().as_secs_f64())
 }
 
-/// Decode tok/s over `new` greedy tokens after `prompt`, and the state and last token for the verify
-/// curve.
+/// Decode tok/s over `new` greedy tokens after `prompt` (the argmax taken on the device, as the runtime
+/// does for greedy requests), and the state and last token for the verify curve.
 fn decode(
     model: &CudaModel,
     prompt: &[u32],
     new: usize,
 ) -> Result<(f64, cuda_backend::CudaState, u32)> {
+    let greedy = Wanted {
+        argmax_only: true,
+        ..Wanted::last()
+    };
+    let token = |out: &families::ForwardOut| match &out.argmax {
+        Some(ids) => ids[0],
+        None => kernels::argmax(out.row(0)) as u32,
+    };
     let mut st = model.new_state(prompt.len() + new + 16)?;
-    let out = model.forward(prompt, 0, &mut st, &Wanted::last())?;
-    let mut next = kernels::argmax(out.row(0)) as u32;
+    let out = model.forward(prompt, 0, &mut st, &greedy)?;
+    let mut next = token(&out);
     // One untimed step captures the decode graph.
-    let mut out = model.forward(&[next], st.position(), &mut st, &Wanted::last())?;
+    let mut out = model.forward(&[next], st.position(), &mut st, &greedy)?;
     let steps = new.saturating_sub(1).max(1);
     let t = Instant::now();
     for _ in 0..steps {
-        next = kernels::argmax(out.row(0)) as u32;
-        out = model.forward(&[next], st.position(), &mut st, &Wanted::last())?;
+        next = token(&out);
+        out = model.forward(&[next], st.position(), &mut st, &greedy)?;
     }
     Ok((steps as f64 / t.elapsed().as_secs_f64(), st, next))
 }
