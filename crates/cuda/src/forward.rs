@@ -20,7 +20,7 @@ use crate::device::CudaDevice;
 use crate::error::CudaError;
 use crate::gdn_chunk::{gdn_chunked, use_chunked};
 use crate::model::{CudaModel, FfnW, LayerW, MixerW};
-use crate::ops::{self, AttnBufs, GdnArgs, NormW};
+use crate::ops::{self, AttnBufs, GdnArgs, GdnCols, NormW};
 use crate::profile::{mark, Prof};
 use crate::state::{check_signature, CudaState, LayerState, Scratch, Tape, LOGIT_ROWS};
 use crate::weights::WDtype;
@@ -385,11 +385,11 @@ impl CudaModel {
                     let sh = g.shape;
                     gdn_chunked(dev, sh, &args, big, conv.ptr, prep, s.ptr, o, &sc.gdn, m)?;
                 } else {
-                    // Value columns split over hv x 8 blocks for every pass: 32 one-block-per-head
-                    // blocks left the H200 idle (decode GDN 0.424 -> 0.352 ms per token, run 7).
-                    let fine = false;
+                    let cols = GdnCols::Split {
+                        done: Some(sc.gdn_done.ptr),
+                    };
                     ops::gdn_recurrence(
-                        dev, g.shape, &args, big, conv.ptr, prep, s.ptr, o, m, fine,
+                        dev, g.shape, &args, big, conv.ptr, prep, s.ptr, o, m, cols,
                     )?;
                 }
                 mark(prof, dev, "gdn conv+rec+norm", 0)?;
@@ -572,8 +572,11 @@ impl CudaModel {
                     // bit as if only `keep` rows had run (the outputs in sc.o are discarded).
                     let args = self.gdn_args(g);
                     let (proj, prep, o) = (lt.proj.ptr, sc.mid.ptr, sc.o.ptr);
+                    let cols = GdnCols::Split {
+                        done: Some(sc.gdn_done.ptr),
+                    };
                     ops::gdn_recurrence(
-                        dev, g.shape, &args, proj, conv.ptr, prep, s.ptr, o, keep, false,
+                        dev, g.shape, &args, proj, conv.ptr, prep, s.ptr, o, keep, cols,
                     )?;
                 }
             }

@@ -63,7 +63,8 @@ pub(crate) fn gdn_chunked(
         return Ok(());
     }
     if dev.host_ops() {
-        return ops::gdn_recurrence(dev, s, g, proj, window, prep, state, o, rows, false);
+        let cols = ops::GdnCols::Split { done: None };
+        return ops::gdn_recurrence(dev, s, g, proj, window, prep, state, o, rows, cols);
     }
     let need = scratch_floats(s, rows);
     if scratch.bytes < need * 4 {

@@ -53,6 +53,7 @@ pub(crate) struct Scratch {
     pub xb: DBuf,       // bf16 [rows, widest input] for cuBLAS
     pub logits: DBuf,   // [min(rows, LOGIT_ROWS), vocab]
     pub argmax: DBuf,   // i32 [min(rows, LOGIT_ROWS), 2]: each logits row's [argmax, refused]
+    pub gdn_done: DBuf, // i32 [>= hv]: gdn_rec's finished column blocks per head (ops::GdnCols)
     pub moe_ids: DBuf,  // i32 [rows, moe_k]: routed experts per slot
     pub moe_wts: DBuf,  // [rows, moe_k + 1]: their weights, then the shared expert's gate
     /// Chunked GDN work space (gdn_chunk.rs): [rows padded to a chunk, gdn_chunk]; empty for one row.
@@ -110,6 +111,8 @@ impl Scratch {
             xb: DBuf::zeros(dev, rows * w.max_in * 2)?,
             logits: DBuf::f32s(dev, rows.min(LOGIT_ROWS) * w.vocab)?,
             argmax: DBuf::zeros(dev, crate::argmax::pair_bytes(rows.min(LOGIT_ROWS)))?,
+            // hv <= hv * dv = the widest GDN output row.
+            gdn_done: DBuf::zeros(dev, w.o.max(1) * 4)?,
             moe_ids,
             moe_wts,
             gdn: DBuf::f32s(

@@ -22,9 +22,10 @@
 // (symmetric: every part ends with the same bits). q/k rows are double-buffered in shared memory, one
 // plane per part (element j = row GDN_P*j + p; planes padded so the parts hit different banks), read as
 // float4; the next row's inputs are loaded while the current one is computed (one barrier per row).
-// The kernel also moves the conv window forward (the last K-1 conv inputs), and with cb == 1 applies
-// the gated RMSNorm to its head's outputs at the end (gated_norm_warp; with cb > 1 the gated_rmsnorm
-// kernel does, identically).
+// The kernel also moves the conv window forward (the last K-1 conv inputs), and applies the gated RMSNorm
+// to its head's outputs at the end (gated_norm_warp): with cb == 1 the head's block; with cb > 1 the
+// head's last block to finish (`head_done` counts them, fence + atomic, and is reset for the next
+// launch), or, without `head_done`, the gated_rmsnorm kernel — identically.
 // Invariant: a column's arithmetic depends only on the state before each row and that row's inputs, so
 // n rows in one launch equal n launches of one row bit for bit, for any cb: decode, verify and the tape
 // replay all run these kernels.
@@ -127,7 +128,8 @@ __device__ __forceinline__ void gdn_window_advance(float* __restrict__ window, c
 extern "C" __global__ void __launch_bounds__(1024)
     gdn_rec(const float* __restrict__ prep, int ldq, const float* __restrict__ proj, int ldp,
             float* __restrict__ window, float* __restrict__ state, float* __restrict__ out,
-            const float* __restrict__ norm_w, float eps, int n, int hk, int hv, int dk, int dv, int kernel) {
+            const float* __restrict__ norm_w, float eps, int n, int hk, int hv, int dk, int dv, int kernel,
+            int* __restrict__ head_done) {
     PDL_ENTER();
     // [buffer][q planes 0..P-1, k planes 0..P-1][j]
     __shared__ __align__(16) float qk[2][2 * GDN_P][GDN_PLANE];
@@ -229,11 +231,26 @@ extern "C" __global__ void __launch_bounds__(1024)
         const int i = GDN_P * j + part;
         if (j < rpt && i < dk && col_ok) sh[(size_t)i * dv + col] = s[j];
     }
+    const int warps = blockDim.x >> 5;
     if (gridDim.y == 1) {
         // All of the head's columns are in this block: its outputs are complete after the last barrier.
-        const int warps = blockDim.x >> 5;
         for (int t = warp; t < n; t += warps)
             gated_norm_warp(out + ((size_t)t * hv + h) * dv, proj + (size_t)t * ldp + cd + (size_t)h * dv, norm_w,
                             eps, dv, lane);
+    } else if (head_done) {
+        // The head's last block to finish normalises all its columns: one launch fewer per GDN layer
+        // than the gated_rmsnorm kernel. Every block's outputs are fenced before it is counted.
+        __shared__ int last;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(head_done + h, 1) == (int)gridDim.y - 1;
+        __syncthreads();
+        if (last) {
+            __threadfence();
+            for (int t = warp; t < n; t += warps)
+                gated_norm_warp<true>(out + ((size_t)t * hv + h) * dv, proj + (size_t)t * ldp + cd + (size_t)h * dv,
+                                      norm_w, eps, dv, lane);
+            if (tid == 0) head_done[h] = 0;
+        }
     }
 }

@@ -34,17 +34,20 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 }
 
 // Gated DeltaNet output norm of one (row, value head) by one warp: o <- (rmsnorm(o) * w) * (z * sigmoid(z)),
-// f64 sum of squares over the lanes then the xor tree. gdn_rec's epilogue and gated_rmsnorm both call
-// it, so the result does not depend on which of them ran.
+// f64 sum of squares over the lanes then the xor tree. gdn_rec's epilogues and gated_rmsnorm all call
+// it, so the result does not depend on which of them ran. L2: o and z read at L2 (written by other
+// blocks of the same launch).
+template <bool L2 = false>
 __device__ __forceinline__ void gated_norm_warp(float* __restrict__ o, const float* __restrict__ z,
                                                 const float* __restrict__ w, float eps, int dv, int lane) {
+    auto ld = [](const float* p) { return L2 ? __ldcg(p) : *p; };
     double ss = 0.0;
-    for (int i = lane; i < dv; i += 32) ss += (double)o[i] * (double)o[i];
+    for (int i = lane; i < dv; i += 32) ss += (double)ld(o + i) * (double)ld(o + i);
     ss = warp_sum_d(ss);
     const float inv = 1.0f / sqrtf((float)(ss / (double)dv) + eps);
     for (int i = lane; i < dv; i += 32) {
-        const float zz = z[i];
-        o[i] = ((o[i] * inv) * w[i]) * (zz * sigmoid_f(zz));
+        const float zz = ld(z + i);
+        o[i] = ((ld(o + i) * inv) * w[i]) * (zz * sigmoid_f(zz));
     }
 }
 

@@ -79,7 +79,8 @@ fn run(dev: &CudaDevice, s: GdnShape, c: &Case, n: usize, chunked: bool) -> Resu
     if chunked {
         gdn_chunk::gdn_chunked(dev, s, &args, p, w, prep.ptr, st, o, &scratch, n)?;
     } else {
-        ops::gdn_recurrence(dev, s, &args, p, w, prep.ptr, st, o, n, false)?;
+        let cols = ops::GdnCols::Split { done: None };
+        ops::gdn_recurrence(dev, s, &args, p, w, prep.ptr, st, o, n, cols)?;
     }
     Ok((
         download(dev, &od, n * s.hv * s.dv)?,

@@ -7,7 +7,8 @@ use crate::buf::DBuf;
 use crate::device::CudaDevice;
 use crate::error::CudaError;
 use crate::ops::{
-    self, AttnBufs, AttnCore, AttnShape, GdnArgs, GdnShape, ATT_SPLITS_COARSE, ATT_SPLITS_FINE,
+    self, AttnBufs, AttnCore, AttnShape, GdnArgs, GdnCols, GdnShape, ATT_SPLITS_COARSE,
+    ATT_SPLITS_FINE,
 };
 
 pub(super) fn checks(
@@ -208,7 +209,7 @@ fn run_gdn(
     s0: &[f32],
     window0: &[f32],
     n: usize,
-    fine: bool,
+    cols: GdnCols,
 ) -> Result<GdnOut, CudaError> {
     let (hv, dv) = (s.hv, s.dv);
     let (pd, wd, sd) = (
@@ -228,7 +229,7 @@ fn run_gdn(
         eps: 1e-6,
     };
     ops::gdn_recurrence(
-        dev, s, &args, pd.ptr, wd.ptr, prep.ptr, sd.ptr, od.ptr, n, fine,
+        dev, s, &args, pd.ptr, wd.ptr, prep.ptr, sd.ptr, od.ptr, n, cols,
     )?;
     Ok((
         download(dev, &od, n * hv * dv)?,
@@ -263,7 +264,8 @@ fn gdn_check(
         DBuf::from_host(dev, &norm_w)?,
     );
     let pr = (&params.0, &params.1, &params.2, &params.3);
-    let (o_got, s_got, w_got, prep_got) = run_gdn(dev, s, pr, &proj, &s0, &window0, n, true)?;
+    let per_head = GdnCols::PerHead;
+    let (o_got, s_got, w_got, prep_got) = run_gdn(dev, s, pr, &proj, &s0, &window0, n, per_head)?;
     // Host reference: the CPU engine's conv, normalisation, recurrence and gated norm.
     let mut qkv_in = vec![0.0; n * cd];
     for r in 0..n {
@@ -341,18 +343,38 @@ fn gdn_check(
             bound,
         });
     }
-    // Columns split over blocks (the prefill launch): the same bits.
-    let (o_c, s_c, w_c, _) = run_gdn(dev, s, pr, &proj, &s0, &window0, n, false)?;
+    // Columns split over blocks, the gated norm by its own kernel: the same bits.
+    let split = GdnCols::Split { done: None };
+    let (o_c, s_c, w_c, _) = run_gdn(dev, s, pr, &proj, &s0, &window0, n, split)?;
     out.push(bitwise_row(
         format!("gdn split columns == one block per head (bits) ({tag})"),
         same_bits(&o_c, &o_got) && same_bits(&s_c, &s_got) && same_bits(&w_c, &w_got),
+    ));
+    // Split, the gated norm by each head's last block (the decode launch), twice on one counter
+    // buffer, which must come back to zero: the same bits.
+    let done = DBuf::zeros(dev, hv * 4)?;
+    let split = GdnCols::Split {
+        done: Some(done.ptr),
+    };
+    let mut same = true;
+    for _ in 0..2 {
+        let (o_d, s_d, w_d, _) = run_gdn(dev, s, pr, &proj, &s0, &window0, n, split)?;
+        same &= same_bits(&o_d, &o_got) && same_bits(&s_d, &s_got) && same_bits(&w_d, &w_got);
+    }
+    let mut left = vec![0i32; hv];
+    crate::buf::dtoh(dev, &mut left, done.ptr)?;
+    out.push(bitwise_row(
+        format!(
+            "gdn split columns, norm by the head's last block == one block per head (bits) ({tag})"
+        ),
+        same && left.iter().all(|&c| c == 0),
     ));
     // One launch per row, carrying state and window: the same bits.
     let (mut st, mut win) = (s0.clone(), window0.clone());
     let mut o_rows = Vec::new();
     for r in 0..n {
         let row = &proj[r * pw..(r + 1) * pw];
-        let (o1, s1, w1, _) = run_gdn(dev, s, pr, row, &st, &win, 1, true)?;
+        let (o1, s1, w1, _) = run_gdn(dev, s, pr, row, &st, &win, 1, per_head)?;
         o_rows.extend(o1);
         (st, win) = (s1, w1);
     }
