@@ -6,7 +6,9 @@
 //! `u * total`, so it is a pure function of `u` and a zero-probability token is never returned
 //! (its cumulative equals its predecessor's, which `u * total` was already not below).
 
-use crate::shaping::{check_logits, penalized_logits, softmax, warp, History, Shaping};
+use std::borrow::Cow;
+
+use crate::shaping::{check_logits, penalized_logits, softmax_in_place, warp, History, Shaping};
 use crate::SamplingError;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -44,14 +46,20 @@ impl ShapedDistribution {
                 repr: Repr::Point(argmax_lowest(logits)),
             });
         }
-        let penalized = penalized_logits(logits, shaping, history)?;
+        // Without penalties the penalised row is the row itself: checked, not copied.
+        let penalized: Cow<'_, [f32]> = if shaping.has_penalties() {
+            Cow::Owned(penalized_logits(logits, shaping, history)?)
+        } else {
+            check_logits(logits)?;
+            Cow::Borrowed(logits)
+        };
         if shaping.is_greedy() {
             return Ok(ShapedDistribution {
                 vocab: penalized.len(),
                 repr: Repr::Point(argmax_lowest(&penalized)),
             });
         }
-        let probs = softmax(&warp(&penalized, shaping));
+        let probs = softmax_in_place(warp(&penalized, shaping));
         let total = probs.iter().sum();
         Ok(ShapedDistribution {
             vocab: probs.len(),

@@ -81,10 +81,15 @@ impl Shaping {
         self.temperature == 0.0
     }
 
+    /// Whether any penalty (repetition, presence, frequency) changes the logits.
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.uses_counts()
+    }
+
     /// Greedy with no penalty: the selected token is the argmax of the raw logits row itself, so a
     /// backend may compute it where the logits are (`families::Wanted::argmax_only`).
     pub fn is_plain_argmax(&self) -> bool {
-        self.is_greedy() && self.repetition_penalty == 1.0 && !self.uses_counts()
+        self.is_greedy() && !self.has_penalties()
     }
 
     /// Checks every field, naming the first one that is NaN, infinite or out of range.
@@ -262,9 +267,19 @@ fn slot_mut<T>(slots: &mut [T], token: u32, vocab: usize) -> Result<&mut T, Samp
 /// shift keeps `l / t` finite or -inf for any t > 0, where a tiny t would overflow `l / t` to +inf
 /// and make the softmax NaN). Dropped tokens are -inf; the most likely token always survives.
 pub(crate) fn warp(penalized: &[f32], shaping: &Shaping) -> Vec<f64> {
+    use rayon::prelude::*;
     let max = penalized.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let t = shaping.temperature;
-    let mut logits: Vec<f64> = penalized.iter().map(|&l| (l as f64 - max) / t).collect();
+    let scaled = |&l: &f32| (l as f64 - max) / t;
+    let mut logits: Vec<f64> = if penalized.len() >= PARALLEL_MIN {
+        penalized
+            .par_iter()
+            .with_min_len(4096)
+            .map(scaled)
+            .collect()
+    } else {
+        penalized.iter().map(scaled).collect()
+    };
     let k = shaping.top_k as usize;
     if k > 0 && k < logits.len() {
         top_k(&mut logits, k);
@@ -280,12 +295,27 @@ pub(crate) fn warp(penalized: &[f32], shaping: &Shaping) -> Vec<f64> {
 
 /// Drops every logit strictly below the k-th largest (1 <= k < len); ties with it are kept.
 fn top_k(logits: &mut [f64], k: usize) {
-    // The k-th largest in total_cmp's order, selected over integer keys (a closure compare over
-    // 151936 f64 cost several times more).
-    let mut keys: Vec<u64> = logits.iter().map(|&l| ordered_bits(l)).collect();
-    let at = keys.len() - k;
-    let (_, kth, _) = keys.select_nth_unstable(at);
-    let threshold = from_ordered_bits(*kth);
+    // The k-th largest in total_cmp's order, over integer keys: for the usual small k a min-heap of
+    // the k largest seen (one compare for most tokens), else a selection.
+    let threshold = if k <= 1024 {
+        let mut heap = std::collections::BinaryHeap::with_capacity(k + 1);
+        for &l in logits.iter() {
+            let key = std::cmp::Reverse(ordered_bits(l));
+            if heap.len() < k {
+                heap.push(key);
+            } else if heap.peek().is_some_and(|m| key < *m) {
+                heap.pop();
+                heap.push(key);
+            }
+        }
+        heap.peek()
+            .map_or(f64::NEG_INFINITY, |m| from_ordered_bits(m.0))
+    } else {
+        let mut keys: Vec<u64> = logits.iter().map(|&l| ordered_bits(l)).collect();
+        let at = keys.len() - k;
+        let (_, kth, _) = keys.select_nth_unstable(at);
+        from_ordered_bits(*kth)
+    };
     for l in logits.iter_mut() {
         if *l < threshold {
             *l = f64::NEG_INFINITY;
@@ -317,13 +347,16 @@ fn from_ordered_bits(k: u64) -> f64 {
 /// summed half by half instead of token by token (equal up to rounding). A full sort of 151936
 /// tokens cost 17 ms per sampled token on the H200's host (run 32).
 fn top_p(logits: &mut [f64], top_p: f64) {
-    let probs = softmax(logits);
+    let s = Survivors::of(logits);
+    let probs = &s.probs;
     // Ascending order key: smaller logit first, higher id first among equals (the reverse of "most
     // likely first, lower id first"). Logits here are finite (p > 0), so their order is that of the
-    // IEEE bits with the sign folded, and one integer compare does.
-    let key = |i: usize| ((ordered_bits(logits[i]) as u128) << 32) | (u32::MAX - i as u32) as u128;
-    let mut ascending: Vec<u128> = (0..logits.len())
-        .filter(|&i| probs[i] > 0.0)
+    // IEEE bits with the sign folded, and one integer compare does; ids rise with the survivor index
+    // j, so j stands in for the id.
+    let key =
+        |j: usize| ((ordered_bits(logits[s.id(j)]) as u128) << 32) | (u32::MAX - j as u32) as u128;
+    let mut ascending: Vec<u128> = (0..probs.len())
+        .filter(|&j| probs[j] > 0.0)
         .map(key)
         .collect();
     let id = |k: u128| (u32::MAX - k as u32) as usize;
@@ -352,7 +385,41 @@ fn top_p(logits: &mut [f64], top_p: f64) {
         }
     }
     for &k in &ascending[..lo] {
-        logits[id(k)] = f64::NEG_INFINITY;
+        logits[s.id(id(k))] = f64::NEG_INFINITY;
+    }
+}
+
+/// The softmax of `logits` on the tokens still in (finite logits), equal bit for bit to the full
+/// row's softmax at those ids (the dropped tokens' zeros add nothing to the sum, which runs in id
+/// order either way): after top-k only a few remain, so only they are exponentiated.
+struct Survivors {
+    /// The ids in increasing order; None: every id (most of the row is in, the dense softmax).
+    ids: Option<Vec<usize>>,
+    probs: Vec<f64>,
+}
+
+impl Survivors {
+    fn of(logits: &[f64]) -> Self {
+        let n = logits.iter().filter(|&&l| l != f64::NEG_INFINITY).count();
+        if 2 * n > logits.len() {
+            return Survivors {
+                ids: None,
+                probs: softmax_in_place(logits.to_vec()),
+            };
+        }
+        let ids: Vec<usize> = (0..logits.len())
+            .filter(|&i| logits[i] != f64::NEG_INFINITY)
+            .collect();
+        let probs = softmax_in_place(ids.iter().map(|&i| logits[i]).collect());
+        Survivors {
+            ids: Some(ids),
+            probs,
+        }
+    }
+
+    /// The token id of survivor j.
+    fn id(&self, j: usize) -> usize {
+        self.ids.as_ref().map_or(j, |ids| ids[j])
     }
 }
 
@@ -362,43 +429,49 @@ const PARALLEL_MIN: usize = 16 * 1024;
 
 /// Drops every token whose probability is below `min_p` times the largest probability.
 fn min_p(logits: &mut [f64], min_p: f64) {
-    let probs = softmax(logits);
-    let max = probs.iter().copied().fold(0.0, f64::max);
+    let s = Survivors::of(logits);
+    let max = s.probs.iter().copied().fold(0.0, f64::max);
     let threshold = min_p * max;
-    for (l, p) in logits.iter_mut().zip(&probs) {
+    for (j, p) in s.probs.iter().enumerate() {
         if *p < threshold {
-            *l = f64::NEG_INFINITY;
+            logits[s.id(j)] = f64::NEG_INFINITY;
         }
     }
 }
 
 /// Softmax over logits that are finite or -inf with at least one finite (-inf -> 0).
+#[cfg(test)]
 pub(crate) fn softmax(logits: &[f64]) -> Vec<f64> {
+    softmax_in_place(logits.to_vec())
+}
+
+/// [`softmax`] turning its own buffer into the probabilities (a 151936-row buffer freshly allocated
+/// per token cost page faults on the host); element-wise work on the rayon pool for long rows, the sum
+/// in index order, so the bits do not depend on either.
+pub(crate) fn softmax_in_place(mut v: Vec<f64>) -> Vec<f64> {
     use rayon::prelude::*;
-    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     // Dropped tokens (-inf) skip the libm call: after top-k nearly all of them are.
-    let exp = |&l: &f64| {
-        if l == f64::NEG_INFINITY {
+    let exp = |l: &mut f64| {
+        *l = if *l == f64::NEG_INFINITY {
             0.0
         } else {
-            (l - max).exp()
+            (*l - max).exp()
         }
     };
-    let mut probs: Vec<f64> = if logits.len() >= PARALLEL_MIN {
-        logits.par_iter().with_min_len(4096).map(exp).collect()
+    let parallel = v.len() >= PARALLEL_MIN;
+    if parallel {
+        v.par_iter_mut().with_min_len(4096).for_each(exp);
     } else {
-        logits.iter().map(exp).collect()
-    };
-    let sum: f64 = probs.iter().sum();
-    if probs.len() >= PARALLEL_MIN {
-        probs
-            .par_iter_mut()
-            .with_min_len(4096)
-            .for_each(|p| *p /= sum);
-    } else {
-        probs.iter_mut().for_each(|p| *p /= sum);
+        v.iter_mut().for_each(exp);
     }
-    probs
+    let sum: f64 = v.iter().sum();
+    if parallel {
+        v.par_iter_mut().with_min_len(4096).for_each(|p| *p /= sum);
+    } else {
+        v.iter_mut().for_each(|p| *p /= sum);
+    }
+    v
 }
 
 #[cfg(test)]
@@ -419,6 +492,39 @@ mod tests {
                 break;
             }
             logits[i] = f64::NEG_INFINITY;
+        }
+    }
+
+    /// top-k (heap for k <= 1024, selection above) keeps what a full sort's k-th largest keeps.
+    #[test]
+    fn top_k_by_heap_or_selection_equals_top_k_by_sort() {
+        let mut step = 0;
+        let mut u = || {
+            step += 1;
+            uniform(11, step)
+        };
+        for vocab in [3usize, 2000, 151_936] {
+            let row: Vec<f64> = (0..vocab)
+                .map(|i| {
+                    if i % 5 == 0 {
+                        (u() * 8.0).floor()
+                    } else {
+                        u() * 8.0
+                    }
+                })
+                .collect();
+            for k in [1usize, 2, 20, 1024, 1025, 5000] {
+                if k >= vocab {
+                    continue;
+                }
+                let mut sorted = row.clone();
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                let want: Vec<bool> = row.iter().map(|l| *l >= sorted[k - 1]).collect();
+                let mut got = row.clone();
+                top_k(&mut got, k);
+                let kept: Vec<bool> = got.iter().map(|l| l.is_finite()).collect();
+                assert_eq!(kept, want, "vocab {vocab} k {k}");
+            }
         }
     }
 
