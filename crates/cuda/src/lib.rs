@@ -30,6 +30,7 @@ pub mod device;
 mod emu;
 pub mod error;
 mod forward;
+mod gdn;
 mod gdn_chunk;
 mod mma;
 pub mod model;

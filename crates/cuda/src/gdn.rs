@@ -1,0 +1,196 @@
+//! Launchers of the Gated DeltaNet step form (gdn.cu): `gdn_conv_prep` (conv, SiLU, q/k L2 norm, beta and
+//! decay for every row in parallel), then `gdn_rec` (the recurrence, rows in order, state in registers),
+//! with the gated output norm in gdn_rec's blocks or the `gated_rmsnorm` kernel. Decode, verify blocks and
+//! the tape replay all run this form, so a row's bits do not depend on how many rows a launch carries;
+//! prefill passes over `gemv_max_rows` rows take the chunked form instead (`gdn_chunk.rs`).
+
+use crate::buf::{launch, Arg};
+use crate::device::CudaDevice;
+use crate::emu;
+use crate::error::CudaError;
+
+/// Largest key head dim of the GDN kernels (GDN_MAX_DK).
+pub(crate) const GDN_MAX_DK: usize = 128;
+/// Threads per value column of gdn_rec (GDN_P).
+const GDN_P: usize = 8;
+/// Largest value head dim of gdn_rec (GDN_P threads per column in one block of at most 1024).
+pub(crate) const GDN_MAX_DV: usize = 128;
+/// Largest conv kernel of gdn_conv_prep.
+pub(crate) const CONV_MAX_K: usize = 8;
+
+/// Shapes of one Gated DeltaNet layer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GdnShape {
+    pub hk: usize,
+    pub hv: usize,
+    pub dk: usize,
+    pub dv: usize,
+    pub kernel: usize,
+}
+
+impl GdnShape {
+    pub fn conv_dim(&self) -> usize {
+        2 * self.hk * self.dk + self.hv * self.dv
+    }
+    /// Width of the fused projection row [qkv ; z ; b ; a].
+    pub fn proj_width(&self) -> usize {
+        self.conv_dim() + self.hv * self.dv + 2 * self.hv
+    }
+    /// Width of a gdn_conv_prep output row [q ; k ; v ; beta ; decay ; g = ln decay].
+    pub fn prep_width(&self) -> usize {
+        self.conv_dim() + 3 * self.hv
+    }
+}
+
+/// Buffers and parameters of one GDN layer's recurrence.
+pub(crate) struct GdnArgs {
+    pub conv_w: u64,
+    pub a_log: u64,
+    pub dt_bias: u64,
+    pub norm_w: u64,
+    pub eps: f32,
+}
+
+/// How gdn_rec spreads a head's value columns over blocks, and where the gated norm runs; the results
+/// are the same bits either way.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum GdnCols {
+    /// One block per value head, which also applies the gated norm.
+    PerHead,
+    /// The columns split over up to 8 blocks per head (more parallel: decode GDN 0.424 -> 0.352 ms per
+    /// token, run 7). The gated norm: each head's last block to finish, counting finished blocks in
+    /// `done` (i32 [hv], zero between launches), or, with None, the gated_rmsnorm kernel.
+    Split { done: Option<u64> },
+}
+
+/// gdn_conv_prep then gdn_rec (+ gated_rmsnorm) over `rows` rows of the fused projection `proj`
+/// [rows, proj_width]: prep [rows, prep_width] (scratch), o [rows, hv, dv] = gated-normed outputs;
+/// window and state updated in place.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gdn_recurrence(
+    dev: &CudaDevice,
+    s: GdnShape,
+    g: &GdnArgs,
+    proj: u64,
+    window: u64,
+    prep: u64,
+    state: u64,
+    o: u64,
+    rows: usize,
+    cols: GdnCols,
+) -> Result<(), CudaError> {
+    if rows == 0 {
+        return Ok(());
+    }
+    if dev.host_ops() {
+        emu::gdn_recurrence(
+            s, proj, g.conv_w, window, prep, g.a_log, g.dt_bias, state, o, rows,
+        )?;
+        return emu::gated_norm(s, o, proj, g.norm_w, g.eps, rows);
+    }
+    conv_prep(dev, s, g, proj, window, prep, rows)?;
+    let (ldp, ldq) = (s.proj_width() as i32, s.prep_width() as i32);
+    // Column blocks per head: GDN_P (8) threads per column, 4 columns per warp, at least 16 columns
+    // (128 threads) per block, so each thread stages at most 2 of the next row's 2 dk <= 256 q/k values.
+    let (cb, done) = match cols {
+        GdnCols::PerHead => (1, None),
+        GdnCols::Split { done } => {
+            let cb = [8, 4, 2, 1]
+                .into_iter()
+                .find(|&c| s.dv.is_multiple_of(4 * c) && s.dv / c >= 16)
+                .unwrap_or(1);
+            (cb, done)
+        }
+    };
+    launch(
+        dev,
+        "gdn_rec",
+        (s.hv as u32, cb as u32, 1),
+        (GDN_P * s.dv / cb) as u32,
+        &[
+            Arg::P(prep),
+            Arg::I(ldq),
+            Arg::P(proj),
+            Arg::I(ldp),
+            Arg::P(window),
+            Arg::P(state),
+            Arg::P(o),
+            Arg::P(g.norm_w),
+            Arg::F(g.eps),
+            Arg::I(rows as i32),
+            Arg::I(s.hk as i32),
+            Arg::I(s.hv as i32),
+            Arg::I(s.dk as i32),
+            Arg::I(s.dv as i32),
+            Arg::I(s.kernel as i32),
+            Arg::P(done.unwrap_or(0)),
+        ],
+    )?;
+    if cb == 1 || done.is_some() {
+        return Ok(());
+    }
+    gated_norm(dev, s, g, proj, o, rows)
+}
+
+/// gdn_conv_prep over `rows` rows of `proj` [rows, proj_width]: prep [rows, prep_width] (reads the
+/// conv window, does not move it).
+pub(crate) fn conv_prep(
+    dev: &CudaDevice,
+    s: GdnShape,
+    g: &GdnArgs,
+    proj: u64,
+    window: u64,
+    prep: u64,
+    rows: usize,
+) -> Result<(), CudaError> {
+    let (ldp, ldq) = (s.proj_width() as i32, s.prep_width() as i32);
+    launch(
+        dev,
+        "gdn_conv_prep",
+        ((s.hk + (s.hv * s.dv).div_ceil(256)) as u32, rows as u32, 1),
+        256,
+        &[
+            Arg::P(proj),
+            Arg::I(ldp),
+            Arg::P(g.conv_w),
+            Arg::P(window),
+            Arg::P(g.a_log),
+            Arg::P(g.dt_bias),
+            Arg::P(prep),
+            Arg::I(ldq),
+            Arg::I(s.hk as i32),
+            Arg::I(s.hv as i32),
+            Arg::I(s.dk as i32),
+            Arg::I(s.dv as i32),
+            Arg::I(s.kernel as i32),
+        ],
+    )
+}
+
+/// gated_rmsnorm over the GDN outputs o [rows, hv, dv] in place, gated by z of `proj`.
+pub(crate) fn gated_norm(
+    dev: &CudaDevice,
+    s: GdnShape,
+    g: &GdnArgs,
+    proj: u64,
+    o: u64,
+    rows: usize,
+) -> Result<(), CudaError> {
+    let warps = rows * s.hv;
+    launch(
+        dev,
+        "gated_rmsnorm",
+        (warps.div_ceil(8) as u32, 1, 1),
+        256,
+        &[
+            Arg::P(o),
+            Arg::P(proj + (s.conv_dim() * 4) as u64),
+            Arg::I(s.proj_width() as i32),
+            Arg::P(g.norm_w),
+            Arg::F(g.eps),
+            Arg::I(rows as i32),
+            Arg::I(s.hv as i32),
+            Arg::I(s.dv as i32),
+        ],
+    )
+}
