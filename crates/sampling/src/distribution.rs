@@ -5,19 +5,30 @@
 //! index order: `draw(u)` returns the smallest id whose cumulative probability exceeds
 //! `u * total`, so it is a pure function of `u` and a zero-probability token is never returned
 //! (its cumulative equals its predecessor's, which `u * total` was already not below).
+//!
+//! Sums run in blocks of `SUM_BLOCK` ids (each block in id order, then the blocks in order), and the
+//! cumulative of id i is its block's prefix plus its partial sum inside the block: a draw walks ~38
+//! block totals and one block of a 151936-token row instead of one 151936-long chain of dependent
+//! additions (0.2 ms per chain on the H200's host). The result depends on the row alone.
 
 use std::borrow::Cow;
 
-use crate::shaping::{check_logits, penalized_logits, softmax_in_place, warp, History, Shaping};
+use crate::shaping::{
+    block_sums, check_logits, penalized_logits, softmax_in_place, warp, History, Shaping, SUM_BLOCK,
+};
 use crate::SamplingError;
 
 #[derive(Debug, Clone, PartialEq)]
 enum Repr {
     /// All mass on one token.
     Point(u32),
-    /// `probs[i]` = probability of token i; `total` = their sum (1 up to rounding), which the
-    /// inverse CDF scales `u` by so rounding can never push the target past the last token.
-    Dense { probs: Vec<f64>, total: f64 },
+    /// `probs[i]` = probability of token i; `blocks[b]` = the sum of block b of `probs`; `total` =
+    /// the sum of `blocks` (1 up to rounding), which the inverse CDF scales `u` by.
+    Dense {
+        probs: Vec<f64>,
+        blocks: Vec<f64>,
+        total: f64,
+    },
 }
 
 /// A normalised distribution over token ids `0..vocab_size()`, with at least one token of
@@ -60,11 +71,7 @@ impl ShapedDistribution {
             });
         }
         let probs = softmax_in_place(warp(&penalized, shaping));
-        let total = probs.iter().sum();
-        Ok(ShapedDistribution {
-            vocab: probs.len(),
-            repr: Repr::Dense { probs, total },
-        })
+        Ok(Self::dense(probs))
     }
 
     /// A distribution from non-negative weights (`[vocab]`), normalised to sum to 1.
@@ -101,21 +108,28 @@ impl ShapedDistribution {
     /// Normalises finite non-negative `weights`; None when their sum is <= `min_mass` (or
     /// zero, or not finite).
     pub(crate) fn normalized(mut weights: Vec<f64>, min_mass: f64) -> Option<Self> {
-        let mass: f64 = weights.iter().sum();
+        let mass: f64 = block_sums(&weights).iter().sum();
         if !(mass > min_mass && mass > 0.0 && mass.is_finite()) {
             return None;
         }
         for w in weights.iter_mut() {
             *w /= mass;
         }
-        let total = weights.iter().sum();
-        Some(ShapedDistribution {
-            vocab: weights.len(),
+        Some(Self::dense(weights))
+    }
+
+    /// The dense distribution of normalised `probs`, with its block sums.
+    fn dense(probs: Vec<f64>) -> Self {
+        let blocks = block_sums(&probs);
+        let total = blocks.iter().sum();
+        ShapedDistribution {
+            vocab: probs.len(),
             repr: Repr::Dense {
-                probs: weights,
+                probs,
+                blocks,
                 total,
             },
-        })
+        }
     }
 
     /// Number of token ids the distribution is defined over.
@@ -151,20 +165,30 @@ impl ShapedDistribution {
     pub fn draw(&self, u: f64) -> u32 {
         match &self.repr {
             Repr::Point(token) => *token,
-            Repr::Dense { probs, total } => {
+            Repr::Dense {
+                probs,
+                blocks,
+                total,
+            } => {
                 let target = u * total;
-                let mut cumulative = 0.0;
-                let mut last = 0;
-                for (i, &p) in probs.iter().enumerate() {
-                    if p > 0.0 {
-                        cumulative += p;
-                        last = i;
-                        if target < cumulative {
-                            return i as u32;
+                let mut prefix = 0.0;
+                for (b, &sum) in blocks.iter().enumerate() {
+                    if target < prefix + sum {
+                        let start = b * SUM_BLOCK;
+                        let mut partial = 0.0;
+                        for (i, &p) in probs[start..].iter().take(SUM_BLOCK).enumerate() {
+                            if p > 0.0 {
+                                partial += p;
+                                if target < prefix + partial {
+                                    return (start + i) as u32;
+                                }
+                            }
                         }
                     }
+                    prefix += sum;
                 }
-                last as u32
+                // u >= 1, NaN, or rounding at the very end: the last token of the support.
+                probs.iter().rposition(|&p| p > 0.0).unwrap_or(0) as u32
             }
         }
     }

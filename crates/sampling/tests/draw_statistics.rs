@@ -184,3 +184,49 @@ fn uniforms_are_uniform() {
     }
     assert_distributed_as(&counts, &[0.05; 20]);
 }
+
+/// Over a row of several summation blocks the draw is still the inverse CDF in id order: it agrees
+/// with a straight cumulative scan wherever the target is not within rounding of a step, and never
+/// returns a zero-probability id.
+#[test]
+fn draw_over_many_blocks_is_the_inverse_cdf() {
+    let weights: Vec<f64> = (0..20_011u64)
+        .map(|i| {
+            if i % 11 == 0 {
+                0.0
+            } else {
+                (i * 7919 % 13 + 1) as f64
+            }
+        })
+        .collect();
+    let d = ShapedDistribution::from_probs(&weights).unwrap();
+    let p: Vec<f64> = (0..weights.len())
+        .map(|i| d.probability(i as u32))
+        .collect();
+    let total: f64 = p.iter().sum();
+    let mut checked = 0;
+    for k in 0..2000 {
+        let u = (k as f64 + 0.5) / 2000.0;
+        let target = u * total;
+        let (mut cumulative, mut want, mut margin) = (0.0, None, f64::INFINITY);
+        for (i, &q) in p.iter().enumerate() {
+            if q > 0.0 {
+                let before = cumulative;
+                cumulative += q;
+                margin = margin
+                    .min((target - before).abs())
+                    .min((cumulative - target).abs());
+                if want.is_none() && target < cumulative {
+                    want = Some(i as u32);
+                }
+            }
+        }
+        let got = d.draw(u);
+        assert!(p[got as usize] > 0.0, "draw({u}) = {got} has probability 0");
+        if margin > 1e-9 {
+            assert_eq!(Some(got), want, "draw({u})");
+            checked += 1;
+        }
+    }
+    assert!(checked > 1900, "{checked} draws away from a step");
+}
