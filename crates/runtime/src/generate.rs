@@ -13,7 +13,8 @@
 //!
 //! The loop touches the model and its state only through `families::Backend` / `BackendState`, so the
 //! same code runs on the CPU engine and on the GPU (verify batches, tape replay and snapshots execute on
-//! the device; logits and drafter taps come back to the host, where acceptance is judged).
+//! the device; logits and drafter taps come back to the host, where acceptance is judged — or, for a
+//! plain-argmax shaping, only each row's argmax: `Wanted::argmax_only`).
 
 use std::time::Instant;
 
