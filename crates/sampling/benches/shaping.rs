@@ -60,14 +60,32 @@ fn main() {
             },
         ),
     ];
+    // A Zipf-like row, as language models' rows are: the logit falls with the log of a token's rank.
+    let zipf: Vec<f32> = (0..vocab)
+        .map(|i| 8.0 - 1.5 * (1.0 + ((i * 7919) % vocab) as f32).ln())
+        .collect();
     println!("shaping + draw of one {vocab}-logit row, median of 5 rounds of 20:");
-    for (name, shaping) in cases {
+    let zipf_cases = [
+        (
+            "Zipf row: temperature 0.7, top-p 0.9",
+            Shaping {
+                top_p: 0.9,
+                ..sampled(0.7)
+            },
+        ),
+        ("Zipf row: temperature 0.7", sampled(0.7)),
+    ];
+    let rows = cases
+        .iter()
+        .map(|c| (c, &logits))
+        .chain(zipf_cases.iter().map(|c| (c, &zipf)));
+    for ((name, shaping), logits) in rows {
         let mut rounds: Vec<f64> = (0..6)
             .map(|_| {
                 let t = Instant::now();
                 for _ in 0..20 {
                     let h = History::new(&history, 100).expect("history");
-                    let d = ShapedDistribution::new(&logits, &shaping, h).expect("shaping");
+                    let d = ShapedDistribution::new(logits, shaping, h).expect("shaping");
                     std::hint::black_box(d.draw(0.37));
                 }
                 t.elapsed().as_secs_f64() * 1e3 / 20.0
