@@ -201,11 +201,13 @@ impl Model {
             Placement::Cuda(dev) => match CudaModel::load(
                 &dev,
                 ck,
-                // Speculative rows are nearly free on the tensor-core GEMV; one row is cheaper on the
-                // FMA kernel. The choice is per load so sequential and speculative runs share it.
+                // The FMA GEMV is faster for one row and for verify blocks up to ~4 rows (the MTP
+                // head's blocks); the tensor-core GEMV for DFlash's 16-row blocks (H200, 4B shape:
+                // 1 / 4 / 16 rows 3.6 / 4.7 / 11.6 ms against 4.5 / 5.4 / 8.2, session 5). Per load,
+                // so sequential and speculative runs of a model share one arithmetic.
                 LoadOptions {
                     tensor_core_gemv: env_flag("TURBOSPARK_TENSOR_CORE_GEMV")
-                        .unwrap_or(ck.has_mtp || ck.has_dflash),
+                        .unwrap_or(ck.has_dflash && !ck.has_mtp),
                     graphs: env_flag("TURBOSPARK_CUDA_GRAPHS").unwrap_or(true),
                     verify_graphs: env_flag("TURBOSPARK_VERIFY_GRAPHS").unwrap_or(false),
                     ..LoadOptions::default()

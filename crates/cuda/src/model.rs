@@ -37,9 +37,10 @@ pub struct LoadOptions {
     pub verify_graphs: bool,
     /// Run every GEMV of up to `gemv_max_rows` rows, decode rows included, on the tensor-core kernel
     /// (linear_mma.cu) instead of the FMA kernel (linear.cu). One kernel serves both so verify rows equal
-    /// decode rows bit for bit; which one is a per-load trade measured on the H200 (qwen35-4b shapes,
-    /// tools/device/README.md run 6): FMA is 20-40% faster for one row, tensor cores 1.5-2x faster for 8
-    /// rows and ~3x for 16. The engine turns it on for checkpoints that carry a drafter.
+    /// decode rows bit for bit; which one is a per-load trade measured on the H200 (qwen35-4b shape,
+    /// greedy verify rounds, run 40): FMA 3.56 / 3.9 / 4.6 ms for 1 / 2 / 4 rows, tensor cores 4.51 /
+    /// 5.1 / 5.4 ms, but 8.3 ms against FMA's 11.5 for 16 rows. The engine turns it on for checkpoints
+    /// whose drafter is DFlash (16-row blocks) and not MTP.
     pub tensor_core_gemv: bool,
     /// Rows per internal pass of a long forward (bounds scratch memory; the result depends on it only
     /// to rounding, through the key splits of tensor-core attention).

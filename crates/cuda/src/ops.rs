@@ -28,6 +28,14 @@ pub(crate) use crate::gdn::{
 pub(crate) const LIN_WARPS: usize = 8;
 /// Rows per GEMV launch (the kernels are instantiated for 1..=8).
 const LIN_MAX_ROWS: usize = 8;
+/// Output rows per warp of the GEMV kernel for a launch of `n` input rows (LIN_R in linear.cu).
+fn gemv_rows_per_warp(n: usize) -> usize {
+    match n {
+        0..=1 => 1,
+        2 => 2,
+        _ => 4,
+    }
+}
 /// Largest staged input (rows x width x 4 bytes) of a GEMV block: dynamic shared memory without the
 /// opt-in attribute is limited to 48 KiB, and 4 such blocks still fit on an SM.
 const LIN_STAGE_BYTES: usize = 40 * 1024;
@@ -101,18 +109,23 @@ fn gemv(
     let sms = dev.info.sms.max(1) as usize;
     let wpr = gemv_wpr(w.rows, mode.swiglu, sms);
     let per_group = LIN_WARPS / wpr;
-    let (y_width, groups, inter) = if mode.swiglu {
-        let inter = w.rows / 2;
-        (inter, inter.div_ceil(per_group / 2), inter)
+    let (y_width, inter) = if mode.swiglu {
+        (w.rows / 2, w.rows / 2)
     } else {
-        (w.rows, w.rows.div_ceil(per_group), 0)
+        (w.rows, 0)
     };
     let mut r0 = 0;
     while r0 < rows {
         let n = (rows - r0).min(LIN_MAX_ROWS);
+        let slot_rows = gemv_rows_per_warp(n);
+        let groups = if mode.swiglu {
+            inter.div_ceil(per_group / 2 * slot_rows)
+        } else {
+            w.rows.div_ceil(per_group * slot_rows)
+        };
         // Staged launches loop over row groups with as many blocks as are resident at once (the
         // kernels' __launch_bounds__ minimum by row count).
-        let per_sm = if n <= 2 {
+        let per_sm = if n <= 1 {
             LIN_BLOCKS_PER_SM
         } else {
             LIN_BLOCKS_PER_SM / 2

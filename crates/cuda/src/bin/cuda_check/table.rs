@@ -1,8 +1,8 @@
 //! The performance table from one run (`cuda_check --table`): for each synthetic shape (random
 //! bf16 weights generated on the GPU, synth's configs), batch-1 greedy decode tok/s after a 512-token
 //! prompt (128 new tokens) and its fraction of the roofline, prefill tok/s at 512 and 4096 prompt
-//! tokens, and the verify-cost curve (1, 2, 4, 8, 16 rows relative to one) with the FMA GEMV (the
-//! default) and the tensor-core GEMV (what checkpoints carrying a drafter load).
+//! tokens, and the verify-cost curve (a greedy round: 1, 2, 4, 8, 16 rows relative to one, argmax ids
+//! back, medians of 10) with the FMA GEMV and the tensor-core GEMV.
 //!
 //! Roofline = the device-to-device copy rate (read + write, measured once at the start) / the weight
 //! bytes a decode step must read. Every figure is from this one process, shapes measured one after
@@ -103,7 +103,7 @@ fn measure(dev: &Arc<CudaDevice>, shape_name: &str, bw: f64, new: usize) -> Resu
         let p512 = prompt(512);
         prefill_s(dev, &model, &p512)?; // warm-up
         let (tps, mut st, next) = decode(&model, &p512, new)?;
-        let curve = verify_curve(dev, &model, &mut st, next)?;
+        let curve = verify_curve(dev, &model, &mut st, next, true)?;
         drop(st);
         if tc {
             row.decode_tc_tps = tps;
@@ -142,7 +142,7 @@ pub fn run(dev: &Arc<CudaDevice>, shapes: &[&str], new: usize) -> Result<bool> {
             .join(" / ")
     };
     println!(
-        "\n| shape (bf16) | weights | roofline | decode tok/s (FMA GEMV) | decode tok/s (tensor-core GEMV) | prefill 512 | prefill 4096 | verify {:?} rows x one row, FMA | same, tensor cores |",
+        "\n| shape (bf16) | weights | roofline | decode tok/s (FMA GEMV) | decode tok/s (tensor-core GEMV) | prefill 512 | prefill 4096 | greedy verify {:?} rows x one row, FMA | same, tensor cores |",
         VERIFY_ROWS
     );
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
