@@ -8,7 +8,8 @@
 //!    No stop token can end a run early (the EOS list is empty), so every run does the same work.
 //! 2. Speculative (when the checkpoint has an MTP head, or `--speculative` names blocks): with the
 //!    largest thread count, sequential vs MTP greedy decoding from the same prompt (`--prompt` text, or
-//!    a built-in text when the checkpoint has a tokenizer, else the random ids), per block: tok/s, the
+//!    a built-in text when the checkpoint has a tokenizer, else the random ids), per block (and `auto`,
+//!    whose block is tuned as it runs; labelled with the block most rounds used): tok/s, the
 //!    ratio to sequential, accepted proposals per round, per-position conditional acceptance, and
 //!    whether the tokens equal the sequential ones (greedy speculative decoding is lossless, so they
 //!    should, up to float ties).
@@ -27,6 +28,8 @@ use runtime::{
     Detokenizer, DrafterAvailability, DrafterRequest, GenerationConfig, GenerationResult, Request,
     RuntimeError, Session, SpecStats, Speculation, Speculative,
 };
+
+use runtime::policy::{MTP_DEFAULT_BLOCK, MTP_MAX_BLOCK};
 
 use crate::progress;
 
@@ -64,9 +67,9 @@ pub struct BenchArgs {
     /// Runs per measurement (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// MTP blocks to compare with sequential decoding, comma-separated, or `off`
-    /// (default: 1,2,3,4 when the checkpoint has an MTP head).
-    #[arg(long, value_name = "N,N,..|off")]
+    /// MTP blocks to compare with sequential decoding, comma-separated, `auto` among them for the
+    /// tuned block, or `off` (default: 1,2,3,4,auto when the checkpoint has an MTP head).
+    #[arg(long, value_name = "N,..,auto|off")]
     pub speculative: Option<String>,
     /// Prompt text for the speculative comparison (needs the checkpoint's tokenizer).
     #[arg(long, value_name = "TEXT")]
@@ -112,11 +115,12 @@ pub fn median(values: &[f64]) -> f64 {
     }
 }
 
-/// Which MTP blocks to compare, from `--speculative` and whether the head exists.
-fn speculative_blocks(flag: Option<&str>, has_mtp: bool) -> Result<Vec<usize>> {
+/// Which MTP blocks to compare, from `--speculative` and whether the head exists: `Some(n)` a fixed
+/// block, `None` the `auto` run (its block tuned as it goes, runtime::tuner).
+fn speculative_blocks(flag: Option<&str>, has_mtp: bool) -> Result<Vec<Option<usize>>> {
     let Some(flag) = flag else {
         return Ok(if has_mtp {
-            vec![1, 2, 3, 4]
+            vec![Some(1), Some(2), Some(3), Some(4), None]
         } else {
             Vec::new()
         });
@@ -132,10 +136,13 @@ fn speculative_blocks(flag: Option<&str>, has_mtp: bool) -> Result<Vec<usize>> {
     let mut blocks = Vec::new();
     for part in flag.split(',') {
         let speculation: Speculation = part.parse()?;
-        let Speculation::Block(block) = speculation else {
-            bail!(
-                "invalid value {flag:?} for --speculative: expected `off` or blocks such as 1,2,4"
-            );
+        let block = match speculation {
+            Speculation::Block(block) => Some(block),
+            Speculation::Auto => None,
+            Speculation::Off => bail!(
+                "invalid value {flag:?} for --speculative: expected `off` alone, or blocks and \
+                 `auto` such as 1,2,4,auto"
+            ),
         };
         runtime::resolve(speculation, DrafterRequest::Mtp, &availability, None)?;
         blocks.push(block);
@@ -364,7 +371,12 @@ fn per_position(spec: &SpecStats) -> String {
         .join(" ")
 }
 
-fn speculative(bench: &Bench, args: &BenchArgs, prompt: &[u32], blocks: &[usize]) -> Result<()> {
+fn speculative(
+    bench: &Bench,
+    args: &BenchArgs,
+    prompt: &[u32],
+    blocks: &[Option<usize>],
+) -> Result<()> {
     let threads = args.threads_list.iter().copied().max().unwrap_or(1);
     // The head on the target's device (on the GPU next to a GPU target).
     let head = bench
@@ -401,8 +413,17 @@ fn speculative(bench: &Bench, args: &BenchArgs, prompt: &[u32], blocks: &[usize]
             "sequential", "1.00x", "-", "-", "-"
         );
         let mut session = Session::open(&bench.model)?.with_drafter(head);
+        // `auto` as the engine plans it: the policy's block, tuned up to what the device verifies exactly.
+        let auto_max = bench
+            .model
+            .max_exact_block()
+            .map_or(MTP_MAX_BLOCK, |m| m.min(MTP_MAX_BLOCK));
         for &block in blocks {
-            let results = bench.runs(args.runs, &mut session, prompt, Some(Speculative::new(block)))?;
+            let spec = match block {
+                Some(b) => Speculative::new(b),
+                None => Speculative::tuned(MTP_DEFAULT_BLOCK, auto_max),
+            };
+            let results = bench.runs(args.runs, &mut session, prompt, Some(spec))?;
             let rate = median(
                 &results
                     .iter()
@@ -412,9 +433,19 @@ fn speculative(bench: &Bench, args: &BenchArgs, prompt: &[u32], blocks: &[usize]
             let ratio = if seq_rate > 0.0 { rate / seq_rate } else { 0.0 };
             let spec = results.first().and_then(|r| r.spec.clone()).unwrap_or_default();
             let same = results.iter().all(|r| r.token_ids == seq_ids);
+            // auto: the block most rounds of the first run proposed.
+            let label = match block {
+                Some(b) => format!("mtp {b}"),
+                None => {
+                    let most = (spec.rounds_by_block.iter().enumerate())
+                        .max_by_key(|&(_, n)| *n)
+                        .map_or(0, |(b, _)| b);
+                    format!("auto ~{most}")
+                }
+            };
             out!(
                 "{:>10} | {rate:>12.2} | {:>7} | {:>14.2} | {:>22} | {:>11}",
-                format!("mtp {block}"),
+                label,
                 format!("{ratio:.2}x"),
                 spec.accepted_per_round(),
                 per_position(&spec),
@@ -446,15 +477,21 @@ mod tests {
 
     #[test]
     fn speculative_blocks_follow_the_policy() {
-        assert_eq!(speculative_blocks(None, true).unwrap(), vec![1, 2, 3, 4]);
+        let all = vec![Some(1), Some(2), Some(3), Some(4), None];
+        assert_eq!(speculative_blocks(None, true).unwrap(), all);
         assert!(speculative_blocks(None, false).unwrap().is_empty());
         assert!(speculative_blocks(Some("off"), true).unwrap().is_empty());
-        assert_eq!(speculative_blocks(Some("2,3"), true).unwrap(), vec![2, 3]);
+        assert_eq!(
+            speculative_blocks(Some("2,3"), true).unwrap(),
+            vec![Some(2), Some(3)]
+        );
+        let with_auto = speculative_blocks(Some("2,auto"), true).unwrap();
+        assert_eq!(with_auto, vec![Some(2), None]);
+        assert!(speculative_blocks(Some("2,off"), true).is_err());
         let no_head = format!("{:#}", speculative_blocks(Some("2"), false).unwrap_err());
         assert!(no_head.contains("MTP head"), "{no_head}");
         let bad = format!("{:#}", speculative_blocks(Some("x"), true).unwrap_err());
         assert!(bad.contains("--speculative"), "{bad}");
-        assert!(speculative_blocks(Some("auto"), true).is_err());
         assert!(speculative_blocks(Some("99"), true).is_err()); // beyond the MTP maximum
     }
 }

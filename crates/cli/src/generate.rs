@@ -164,10 +164,22 @@ pub fn load(model: &ModelArgs, sampling: &SamplingArgs) -> Result<Loaded> {
     let engine = engine?;
     let plan = engine.plan(sampling.speculative, sampling.drafter)?;
     let (speculative, mode) = match &plan {
-        SpeculationPlan::Enabled { drafter, block } => (
-            // Tape rollback, exact acceptance.
-            Some(Speculative::new(*block)),
-            format!("{drafter}, block {block}"),
+        SpeculationPlan::Enabled {
+            drafter,
+            block,
+            tune_up_to,
+        } => (
+            // Tape rollback, exact acceptance; `auto` tunes the block of greedy runs.
+            Some(match tune_up_to {
+                Some(max) => Speculative::tuned(*block, *max),
+                None => Speculative::new(*block),
+            }),
+            match tune_up_to {
+                Some(max) => {
+                    format!("{drafter}, block {block} (auto: tuned within 1..={max} when greedy)")
+                }
+                None => format!("{drafter}, block {block}"),
+            },
         ),
         SpeculationPlan::Disabled { warning } => {
             if let Some(warning) = warning {

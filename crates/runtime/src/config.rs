@@ -174,6 +174,8 @@ pub struct SpecStats {
     pub per_position_offered: Vec<usize>,
     /// `[block]`: rounds that accepted position i.
     pub per_position_accepted: Vec<usize>,
+    /// `[b]`: rounds that proposed b tokens (one block unless an `auto` run tuned it, tuner.rs).
+    pub rounds_by_block: Vec<usize>,
     /// Rounds whose verify overshot the committed tokens, so the state was rolled back.
     pub rollbacks: usize,
     /// Time in the drafter: proposing, and observing the verified rows after each round.
@@ -207,6 +209,10 @@ impl SpecStats {
         let judged = judged.min(proposed);
         let accepted = accepted.min(judged);
         self.rounds += 1;
+        if self.rounds_by_block.len() <= proposed {
+            self.rounds_by_block.resize(proposed + 1, 0);
+        }
+        self.rounds_by_block[proposed] += 1;
         self.proposed += proposed;
         self.accepted += accepted;
         if self.per_position_offered.len() < judged {
@@ -275,7 +281,20 @@ impl fmt::Display for SpecStats {
             f,
             "] rollbacks={} draft={:.3}s verify={:.3}s rollback={:.3}s",
             self.rollbacks, self.draft_seconds, self.verify_seconds, self.rollback_seconds
-        )
+        )?;
+        if self.rounds_by_block.iter().filter(|&&n| n > 0).count() > 1 {
+            write!(f, " rounds-by-block=[")?;
+            let used = self
+                .rounds_by_block
+                .iter()
+                .enumerate()
+                .filter(|(_, &n)| n > 0);
+            for (i, (b, n)) in used.enumerate() {
+                write!(f, "{}{b}:{n}", if i == 0 { "" } else { " " })?;
+            }
+            write!(f, "]")?;
+        }
+        Ok(())
     }
 }
 

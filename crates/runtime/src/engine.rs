@@ -100,8 +100,31 @@ impl Engine {
             &self.availability(),
             self.speculation_blocker(),
         )?;
+        // Tuning stays within what the device verifies exactly.
+        let plan = match (plan, self.model.max_exact_block()) {
+            (
+                SpeculationPlan::Enabled {
+                    drafter,
+                    block,
+                    tune_up_to: Some(up),
+                },
+                Some(max),
+            ) => SpeculationPlan::Enabled {
+                drafter,
+                block,
+                tune_up_to: Some(up.min(max.max(1))),
+            },
+            (plan, _) => plan,
+        };
         match (plan, self.model.max_exact_block()) {
-            (SpeculationPlan::Enabled { drafter, block }, Some(max)) if block > max => {
+            (
+                SpeculationPlan::Enabled {
+                    drafter,
+                    block,
+                    tune_up_to,
+                },
+                Some(max),
+            ) if block > max => {
                 if let Speculation::Block(n) = spec {
                     return Err(RuntimeError::SpeculationUnavailable {
                         request: format!("--speculative {n}"),
@@ -124,6 +147,7 @@ impl Engine {
                     SpeculationPlan::Enabled {
                         drafter,
                         block: max,
+                        tune_up_to,
                     }
                 })
             }

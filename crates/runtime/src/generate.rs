@@ -27,6 +27,7 @@ use crate::detok::Detokenizer;
 use crate::error::RuntimeError;
 use crate::session::Session;
 use crate::sink::{CancelFlag, Event, StopReason, TokenSink};
+use crate::tuner::BlockTuner;
 
 /// Prompt tokens per prefill forward: large enough for GEMM efficiency, small enough that cancellation
 /// and progress are polled often.
@@ -43,8 +44,11 @@ pub enum Rollback {
 
 #[derive(Clone, Copy, Debug)]
 pub struct Speculative {
-    /// Proposals per round (≥ 1).
+    /// Proposals per round (≥ 1); where tuning starts when `tune_up_to` is set.
     pub block: usize,
+    /// Tune the block within 1..=this while the run goes (`auto` runs, tuner.rs), when selection is
+    /// greedy; `None`: keep `block`.
+    pub tune_up_to: Option<usize>,
     pub rollback: Rollback,
     pub acceptance: Acceptance,
 }
@@ -53,9 +57,23 @@ impl Speculative {
     pub fn new(block: usize) -> Self {
         Speculative {
             block,
+            tune_up_to: None,
             rollback: Rollback::Tape,
             acceptance: Acceptance::Exact,
         }
+    }
+
+    /// An `auto` run's speculation: starts at `block`, tuned within 1..=`max`.
+    pub fn tuned(block: usize, max: usize) -> Self {
+        Speculative {
+            tune_up_to: Some(max),
+            ..Speculative::new(block)
+        }
+    }
+
+    /// The most proposals a round may make.
+    pub fn max_block(&self) -> usize {
+        self.tune_up_to.map_or(self.block, |m| m.max(self.block))
     }
 }
 
@@ -202,7 +220,7 @@ pub fn generate<B: Backend>(
     let reach = prompt
         .len()
         .saturating_add(cfg.max_new_tokens)
-        .saturating_add(speculative.map_or(0, |s| s.block) + 1);
+        .saturating_add(speculative.map_or(0, |s| s.max_block()) + 1);
     model.reserve(&mut session.state, reach.min(model.context()))?;
     let taps: Vec<Tap> = match (&speculative, &session.drafter) {
         (Some(_), Some(d)) => d.taps(),
@@ -269,6 +287,10 @@ pub fn generate<B: Backend>(
         d.observe(&t, n, &follow)?;
     }
     let mut stats = speculative.map(|s| SpecStats::new(s.block));
+    // Greedy selection makes the same tokens whatever the block, so only there may it be tuned.
+    let mut tuner = speculative
+        .and_then(|s| s.tune_up_to.map(|max| BlockTuner::new(s.block, max)))
+        .filter(|_| cfg.shaping.is_greedy());
     loop {
         if sink.commit(next)?.is_some() {
             break;
@@ -278,7 +300,11 @@ pub fn generate<B: Backend>(
         let room = sink
             .budget_left()
             .min(model.context().saturating_sub(base + 1));
-        let k = speculative.map_or(0, |s| s.block.min(room));
+        let block = match tuner.as_mut() {
+            Some(t) => t.next_block(),
+            None => speculative.map_or(0, |s| s.block),
+        };
+        let k = block.min(room);
         let draft_start = Instant::now();
         sel.drafted.clear();
         let proposals = match (k, session.drafter.as_mut()) {
@@ -398,6 +424,9 @@ pub fn generate<B: Backend>(
                 s.verify_seconds += verify_seconds;
                 s.rollback_seconds += rollback_seconds;
             }
+        }
+        if let Some(t) = tuner.as_mut().filter(|_| proposals.len() == block) {
+            t.record(block, judged, accepted, draft_start.elapsed().as_secs_f64());
         }
         match (stopped, chosen) {
             (false, Some(t)) => next = t,

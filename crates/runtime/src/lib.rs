@@ -7,6 +7,7 @@
 //!   rules in a fixed precedence, stop-string withholding, UTF-8-safe deltas, cancellation.
 //! - [`detok`]: [`Detokenizer`] and the incremental decoder behind the deltas.
 //! - [`policy`]: whether and how a run speculates, from the request and what the checkpoint has.
+//! - [`tuner`]: the block of an `auto` run, tuned on measured throughput.
 //! - [`chat`]: Hugging Face chat templates rendered as transformers renders them.
 //!
 //! Invariant shared by every loop: a token is committed only through [`TokenSink::commit`], so
@@ -21,6 +22,7 @@ pub mod generate;
 pub mod policy;
 pub mod session;
 pub mod sink;
+pub mod tuner;
 
 pub use chat::{ChatMessage, ChatTemplate, RenderOptions};
 pub use config::{check_admission, GenerationConfig, GenerationResult, SpecStats};

@@ -164,12 +164,13 @@ pub enum SpeculationPlan {
     Enabled {
         drafter: Drafter,
         block: usize,
+        /// Under `auto`: the run may tune its block within 1..=this as it measures (tuner.rs),
+        /// starting at `block`. `None` for a named block, which is kept.
+        tune_up_to: Option<usize>,
     },
     /// `warning` is `Some` when the caller asked for `auto` and may have expected speculation;
     /// `None` when they asked for `off`.
-    Disabled {
-        warning: Option<String>,
-    },
+    Disabled { warning: Option<String> },
 }
 
 /// Decides speculation for a run (see the module doc for the rules).
@@ -188,7 +189,7 @@ pub fn resolve(
         let (default_block, max_block) = availability.blocks(chosen);
         let block = named_block.unwrap_or(default_block);
         if (1..=max_block).contains(&block) {
-            Ok((chosen, block))
+            Ok((chosen, block, max_block))
         } else if max_block == 0 {
             Err(format!(
                 "the {chosen} drafter's trained block has no room for a proposal (block_size 1)"
@@ -200,7 +201,11 @@ pub fn resolve(
         }
     });
     match (chosen, named_block) {
-        (Ok((drafter, block)), _) => Ok(SpeculationPlan::Enabled { drafter, block }),
+        (Ok((drafter, block, max)), named) => Ok(SpeculationPlan::Enabled {
+            drafter,
+            block,
+            tune_up_to: named.is_none().then_some(max),
+        }),
         (Err(reason), None) => Ok(SpeculationPlan::Disabled {
             warning: Some(format!(
                 "speculative decoding is off for this run ({reason}); decoding sequentially"
@@ -276,7 +281,19 @@ mod tests {
     };
 
     fn enabled(drafter: Drafter, block: usize) -> SpeculationPlan {
-        SpeculationPlan::Enabled { drafter, block }
+        SpeculationPlan::Enabled {
+            drafter,
+            block,
+            tune_up_to: None,
+        }
+    }
+
+    fn tuned(drafter: Drafter, block: usize, max: usize) -> SpeculationPlan {
+        SpeculationPlan::Enabled {
+            drafter,
+            block,
+            tune_up_to: Some(max),
+        }
     }
 
     fn warning(plan: SpeculationPlan) -> String {
@@ -333,27 +350,29 @@ mod tests {
     #[test]
     fn auto_prefers_mtp_at_its_measured_block() {
         let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &BOTH, None).unwrap();
-        assert_eq!(plan, enabled(Drafter::Mtp, 2));
+        assert_eq!(plan, tuned(Drafter::Mtp, 2, MTP_MAX_BLOCK));
         let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &MTP, None).unwrap();
-        assert_eq!(plan, enabled(Drafter::Mtp, 2));
+        assert_eq!(plan, tuned(Drafter::Mtp, 2, MTP_MAX_BLOCK));
     }
 
     #[test]
     fn auto_falls_back_to_dflash_at_its_trained_block() {
         let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &DFLASH8, None).unwrap();
-        assert_eq!(plan, enabled(Drafter::Dflash, 7));
+        assert_eq!(plan, tuned(Drafter::Dflash, 7, 7));
         let unknown = DrafterAvailability {
             dflash_max_block: None,
             ..DFLASH8
         };
         let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &unknown, None).unwrap();
-        assert_eq!(plan, enabled(Drafter::Dflash, DFLASH_DEFAULT_MAX_BLOCK));
+        let max = DFLASH_DEFAULT_MAX_BLOCK;
+        assert_eq!(plan, tuned(Drafter::Dflash, max, max));
     }
 
     #[test]
     fn a_named_drafter_is_used_even_when_auto_would_pick_the_other() {
         let plan = resolve(Speculation::Auto, DrafterRequest::Dflash, &BOTH, None).unwrap();
-        assert_eq!(plan, enabled(Drafter::Dflash, 7));
+        assert_eq!(plan, tuned(Drafter::Dflash, 7, 7));
+        // A named block is kept: no tuning.
         let plan = resolve(Speculation::Block(3), DrafterRequest::Mtp, &BOTH, None).unwrap();
         assert_eq!(plan, enabled(Drafter::Mtp, 3));
     }

@@ -192,3 +192,81 @@ fn greedy_speculative_equals_sequential_hybrid() {
 fn greedy_speculative_equals_sequential_dense() {
     check_model("qwen3", 200);
 }
+
+/// An `auto` run tunes its block while it goes (runtime::tuner): the rounds propose several block
+/// sizes, and the greedy stream and final state still equal the sequential run's. A sampled run keeps
+/// its block (its seeded draws depend on the rounds).
+fn tuned_runs(name: &str) {
+    let (_, model) = fixture(name);
+    for salt in 0..2u32 {
+        let p = prompt(&model, 6 + 5 * salt as usize, salt);
+        let case = Case {
+            prompt: p.clone(),
+            max_tokens: 48,
+            stop: vec![],
+            eos: vec![],
+            cancel_after: None,
+        };
+        let (want, want_state, _) = run(&model, &case, None);
+        for error_rate in [0.0, 0.3] {
+            let mut full = p.clone();
+            full.extend_from_slice(&want.token_ids);
+            let oracle = Oracle {
+                full,
+                error_rate,
+                vocab: model.vocab as u32,
+                calls: 0,
+            };
+            let (got, state, stream) = run(&model, &case, Some((Speculative::tuned(2, 8), oracle)));
+            let label = format!("{name} salt {salt} err {error_rate}");
+            assert_eq!(got.token_ids, want.token_ids, "{label}");
+            assert_eq!(stream, got.text, "{label}: deltas");
+            assert!(state.bitwise_eq(&want_state), "{label}: state");
+            let s = got.spec.as_ref().unwrap();
+            // Started at 2: a round of 3 or more proposals was the tuner's.
+            assert!(
+                s.rounds_by_block.len() > 3,
+                "{label}: never tuned: {:?}",
+                s.rounds_by_block
+            );
+        }
+    }
+    // Sampled: the block stays (only the last rounds, with room for fewer tokens, propose fewer).
+    let (_, model) = fixture(name);
+    let p = prompt(&model, 9, 7);
+    let d = detok(model.vocab as u32);
+    // Proposals to judge: the prompt then arbitrary tokens (the oracle drafts from `full`).
+    let mut full = p.clone();
+    full.extend((0..64).map(|i| (i * 7 + 3) % model.vocab as u32));
+    let mut session = Session::new(&model).with_drafter(Box::new(Oracle {
+        full,
+        error_rate: 0.5,
+        vocab: model.vocab as u32,
+        calls: 0,
+    }));
+    let mut cfg = GenerationConfig::greedy(40);
+    cfg.shaping.temperature = 0.8;
+    cfg.seed = 11;
+    let req = Request {
+        prompt: &p,
+        config: &cfg,
+        eos: &[],
+        detok: &d,
+        speculative: Some(Speculative::tuned(3, 8)),
+        cancel: CancelFlag::new(),
+    };
+    let r = generate(&model, &mut session, &req, &mut |_| {}).unwrap();
+    let s = r.spec.unwrap();
+    assert!(s.rounds_by_block.len() <= 4, "{:?}", s.rounds_by_block);
+    assert!(
+        s.rounds_by_block[3] + 2 >= s.rounds,
+        "{:?}",
+        s.rounds_by_block
+    );
+}
+
+#[test]
+fn tuned_blocks_keep_the_greedy_stream() {
+    tuned_runs("qwen3_5");
+    tuned_runs("qwen3");
+}

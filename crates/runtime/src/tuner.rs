@@ -1,0 +1,294 @@
+//! The block of an `auto` speculative run, tuned while it runs: the proposals per round that commit
+//! the most tokens per second on this model, device, drafter and text.
+//!
+//! Why measure instead of deriving it: the best block is the argmax over b of E[tokens | b] / cost(b),
+//! and both factors move. Acceptance decays along the block at a rate that depends on the drafter and
+//! the text (the testbed's MTP head: 0.94 at position 1, 0.73 at 2; code differs from prose), and the
+//! verify cost curve depends on the device and model (H200, 4B shape: 1.10 / 1.30 / 1.78x one row for
+//! 2 / 4 / 8 rows; the testbed on the same GPU is launch-bound and nearly flat; on the CPU verify cost
+//! grows with the rows). Measured on the testbed, GPU: block 2 1.03x, block 4 1.25x over sequential.
+//!
+//! Model: E[tokens | b] = 1 + a1 + a1 a2 + ... + a1 ... ab, with a_i the acceptance of position i
+//! given the ones before it, pooled over every round that reached i whatever its block (position i's
+//! draft does not depend on how many follow it), smoothed toward the acceptance pooled over all
+//! positions (weight `PRIOR` rounds), so a position rarely reached counts as an average one rather
+//! than a bad one. cost(b) = the median seconds of the last `WINDOW` rounds of block b (drafting,
+//! verify, rollback, the drafter's observe): a median, because a run's first rounds carry one-time
+//! costs (graph captures) that an average would drag along. A round's token count is too noisy to
+//! average per block (it varies from 1 to b + 1); its acceptance outcomes, pooled, are not.
+//!
+//! Search: the run sits on a current block; every `PROBE_EVERY` rounds it tries another at an offset
+//! cycling through `PROBES` (+1, -1, +2, -2: the ±2 probes step over a local optimum, as where the
+//! verify cost jumps). After each round it moves to the block with the best modelled rate among those
+//! with at least `MIN_ROUNDS` timed rounds, if that beats the current one by `MARGIN`.
+//!
+//! Invariant: tuning only changes how many tokens a round proposes, never which tokens are committed,
+//! so it is used only where the output does not depend on the block: selection without random draws
+//! (temperature 0, with or without penalties). A sampled run keeps its block so that a seeded run
+//! reproduces (its draws depend on the rounds, and the tuner's choices on wall-clock time).
+
+/// Rounds between probes of another block.
+pub const PROBE_EVERY: u64 = 3;
+/// Offsets from the current block that successive probes try.
+pub const PROBES: [isize; 4] = [1, -1, 2, -2];
+/// Timed rounds a block needs before its rate is compared.
+pub const MIN_ROUNDS: u32 = 2;
+/// How much better another block's rate must be to move to it (one round's timing jitters by ~1-2%).
+pub const MARGIN: f64 = 1.03;
+/// Rounds of a block whose median is its cost.
+pub const WINDOW: usize = 5;
+/// Weight, in rounds, of the pooled acceptance in each position's estimate.
+const PRIOR: f64 = 2.0;
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Timing {
+    rounds: u32,
+    last: [f64; WINDOW], // the latest rounds' seconds, ring-indexed by `rounds`
+}
+
+impl Timing {
+    fn median(&self) -> f64 {
+        let n = (self.rounds as usize).min(WINDOW);
+        let mut v = self.last[..n].to_vec();
+        v.sort_by(f64::total_cmp);
+        match n {
+            0 => 0.0,
+            n if n % 2 == 1 => v[n / 2],
+            n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+        }
+    }
+}
+
+/// Chooses each round's block within 1..=max (see the module doc).
+#[derive(Clone, Debug)]
+pub struct BlockTuner {
+    max: usize,
+    current: usize,
+    round: u64,
+    timing: Vec<Timing>, // [block]
+    reached: Vec<u64>,   // [position]: rounds whose acceptance test reached it
+    accepted: Vec<u64>,  // [position]: rounds that accepted it
+}
+
+impl BlockTuner {
+    /// Starts at `start` (clamped into 1..=max).
+    pub fn new(start: usize, max: usize) -> Self {
+        let max = max.max(1);
+        BlockTuner {
+            max,
+            current: start.clamp(1, max),
+            round: 0,
+            timing: vec![Timing::default(); max + 1],
+            reached: vec![0; max + 1],
+            accepted: vec![0; max + 1],
+        }
+    }
+
+    /// The block the run currently prefers.
+    pub fn current(&self) -> usize {
+        self.current
+    }
+
+    /// The block for the next round: the current one, or another on probe rounds.
+    pub fn next_block(&mut self) -> usize {
+        self.round += 1;
+        if self.round % PROBE_EVERY == 0 {
+            let i = ((self.round / PROBE_EVERY - 1) % PROBES.len() as u64) as usize;
+            let b = self.current as isize + PROBES[i];
+            return b.clamp(1, self.max as isize) as usize;
+        }
+        self.current
+    }
+
+    /// One finished round that proposed `block` tokens, judged the first `judged` of them and
+    /// accepted the first `accepted`, in `seconds`.
+    pub fn record(&mut self, block: usize, judged: usize, accepted: usize, seconds: f64) {
+        if block == 0 || block > self.max || !seconds.is_finite() || seconds <= 0.0 {
+            return;
+        }
+        let judged = judged.min(block);
+        for i in 1..=judged {
+            self.reached[i] += 1;
+            if i <= accepted {
+                self.accepted[i] += 1;
+            }
+        }
+        let t = &mut self.timing[block];
+        t.last[t.rounds as usize % WINDOW] = seconds;
+        t.rounds = t.rounds.saturating_add(1);
+        let Some(here) = self.rate(self.current) else {
+            return;
+        };
+        let mut best = (self.current, here * MARGIN);
+        for b in 1..=self.max {
+            if let Some(r) = self.rate(b).filter(|_| b != self.current) {
+                if r > best.1 {
+                    best = (b, r);
+                }
+            }
+        }
+        self.current = best.0;
+    }
+
+    /// Modelled tokens per second of block b, once it has been timed enough.
+    fn rate(&self, b: usize) -> Option<f64> {
+        let t = self.timing[b];
+        let seconds = t.median();
+        if t.rounds < MIN_ROUNDS || seconds <= 0.0 {
+            return None;
+        }
+        let (hits, tries) = (
+            self.accepted.iter().sum::<u64>(),
+            self.reached.iter().sum::<u64>(),
+        );
+        let pooled = (hits as f64 + 1.0) / (tries as f64 + 2.0);
+        let (mut tokens, mut reach) = (1.0, 1.0);
+        for i in 1..=b {
+            reach *= (self.accepted[i] as f64 + PRIOR * pooled) / (self.reached[i] as f64 + PRIOR);
+            tokens += reach;
+        }
+        Some(tokens / seconds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Expected tokens a round of block b commits when position i is accepted with probability
+    /// `accept(i)` given the ones before it: 1 + a1 + a1 a2 + ...
+    fn tokens(accept: &impl Fn(usize) -> f64, b: usize) -> f64 {
+        let (mut sum, mut reach) = (1.0, 1.0);
+        for i in 1..=b {
+            reach *= accept(i);
+            sum += reach;
+        }
+        sum
+    }
+
+    /// A model of rounds: position i is accepted with probability `accept(i)` given the ones before
+    /// it (outcomes from a seeded generator), and a round costs `draft * b + verify(b + 1)` seconds;
+    /// returns where the tuner settles.
+    fn settle(
+        accept: impl Fn(usize) -> f64,
+        draft: f64,
+        verify: impl Fn(usize) -> f64,
+        start: usize,
+        max: usize,
+    ) -> usize {
+        let mut t = BlockTuner::new(start, max);
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut uniform = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for _ in 0..400 {
+            let b = t.next_block();
+            let mut accepted = 0;
+            while accepted < b && uniform() < accept(accepted + 1) {
+                accepted += 1;
+            }
+            let judged = (accepted + 1).min(b);
+            t.record(b, judged, accepted, draft * b as f64 + verify(b + 1));
+        }
+        t.current()
+    }
+
+    fn run(a: f64, draft: f64, verify: impl Fn(usize) -> f64, start: usize, max: usize) -> usize {
+        settle(|_| a, draft, verify, start, max)
+    }
+
+    /// Tokens per second of block b under a geometric acceptance `a`.
+    fn rate(a: f64, draft: f64, verify: &impl Fn(usize) -> f64, b: usize) -> f64 {
+        tokens(&|_| a, b) / (draft * b as f64 + verify(b + 1))
+    }
+
+    #[test]
+    fn steps_over_a_local_optimum() {
+        // Verify cost that jumps at 5 rows (as when a launch changes kernels): block 3 beats 4, but
+        // 5 and beyond beat 3. Probes one block away would stay at 3.
+        let verify =
+            |rows: usize| 1.0 + 0.05 * (rows - 1) as f64 + if rows >= 5 { 0.3 } else { 0.0 };
+        let rate = |b: usize| tokens(&|_| 0.97, b) / (0.02 * b as f64 + verify(b + 1));
+        assert!(
+            rate(4) < rate(3) && rate(5) > MARGIN * rate(3),
+            "no local optimum at 3"
+        );
+        let got = settle(|_| 0.97, 0.02, verify, 3, 8);
+        assert!(got >= 6, "stuck at {got}");
+    }
+
+    fn best(a: f64, draft: f64, verify: impl Fn(usize) -> f64, max: usize) -> usize {
+        (1..=max)
+            .max_by(|&x, &y| rate(a, draft, &verify, x).total_cmp(&rate(a, draft, &verify, y)))
+            .unwrap()
+    }
+
+    #[test]
+    fn climbs_to_near_the_best_rate_when_verify_is_nearly_free() {
+        // A GPU-like curve: extra rows cost 10% each; a good drafter. The rate is flat near the
+        // optimum, so the climb may stop a few blocks short, within a few percent of it.
+        let verify = |rows: usize| 1.0 + 0.1 * (rows - 1) as f64;
+        let want = best(0.9, 0.05, verify, 16);
+        assert!(want >= 5, "the model's optimum {want}");
+        let got = run(0.9, 0.05, verify, 2, 16);
+        let (r_got, r_start) = (rate(0.9, 0.05, &verify, got), rate(0.9, 0.05, &verify, 2));
+        let r_best = rate(0.9, 0.05, &verify, want);
+        assert!(
+            got > 2 && r_got >= r_best / 1.05,
+            "tuned to {got} ({r_got:.3}), optimum {want} ({r_best:.3})"
+        );
+        assert!(
+            r_got > 1.1 * r_start,
+            "start {r_start:.3}, tuned {r_got:.3}"
+        );
+    }
+
+    #[test]
+    fn descends_to_one_when_rows_cost_as_much_as_decoding() {
+        // A CPU-like curve: each row costs a full step; a weak drafter.
+        let verify = |rows: usize| rows as f64;
+        assert_eq!(best(0.3, 0.2, verify, 16), 1);
+        assert_eq!(run(0.3, 0.2, verify, 6, 16), 1);
+    }
+
+    #[test]
+    fn a_slow_first_round_does_not_hold_it_back() {
+        // A run's first round pays one-time costs (graph captures): 50x here.
+        let mut t = BlockTuner::new(2, 8);
+        let first = t.next_block();
+        t.record(first, 2, 2, 50.0);
+        let verify = |rows: usize| 1.0 + 0.1 * (rows - 1) as f64;
+        for _ in 0..300 {
+            let b = t.next_block();
+            t.record(b, b, b.min(3), 0.05 * b as f64 + verify(b + 1));
+        }
+        assert!(t.current() >= 3, "settled at {}", t.current());
+    }
+
+    #[test]
+    fn stays_within_its_bounds_and_probes_both_ways() {
+        let mut t = BlockTuner::new(9, 4);
+        assert_eq!(t.current(), 4);
+        let blocks: Vec<usize> = (0..16).map(|_| t.next_block()).collect();
+        assert!(blocks.iter().all(|&b| (1..=4).contains(&b)));
+        assert!(blocks.contains(&3), "never probed below: {blocks:?}");
+        let mut t = BlockTuner::new(1, 3);
+        let blocks: Vec<usize> = (0..16).map(|_| t.next_block()).collect();
+        assert!(blocks.contains(&2), "never probed above: {blocks:?}");
+    }
+
+    #[test]
+    fn ignores_rounds_it_cannot_use() {
+        let mut t = BlockTuner::new(2, 4);
+        for _ in 0..10 {
+            t.record(3, 3, 3, 0.0);
+            t.record(3, 3, 3, f64::NAN);
+            t.record(7, 7, 7, 1.0);
+            t.record(0, 0, 0, 1.0);
+        }
+        assert_eq!(t.current(), 2);
+    }
+}
