@@ -293,6 +293,96 @@ pub(crate) fn warp(penalized: &[f32], shaping: &Shaping) -> Vec<f64> {
     logits
 }
 
+/// Largest `top_k` served by [`warp_top_k`] (the heap path of [`top_k`]).
+pub(crate) const SPARSE_TOP_K_MAX: usize = 1024;
+
+/// [`warp`] for a request with 1 <= top_k <= SPARSE_TOP_K_MAX < len: only the tokens top-k keeps,
+/// as ids in increasing order and their shifted logits, then top-p and min-p on them (-inf where
+/// they drop a token). Every kept value has the bits `warp` gives it, without the row of f64 logits
+/// or the passes over it (1.2 MB and ~1 ms per 151936-logit row): the k-th largest is taken on
+/// the f32 logits (the shift and scale are monotone, so it maps to warp's threshold), and the kept
+/// set is every logit at or above the smallest f32 that still scales to it. top-p and min-p see the
+/// same survivors in the same order (warp's pass them through `Survivors` too), so they drop the same.
+pub(crate) fn warp_top_k(penalized: &[f32], shaping: &Shaping) -> (Vec<usize>, Vec<f64>) {
+    let max = penalized.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let t = shaping.temperature;
+    let scaled = |l: f32| (l as f64 - max) / t;
+    let k = shaping.top_k as usize;
+    // The k largest keys of a slice (a min-heap of them).
+    let largest = |row: &[f32]| {
+        let mut heap = std::collections::BinaryHeap::with_capacity(k + 1);
+        for &l in row {
+            let key = std::cmp::Reverse(f32_key(l));
+            if heap.len() < k {
+                heap.push(key);
+            } else if heap.peek().is_some_and(|m| key < *m) {
+                heap.pop();
+                heap.push(key);
+            }
+        }
+        heap
+    };
+    // Per chunk on the rayon pool for long rows, then the k largest of their k largest: the k-th
+    // largest value is the same whatever the split.
+    let heap = if penalized.len() >= PARALLEL_MIN {
+        use rayon::prelude::*;
+        let parts: Vec<f32> = penalized
+            .par_chunks(PARALLEL_MIN)
+            .flat_map_iter(|c| largest(c).into_iter().map(|r| f32_from_key(r.0)))
+            .collect();
+        largest(&parts)
+    } else {
+        largest(penalized)
+    };
+    let kth = heap.peek().map_or(f32::NEG_INFINITY, |m| f32_from_key(m.0));
+    let threshold = scaled(kth);
+    // Lower f32 values that scale to the same logit are ties warp keeps too: the smallest finite x
+    // with scaled(x) >= threshold, by bisection over the f32 order (the predicate is monotone; a
+    // step-by-step walk could be long: with a tiny temperature everything below scales to -inf).
+    let lo = if kth.is_finite() {
+        let (mut a, mut b) = (f32_key(-f32::MAX), f32_key(kth)); // answer in a..=b
+        while a < b {
+            let mid = a + (b - a) / 2;
+            if scaled(f32_from_key(mid)) >= threshold {
+                b = mid;
+            } else {
+                a = mid + 1;
+            }
+        }
+        f32_from_key(a)
+    } else {
+        kth
+    };
+    let (mut ids, mut vals) = (Vec::with_capacity(2 * k), Vec::with_capacity(2 * k));
+    for (i, &l) in penalized.iter().enumerate() {
+        if l >= lo && l != f32::NEG_INFINITY {
+            ids.push(i);
+            vals.push(scaled(l));
+        }
+    }
+    if shaping.top_p < 1.0 {
+        top_p(&mut vals, shaping.top_p);
+    }
+    if shaping.min_p > 0.0 {
+        min_p(&mut vals, shaping.min_p);
+    }
+    (ids, vals)
+}
+
+/// The bits of `x` as an unsigned key in `f32::total_cmp`'s order, and back.
+fn f32_key(x: f32) -> u32 {
+    let b = x.to_bits();
+    if b >> 31 == 1 {
+        !b
+    } else {
+        b | (1 << 31)
+    }
+}
+
+fn f32_from_key(k: u32) -> f32 {
+    f32::from_bits(if k >> 31 == 1 { k & !(1 << 31) } else { !k })
+}
+
 /// Drops every logit strictly below the k-th largest (1 <= k < len); ties with it are kept.
 fn top_k(logits: &mut [f64], k: usize) {
     // The k-th largest in total_cmp's order, over integer keys: for the usual small k a min-heap of
