@@ -179,6 +179,43 @@ impl ShapedDistribution {
         Some(Self::dense(weights))
     }
 
+    /// `normalized` for weights that are 0 outside `ids` (increasing): the same bits as the dense
+    /// weights' normalisation (zeros add nothing to its sums), as a sparse distribution.
+    pub(crate) fn normalized_sparse(
+        vocab: usize,
+        ids: Vec<u32>,
+        mut weights: Vec<f64>,
+        min_mass: f64,
+    ) -> Option<Self> {
+        let at: Vec<usize> = ids.iter().map(|&i| i as usize).collect();
+        let mass: f64 = sparse_block_sums(&at, &weights).iter().map(|b| b.1).sum();
+        if !(mass > min_mass && mass > 0.0 && mass.is_finite()) {
+            return None;
+        }
+        for w in weights.iter_mut() {
+            *w /= mass;
+        }
+        let blocks = sparse_block_sums(&at, &weights);
+        let total = blocks.iter().map(|b| b.1).sum();
+        Some(ShapedDistribution {
+            vocab,
+            repr: Repr::Sparse {
+                ids,
+                probs: weights,
+                blocks,
+                total,
+            },
+        })
+    }
+
+    /// The ids and probabilities of a sparse distribution (top-k), None for the other forms.
+    pub(crate) fn sparse_parts(&self) -> Option<(&[u32], &[f64])> {
+        match &self.repr {
+            Repr::Sparse { ids, probs, .. } => Some((ids, probs)),
+            _ => None,
+        }
+    }
+
     /// The dense distribution of normalised `probs`, with its block sums.
     fn dense(probs: Vec<f64>) -> Self {
         let blocks = block_sums(&probs);
@@ -405,5 +442,57 @@ mod tests {
             }
         }
         assert_eq!(checked, 12 * 9);
+    }
+
+    /// The residuals of speculative verification (crate::speculative) of a sparse p equal those of
+    /// the same p in dense form, bit for bit, against a dense q, a sparse q and a point mass.
+    #[test]
+    fn residuals_of_a_sparse_p_equal_the_dense_ones() {
+        use crate::speculative::{residual, residual_point_mass};
+        let vocab = 5 * SUM_BLOCK + 7;
+        let row = |seed: u64| -> Vec<f32> {
+            (0..vocab)
+                .map(|i| (uniform(seed, i as u64) * 12.0) as f32)
+                .collect()
+        };
+        let top = |k| Shaping {
+            temperature: 0.9,
+            top_k: k,
+            ..Shaping::default()
+        };
+        let h = History::empty();
+        for seed in 0..6 {
+            let logits = row(seed);
+            let p_sparse = ShapedDistribution::shaped(&logits, &top(40), h, true).unwrap();
+            let p_dense = ShapedDistribution::shaped(&logits, &top(40), h, false).unwrap();
+            let drafter_row = row(seed + 100);
+            let qs = [
+                ShapedDistribution::shaped(&drafter_row, &top(30), h, false).unwrap(),
+                ShapedDistribution::shaped(&drafter_row, &top(30), h, true).unwrap(),
+                // q = p: nothing left (None both ways)
+                p_dense.clone(),
+            ];
+            let same = |a: Option<ShapedDistribution>, b: Option<ShapedDistribution>| match (a, b) {
+                (None, None) => true,
+                (Some(a), Some(b)) => {
+                    (0..vocab as u32)
+                        .all(|i| a.probability(i).to_bits() == b.probability(i).to_bits())
+                        && (0..500).all(|j| a.draw(uniform(seed, j)) == b.draw(uniform(seed, j)))
+                }
+                _ => false,
+            };
+            for q in &qs {
+                assert!(
+                    same(residual(&p_sparse, q), residual(&p_dense, q)),
+                    "seed {seed}"
+                );
+            }
+            let x = p_dense.draw(0.3);
+            let (a, b) = (
+                residual_point_mass(&p_sparse, x),
+                residual_point_mass(&p_dense, x),
+            );
+            assert!(same(a, b), "seed {seed}: point mass at {x}");
+        }
     }
 }

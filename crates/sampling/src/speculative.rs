@@ -68,6 +68,19 @@ pub fn residual(p: &ShapedDistribution, q: &ShapedDistribution) -> Option<Shaped
         let mass = 1.0 - q.probability(a);
         return (mass > MIN_RESIDUAL_MASS).then(|| p.clone());
     }
+    // max(p - q, 0) is 0 wherever p is: a top-k p's residual lives on its few ids.
+    if let Some((ids, probs)) = p.sparse_parts() {
+        let weights = (ids.iter().zip(probs))
+            .map(|(&i, &pi)| (pi - q.probability(i)).max(0.0))
+            .collect();
+        let vocab = p.vocab_size();
+        return ShapedDistribution::normalized_sparse(
+            vocab,
+            ids.to_vec(),
+            weights,
+            MIN_RESIDUAL_MASS,
+        );
+    }
     let weights = (0..p.vocab_size())
         .map(|i| {
             let i = i as u32;
@@ -82,6 +95,18 @@ pub fn residual(p: &ShapedDistribution, q: &ShapedDistribution) -> Option<Shaped
 pub fn residual_point_mass(p: &ShapedDistribution, x: u32) -> Option<ShapedDistribution> {
     if let Some(a) = p.as_point_mass() {
         return (a != x).then(|| p.clone());
+    }
+    if let Some((ids, probs)) = p.sparse_parts() {
+        let weights = (ids.iter().zip(probs))
+            .map(|(&i, &pi)| if i == x { 0.0 } else { pi })
+            .collect();
+        let vocab = p.vocab_size();
+        return ShapedDistribution::normalized_sparse(
+            vocab,
+            ids.to_vec(),
+            weights,
+            MIN_RESIDUAL_MASS,
+        );
     }
     let weights = (0..p.vocab_size())
         .map(|i| {
