@@ -16,6 +16,8 @@
 //!   drafter `auto` prefers MTP when the checkpoint has the head, else DFlash.
 //! - Sampled requests are served by every drafter: a deterministic proposal is a point-mass q, and
 //!   rejection sampling against it is exact (DESIGN.md §3). There is no temperature refusal here.
+//! - Under `auto` the plan's block is where a run starts (`tune_up_to`: greedy runs then tune it within
+//!   the drafter's range, tuner.rs); a named block is kept as named.
 
 use std::fmt;
 use std::str::FromStr;
