@@ -17,8 +17,8 @@
 use std::borrow::Cow;
 
 use crate::shaping::{
-    block_sums, check_logits, penalized_logits, softmax_in_place, warp, warp_top_k, History,
-    Shaping, SPARSE_TOP_K_MAX, SUM_BLOCK,
+    block_sums, check_logits, penalized_logits, softmax_in_place, temperature_weights, warp,
+    warp_top_k, History, Shaping, SPARSE_TOP_K_MAX, SUM_BLOCK,
 };
 use crate::SamplingError;
 
@@ -64,7 +64,7 @@ impl ShapedDistribution {
         Self::shaped(logits, shaping, history, true)
     }
 
-    /// `new`, with the sparse top-k path allowed or not (tests compare the two).
+    /// `new`, with the sparse top-k and fused temperature paths allowed or not (tests compare).
     fn shaped(
         logits: &[f32],
         shaping: &Shaping,
@@ -98,6 +98,12 @@ impl ShapedDistribution {
         if sparse_ok && (1..=SPARSE_TOP_K_MAX).contains(&k) && k < penalized.len() {
             let (ids, shifted) = warp_top_k(&penalized, shaping);
             return Ok(Self::sparse(penalized.len(), ids, shifted));
+        }
+        if sparse_ok && shaping.top_k == 0 && shaping.top_p >= 1.0 && shaping.min_p <= 0.0 {
+            let mut probs = temperature_weights(&penalized, shaping);
+            let sum: f64 = block_sums(&probs).iter().sum();
+            divide(&mut probs, sum);
+            return Ok(Self::dense(probs));
         }
         let probs = softmax_in_place(warp(&penalized, shaping));
         Ok(Self::dense(probs))
@@ -341,6 +347,16 @@ impl ShapedDistribution {
     }
 }
 
+/// v[i] /= by, on the rayon pool for long rows (element-wise: the same bits either way).
+fn divide(v: &mut [f64], by: f64) {
+    use rayon::prelude::*;
+    if v.len() >= crate::shaping::PARALLEL_MIN {
+        v.par_iter_mut().with_min_len(4096).for_each(|p| *p /= by);
+    } else {
+        v.iter_mut().for_each(|p| *p /= by);
+    }
+}
+
 /// The sums of the SUM_BLOCK-id blocks that hold any of `ids` (increasing), each over its values in
 /// id order, with the block's index.
 fn sparse_block_sums(ids: &[usize], values: &[f64]) -> Vec<(usize, f64)> {
@@ -442,6 +458,30 @@ mod tests {
             }
         }
         assert_eq!(checked, 12 * 9);
+    }
+
+    /// Temperature alone: the fused weights give the two-pass softmax's distribution bit for bit.
+    #[test]
+    fn temperature_only_equals_the_unfused_path_bit_for_bit() {
+        let vocab = 5 * SUM_BLOCK + 321;
+        for seed in 0..6u64 {
+            let mut logits: Vec<f32> = (0..vocab)
+                .map(|i| (uniform(seed, i as u64) * 30.0 - 15.0) as f32)
+                .collect();
+            logits[7] = f32::NEG_INFINITY;
+            logits[vocab - 1] = 40.0;
+            for (t, rep) in [(0.7, 1.0), (1.0, 1.0), (1.9, 1.2), (1e-3, 1.0)] {
+                let shaping = Shaping {
+                    temperature: t,
+                    repetition_penalty: rep,
+                    ..Shaping::default()
+                };
+                let h = History::new(&[1, 2, 3], 1).unwrap();
+                let fused = ShapedDistribution::shaped(&logits, &shaping, h, true).unwrap();
+                let plain = ShapedDistribution::shaped(&logits, &shaping, h, false).unwrap();
+                assert_eq!(fused, plain, "seed {seed} t {t} rep {rep}");
+            }
+        }
     }
 
     /// The residuals of speculative verification (crate::speculative) of a sparse p equal those of

@@ -293,6 +293,33 @@ pub(crate) fn warp(penalized: &[f32], shaping: &Shaping) -> Vec<f64> {
     logits
 }
 
+/// Steps 4 and 8 for a request with temperature only (no top-k, top-p or min-p): the unnormalised
+/// softmax weights exp(scaled logit), straight from the f32 row. `warp` then `softmax_in_place`
+/// compute the same values in two more passes over 1.2 MB: the largest shifted logit is exactly 0,
+/// and x - 0.0 == x, so exp(x - max) is exp(x) bit for bit.
+pub(crate) fn temperature_weights(penalized: &[f32], shaping: &Shaping) -> Vec<f64> {
+    use rayon::prelude::*;
+    let max = penalized.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let t = shaping.temperature;
+    let weight = |&l: &f32| {
+        let s = (l as f64 - max) / t;
+        if s == f64::NEG_INFINITY {
+            0.0
+        } else {
+            s.exp()
+        }
+    };
+    if penalized.len() >= PARALLEL_MIN {
+        penalized
+            .par_iter()
+            .with_min_len(4096)
+            .map(weight)
+            .collect()
+    } else {
+        penalized.iter().map(weight).collect()
+    }
+}
+
 /// Largest `top_k` served by [`warp_top_k`] (the heap path of [`top_k`]).
 pub(crate) const SPARSE_TOP_K_MAX: usize = 1024;
 
@@ -535,7 +562,7 @@ impl Survivors {
 
 /// Rows at least this long are exponentiated on the rayon pool (151936 logits: 2.7 ms per softmax
 /// in one thread on the H200's host, run 32); element-wise, so the result is the same either way.
-const PARALLEL_MIN: usize = 16 * 1024;
+pub(crate) const PARALLEL_MIN: usize = 16 * 1024;
 
 /// Drops every token whose probability is below `min_p` times the largest probability.
 fn min_p(logits: &mut [f64], min_p: f64) {
