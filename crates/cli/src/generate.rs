@@ -59,7 +59,8 @@ pub struct SamplingArgs {
     /// Stop string (repeatable); the match and what follows are not printed.
     #[arg(long, value_name = "TEXT")]
     pub stop: Vec<String>,
-    /// Speculative decoding: auto, off, or N proposals per round.
+    /// Speculative decoding: auto (the drafter's default block, tuned as a greedy run goes), off, or N
+    /// proposals per round (kept as given).
     #[arg(long, value_name = "auto|off|N", default_value = "auto", value_parser = parse_speculation)]
     pub speculative: Speculation,
     /// Which drafter speculative decoding uses.
