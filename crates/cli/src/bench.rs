@@ -9,7 +9,8 @@
 //! 2. Speculative (when the checkpoint has an MTP head, or `--speculative` names blocks): with the
 //!    largest thread count, sequential vs MTP greedy decoding from the same prompt (`--prompt` text, or
 //!    a built-in text when the checkpoint has a tokenizer, else the random ids), per block (and `auto`,
-//!    whose block is tuned as it runs; labelled with the block most rounds used): tok/s, the
+//!    whose block is tuned as it runs; labelled with the block most rounds used; its tuner carries
+//!    over between runs as in a session, so the first run has its own row, `1st`): tok/s, the
 //!    ratio to sequential, accepted proposals per round, per-position conditional acceptance, and
 //!    whether the tokens equal the sequential ones (greedy speculative decoding is lossless, so they
 //!    should, up to float ties).
@@ -401,15 +402,15 @@ fn speculative(
             args.runs
         );
         out!(
-            "{:>10} | {:>12} | {:>7} | {:>14} | {:>22} | {:>11}",
+            "{:>12} | {:>12} | {:>7} | {:>14} | {:>22} | {:>11}",
             "decoding", "decode tok/s", "ratio", "accepted/round", "per-position accepted", "same tokens"
         );
         out!(
-            "{:->10}-+-{:->12}-+-{:->7}-+-{:->14}-+-{:->22}-+-{:->11}",
+            "{:->12}-+-{:->12}-+-{:->7}-+-{:->14}-+-{:->22}-+-{:->11}",
             "", "", "", "", "", ""
         );
         out!(
-            "{:>10} | {seq_rate:>12.2} | {:>7} | {:>14} | {:>22} | {:>11}",
+            "{:>12} | {seq_rate:>12.2} | {:>7} | {:>14} | {:>22} | {:>11}",
             "sequential", "1.00x", "-", "-", "-"
         );
         let mut session = Session::open(&bench.model)?.with_drafter(head);
@@ -424,33 +425,42 @@ fn speculative(
                 None => Speculative::tuned(MTP_DEFAULT_BLOCK, auto_max),
             };
             let results = bench.runs(args.runs, &mut session, prompt, Some(spec))?;
-            let rate = median(
-                &results
-                    .iter()
-                    .map(GenerationResult::decode_tokens_per_second)
-                    .collect::<Vec<_>>(),
-            );
-            let ratio = if seq_rate > 0.0 { rate / seq_rate } else { 0.0 };
-            let spec = results.first().and_then(|r| r.spec.clone()).unwrap_or_default();
-            let same = results.iter().all(|r| r.token_ids == seq_ids);
-            // auto: the block most rounds of the first run proposed.
-            let label = match block {
-                Some(b) => format!("mtp {b}"),
-                None => {
-                    let most = (spec.rounds_by_block.iter().enumerate())
-                        .max_by_key(|&(_, n)| *n)
-                        .map_or(0, |(b, _)| b);
-                    format!("auto ~{most}")
-                }
+            // auto: the session's tuner carries over between runs (as between a server's requests), so
+            // the first run, which starts tuning cold, gets its own row, and the rest their median.
+            let groups: Vec<(&[GenerationResult], &str)> = match block {
+                Some(_) => vec![(&results[..], "")],
+                None if results.len() > 1 => vec![(&results[..1], " 1st"), (&results[1..], "")],
+                None => vec![(&results[..], " 1st")],
             };
-            out!(
-                "{:>10} | {rate:>12.2} | {:>7} | {:>14.2} | {:>22} | {:>11}",
-                label,
-                format!("{ratio:.2}x"),
-                spec.accepted_per_round(),
-                per_position(&spec),
-                if same { "yes" } else { "NO" }
-            );
+            for (runs, suffix) in groups {
+                let rate = median(
+                    &runs
+                        .iter()
+                        .map(GenerationResult::decode_tokens_per_second)
+                        .collect::<Vec<_>>(),
+                );
+                let ratio = if seq_rate > 0.0 { rate / seq_rate } else { 0.0 };
+                let spec = runs.first().and_then(|r| r.spec.clone()).unwrap_or_default();
+                let same = runs.iter().all(|r| r.token_ids == seq_ids);
+                // auto: the block most rounds of the group's first run proposed.
+                let label = match block {
+                    Some(b) => format!("mtp {b}"),
+                    None => {
+                        let most = (spec.rounds_by_block.iter().enumerate())
+                            .max_by_key(|&(_, n)| *n)
+                            .map_or(0, |(b, _)| b);
+                        format!("auto ~{most}{suffix}")
+                    }
+                };
+                out!(
+                    "{:>12} | {rate:>12.2} | {:>7} | {:>14.2} | {:>22} | {:>11}",
+                    label,
+                    format!("{ratio:.2}x"),
+                    spec.accepted_per_round(),
+                    per_position(&spec),
+                    if same { "yes" } else { "NO" }
+                );
+            }
         }
         Ok(())
     })

@@ -288,9 +288,14 @@ pub fn generate<B: Backend>(
     }
     let mut stats = speculative.map(|s| SpecStats::new(s.block));
     // Greedy selection makes the same tokens whatever the block, so only there may it be tuned.
+    // A session's tuner continues from its last generation when the range is the same.
     let mut tuner = speculative
-        .and_then(|s| s.tune_up_to.map(|max| BlockTuner::new(s.block, max)))
-        .filter(|_| cfg.shaping.is_greedy());
+        .and_then(|s| s.tune_up_to.map(|max| (s.block, max)))
+        .filter(|_| cfg.shaping.is_greedy())
+        .map(|(start, max)| match session.tuner.take() {
+            Some(t) if t.max() == max => t,
+            _ => BlockTuner::new(start, max),
+        });
     loop {
         if sink.commit(next)?.is_some() {
             break;
@@ -434,6 +439,9 @@ pub fn generate<B: Backend>(
         }
     }
     let decode_seconds = decode_start.elapsed().as_secs_f64();
+    if tuner.is_some() {
+        session.tuner = tuner;
+    }
     if std::env::var("TURBOSPARK_SPEC_STATS").as_deref() == Ok("1") {
         if let Some(s) = &stats {
             eprintln!("turbospark spec: {s}");

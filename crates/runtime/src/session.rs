@@ -15,6 +15,7 @@ use drafters::Drafter;
 use families::{Backend, BackendState, State, Transformer};
 
 use crate::error::RuntimeError;
+use crate::tuner::BlockTuner;
 
 /// A saved state at a position, for hybrid models whose recurrent state cannot rewind.
 struct Checkpoint<S> {
@@ -28,6 +29,9 @@ pub struct Session<S: BackendState = State> {
     pub(crate) state: S,
     pub(crate) tokens: Vec<u32>,
     pub(crate) drafter: Option<Box<dyn Drafter + Send>>,
+    /// The `auto` block tuner of the last greedy speculative generation, continued by the next one (its
+    /// acceptance and cost figures belong to this model, device and drafter, not to one sequence).
+    pub(crate) tuner: Option<BlockTuner>,
     checkpoint: Option<Checkpoint<S::Snapshot>>,
     /// The state as created (position 0), restored by `reset_all`.
     fresh: S::Snapshot,
@@ -42,6 +46,7 @@ impl Session<State> {
             state,
             tokens: Vec::new(),
             drafter: None,
+            tuner: None,
             checkpoint: None,
         }
     }
@@ -56,6 +61,7 @@ impl<S: BackendState> Session<S> {
             state,
             tokens: Vec::new(),
             drafter: None,
+            tuner: None,
             checkpoint: None,
         })
     }
@@ -66,6 +72,7 @@ impl<S: BackendState> Session<S> {
     pub fn with_drafter(mut self, mut drafter: Box<dyn Drafter + Send>) -> Self {
         drafter.reset();
         self.drafter = Some(drafter);
+        self.tuner = None;
         self.tokens.clear();
         self.checkpoint = None;
         self
@@ -77,6 +84,11 @@ impl<S: BackendState> Session<S> {
 
     pub fn drafter_name(&self) -> Option<&'static str> {
         self.drafter.as_ref().map(|d| d.name())
+    }
+
+    /// The block tuner the next greedy `auto` generation continues, if one has run.
+    pub fn block_tuner(&self) -> Option<&BlockTuner> {
+        self.tuner.as_ref()
     }
 
     /// Tokens the state covers.

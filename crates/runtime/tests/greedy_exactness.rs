@@ -265,6 +265,65 @@ fn tuned_runs(name: &str) {
     );
 }
 
+/// A session's tuner carries over: the second greedy `auto` generation continues the first one's
+/// tuning (its round count grows on), keeps the greedy stream, and a new drafter starts afresh.
+#[test]
+fn a_session_continues_its_tuning() {
+    let (_, model) = fixture("qwen3");
+    let d = detok(model.vocab as u32);
+    let p = prompt(&model, 7, 3);
+    let case = Case {
+        prompt: p.clone(),
+        max_tokens: 40,
+        stop: vec![],
+        eos: vec![],
+        cancel_after: None,
+    };
+    let (want, _, _) = run(&model, &case, None);
+    let mut full = p.clone();
+    full.extend_from_slice(&want.token_ids);
+    let oracle = || Oracle {
+        full: full.clone(),
+        error_rate: 0.1,
+        vocab: model.vocab as u32,
+        calls: 0,
+    };
+    let mut session = Session::new(&model).with_drafter(Box::new(oracle()));
+    let generate_from = |session: &mut Session, prompt: &[u32], n: usize| {
+        let cfg = GenerationConfig::greedy(n);
+        let req = Request {
+            prompt,
+            config: &cfg,
+            eos: &[],
+            detok: &d,
+            speculative: Some(Speculative::tuned(2, 8)),
+            cancel: CancelFlag::new(),
+        };
+        generate(&model, session, &req, &mut |_| {}).unwrap()
+    };
+    let first = generate_from(&mut session, &p, 20);
+    assert_eq!(first.token_ids, want.token_ids[..20]);
+    let after_first = session
+        .block_tuner()
+        .expect("a greedy auto run keeps its tuner")
+        .rounds();
+    assert!(after_first > 0);
+    let mut turn = p.clone();
+    turn.extend_from_slice(&first.token_ids);
+    let second = generate_from(&mut session, &turn, 20);
+    assert_eq!(second.token_ids, want.token_ids[20..40]);
+    let after_second = session.block_tuner().unwrap().rounds();
+    assert!(
+        after_second > after_first,
+        "not continued: {after_first} then {after_second} rounds"
+    );
+    let session = session.with_drafter(Box::new(oracle()));
+    assert!(
+        session.block_tuner().is_none(),
+        "a new drafter keeps the old figures"
+    );
+}
+
 #[test]
 fn tuned_blocks_keep_the_greedy_stream() {
     tuned_runs("qwen3_5");
