@@ -10,13 +10,16 @@
 //!
 //! Model: E[tokens | b] = 1 + a1 + a1 a2 + ... + a1 ... ab, with a_i the acceptance of position i
 //! given the ones before it, pooled over every round that reached i whatever its block (position i's
-//! draft does not depend on how many follow it), smoothed toward the acceptance pooled over all
+//! draft does not depend on how many follow it), each round's weight decaying by `MEMORY` per round
+//! after it (the text changes what the drafter gets right), smoothed toward the acceptance pooled over all
 //! positions (weight `PRIOR` rounds), so a position rarely reached counts as an average one rather
 //! than a bad one. cost(b) = the median seconds of the last `WINDOW` rounds of block b (drafting,
-//! verify, rollback, the drafter's observe), not counting its first round (one-time costs: a verify
-//! graph captured for a new row count); a median, because other rounds jitter too (1-2%). A round's
-//! token count is too noisy to average per block (it varies from 1 to b + 1); its acceptance
-//! outcomes, pooled, are not.
+//! verify, rollback, the drafter's observe), not counting its first round, and the lower median
+//! (with two rounds, the cheaper): one-time costs only ever add, and they come later too (the GPU
+//! MTP drafter captures a graph the first time a round keeps each number of rows). A simulation with
+//! such costs (`one_time_costs_do_not_mislead_it`) reaches 93-97% of the best fixed block's rate in
+//! 120 rounds with it, 91-95% with the plain median. A round's token count is too noisy to average
+//! per block (it varies from 1 to b + 1); its acceptance outcomes, pooled, are not.
 //!
 //! Search: the run sits on a current block. A block it has not timed yet is *promising* when its
 //! modelled rate, with cost(b) estimated from the timed blocks (interpolated between the nearest timed
@@ -24,8 +27,9 @@
 //! b), beats the current one by `MARGIN`; the next rounds run the most promising block until it is
 //! timed, so the run jumps towards the optimum instead of walking one block per probe (on a GPU-like
 //! curve the old walk took ~100 rounds from block 2 to 5; a generation of 128 tokens has ~50). Besides,
-//! every `PROBE_EVERY` rounds it tries a block at an offset cycling through `PROBES` (+1, -1, +2, -2:
-//! keeps the neighbours' timings fresh and steps over a local optimum, as where the verify cost jumps).
+//! every `PROBE_EVERY` rounds (`PROBE_EVERY_SETTLED` after `SETTLED` rounds) it tries a block at an
+//! offset cycling through `PROBES` (+1, -1, +2, -2: keeps the neighbours' timings fresh and steps over
+//! a local optimum, as where the verify cost jumps).
 //! After each round it moves to the block with the best modelled rate among those with at least
 //! `MIN_ROUNDS` timed rounds, if that beats the current one by `MARGIN`: only measured costs move it.
 //!
@@ -39,6 +43,10 @@
 
 /// Rounds between probes of another block.
 pub const PROBE_EVERY: u64 = 3;
+/// Rounds between probes once a run has had `SETTLED` rounds.
+pub const PROBE_EVERY_SETTLED: u64 = 6;
+/// Rounds after which probes thin out (the jumps to promising blocks have usually landed by then).
+pub const SETTLED: u64 = 30;
 /// Offsets from the current block that successive probes try.
 pub const PROBES: [isize; 4] = [1, -1, 2, -2];
 /// Timed rounds a block needs before its rate is compared.
@@ -47,6 +55,9 @@ pub const MIN_ROUNDS: u32 = 2;
 pub const MARGIN: f64 = 1.03;
 /// Rounds of a block whose median is its cost.
 pub const WINDOW: usize = 5;
+/// Per-round decay of the acceptance counts: text changes what a drafter gets right (the testbed's
+/// MTP head: a prompt's first ~100 tokens are harder than the rest), so old rounds count less.
+pub const MEMORY: f64 = 0.95;
 /// Weight, in rounds, of the pooled acceptance in each position's estimate.
 const PRIOR: f64 = 2.0;
 
@@ -66,8 +77,8 @@ impl Timing {
         v.sort_by(f64::total_cmp);
         match n {
             0 => 0.0,
-            n if n % 2 == 1 => v[n / 2],
-            n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+            // The lower median: with 2 rounds the cheaper one, as one-time costs only ever add.
+            n => v[(n - 1) / 2],
         }
     }
 }
@@ -83,8 +94,8 @@ pub struct BlockTuner {
     probes: u64, // periodic probes made, indexing `PROBES`
     round: u64,
     timing: Vec<Timing>, // [block]
-    reached: Vec<u64>,   // [position]: rounds whose acceptance test reached it
-    accepted: Vec<u64>,  // [position]: rounds that accepted it
+    reached: Vec<f64>,   // [position]: rounds whose acceptance test reached it, decayed by `MEMORY`
+    accepted: Vec<f64>,  // [position]: rounds that accepted it, likewise
 }
 
 impl BlockTuner {
@@ -99,8 +110,8 @@ impl BlockTuner {
             probes: 0,
             round: 0,
             timing: vec![Timing::default(); max + 1],
-            reached: vec![0; max + 1],
-            accepted: vec![0; max + 1],
+            reached: vec![0.0; max + 1],
+            accepted: vec![0.0; max + 1],
         }
     }
 
@@ -140,7 +151,12 @@ impl BlockTuner {
         // With one timed block there is no slope to estimate others from: time a neighbour at once.
         let alone = (1..=self.max).filter(|&b| self.timed(b).is_some()).count() < 2;
         let probe = self.promising().or_else(|| {
-            if !alone && self.round % PROBE_EVERY != 0 {
+            let every = if self.round > SETTLED {
+                PROBE_EVERY_SETTLED
+            } else {
+                PROBE_EVERY
+            };
+            if !alone && self.round % every != 0 {
                 return None;
             }
             // The offset advances on every probe slot, also one that falls outside 1..=max.
@@ -168,10 +184,13 @@ impl BlockTuner {
             return;
         }
         let judged = judged.min(block);
+        for (r, a) in self.reached.iter_mut().zip(self.accepted.iter_mut()) {
+            (*r, *a) = (*r * MEMORY, *a * MEMORY);
+        }
         for i in 1..=judged {
-            self.reached[i] += 1;
+            self.reached[i] += 1.0;
             if i <= accepted {
-                self.accepted[i] += 1;
+                self.accepted[i] += 1.0;
             }
         }
         let t = &mut self.timing[block];
@@ -250,13 +269,13 @@ impl BlockTuner {
     /// Modelled tokens a round of block b commits (module doc).
     fn tokens(&self, b: usize) -> f64 {
         let (hits, tries) = (
-            self.accepted.iter().sum::<u64>(),
-            self.reached.iter().sum::<u64>(),
+            self.accepted.iter().sum::<f64>(),
+            self.reached.iter().sum::<f64>(),
         );
-        let pooled = (hits as f64 + 1.0) / (tries as f64 + 2.0);
+        let pooled = (hits + 1.0) / (tries + 2.0);
         let (mut tokens, mut reach) = (1.0, 1.0);
         for i in 1..=b {
-            reach *= (self.accepted[i] as f64 + PRIOR * pooled) / (self.reached[i] as f64 + PRIOR);
+            reach *= (self.accepted[i] + PRIOR * pooled) / (self.reached[i] + PRIOR);
             tokens += reach;
         }
         tokens
@@ -460,5 +479,100 @@ mod tests {
             t.record(0, 0, 0, 1.0);
         }
         assert_eq!(t.current(), 2);
+    }
+    #[test]
+    fn one_time_costs_do_not_mislead_it() {
+        // A round pays a one-time cost (3 rounds' worth) the first time it keeps a given number of
+        // rows (on a GPU, a graph captured for that row count), with 10% timing noise besides.
+        // Averaged over 50 runs of 120 rounds, the tokens per second it reaches, counting each
+        // round at its cost without the one-time part, against the best fixed block's.
+        // (verify cost of r rows, acceptance of position i, the least share of the best rate)
+        type Curve = (fn(usize) -> f64, fn(usize) -> f64, f64);
+        let curves: [Curve; 3] = [
+            (|r| 1.0 + 0.02 * r as f64, |i| 0.93 - 0.01 * i as f64, 0.9),
+            (|r| 1.0 + 0.1 * (r as f64 - 1.0), |_| 0.85, 0.92),
+            (|r| 0.5 + 0.5 * r as f64, |_| 0.8, 0.92),
+        ];
+        for (verify, accept, floor) in curves {
+            let draft = 0.05;
+            let cost = |b: usize| draft * b as f64 + verify(b + 1);
+            let rate = |b: usize| tokens(&accept, b) / cost(b);
+            let best = (1..=15).map(rate).fold(0.0, f64::max);
+            let mut sum = 0.0;
+            for seed in 0..50u64 {
+                let mut t = BlockTuner::new(2, 15);
+                let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (seed * 7919 + 1);
+                let mut uniform = move || {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state >> 11) as f64 / (1u64 << 53) as f64
+                };
+                let (mut committed, mut seconds) = (0.0, 0.0);
+                let mut kept_before = std::collections::HashSet::new();
+                for _ in 0..120 {
+                    let b = t.next_block();
+                    let mut a = 0;
+                    while a < b && uniform() < accept(a + 1) {
+                        a += 1;
+                    }
+                    let c = cost(b) * (1.0 + 0.1 * (uniform() - 0.5));
+                    let once = if kept_before.insert(a) { 3.0 } else { 0.0 };
+                    t.record(b, (a + 1).min(b), a, c + once);
+                    committed += (a + 1) as f64;
+                    seconds += c;
+                }
+                sum += committed / seconds / best;
+            }
+            let got = sum / 50.0;
+            assert!(got >= floor, "{got:.3} of the best fixed block's rate");
+        }
+    }
+    #[test]
+    fn follows_the_text_when_it_gets_easier() {
+        // The drafter's acceptance depends on where the text is: 0.6 for its first 100 tokens, then
+        // 0.97 decaying slowly along the block (the testbed's MTP head on a prompt's continuation);
+        // launch-bound verify, one-time costs and timing noise as above. Over 512 tokens the tuned
+        // run should commit tokens about as fast as the best fixed block, which cannot adapt.
+        let accept = |pos: usize, i: usize| {
+            if pos < 100 {
+                0.6
+            } else {
+                0.97 - 0.005 * i as f64
+            }
+        };
+        let cost = |b: usize| 0.05 * b as f64 + 1.0 + 0.02 * (b + 1) as f64;
+        let run = |fixed: Option<usize>, seed: u64| -> f64 {
+            let mut t = BlockTuner::new(2, 15);
+            let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (seed * 7919 + 1);
+            let mut uniform = move || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 11) as f64 / (1u64 << 53) as f64
+            };
+            let (mut pos, mut seconds) = (0, 0.0);
+            let mut kept_before = std::collections::HashSet::new();
+            while pos < 512 {
+                let b = fixed.unwrap_or_else(|| t.next_block());
+                let mut a = 0;
+                while a < b && uniform() < accept(pos, a + 1) {
+                    a += 1;
+                }
+                let c = cost(b) * (1.0 + 0.1 * (uniform() - 0.5));
+                let once = if kept_before.insert(a) { 3.0 } else { 0.0 };
+                t.record(b, (a + 1).min(b), a, c + once);
+                pos += a + 1;
+                seconds += c;
+            }
+            pos as f64 / seconds
+        };
+        let mean = |fixed: Option<usize>| (0..20).map(|s| run(fixed, s)).sum::<f64>() / 20.0;
+        let best = (1..=15).map(|b| mean(Some(b))).fold(0.0, f64::max);
+        let tuned = mean(None);
+        assert!(
+            tuned >= 0.98 * best,
+            "tuned {tuned:.3}, best fixed {best:.3}"
+        );
     }
 }

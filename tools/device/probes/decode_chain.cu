@@ -119,6 +119,9 @@ __device__ __forceinline__ void gemv_rows(const Stage& st, const float* xs, floa
     }
 }
 
+__device__ int g_ctr[256];  // MODE 5: the next row group of stage s to claim, minus the grid size
+__global__ void reset_ctr() { g_ctr[threadIdx.x] = 0; }
+
 // MODE 0: x staged into shared memory one float per thread per step (today's form); 1: staged with float4
 // loads; 2: not staged, the dot products read x from global memory (L1); 3: only the kernel boundary (no
 // work); 4: boundary + staging only.
@@ -137,7 +140,7 @@ __global__ void __launch_bounds__(256, 4) gemv_kernel(Stage st, int s) {
     const float* x = g_act[s & 1];
     if (MODE == 0 || MODE == 4) {
         stage_x(x, xs, st.in);
-    } else if (MODE == 1) {
+    } else if (MODE == 1 || MODE == 5) {
         const float4* x4 = reinterpret_cast<const float4*>(x);
         float4* s4 = reinterpret_cast<float4*>(xs);
         float4 t[9];
@@ -155,6 +158,21 @@ __global__ void __launch_bounds__(256, 4) gemv_kernel(Stage st, int s) {
     }
     if (MODE == 4) {
         if (threadIdx.x == 0 && xs[st.in - 1] == 12345.0f) g_act[(s + 1) & 1][0] = 1.0f;
+        return;
+    }
+    if (MODE == 5) {
+        // Dynamic row groups: a block claims its next group (one atomic, issued while it streams the current
+        // one) instead of taking every gridDim-th, so blocks that stream faster take more and the GEMV's
+        // blocks finish together. Each row's arithmetic is the static form's.
+        __shared__ int next;
+        const int groups = (st.out + WARPS / st.wpr - 1) / (WARPS / st.wpr);
+        int g = blockIdx.x;
+        while (g < groups) {
+            if (threadIdx.x == 0) next = atomicAdd(&g_ctr[s], 1) + gridDim.x;
+            gemv_rows<0, U>(st, xs, g_act[(s + 1) & 1], g, groups, nullptr);  // one group (ends synced)
+            g = next;
+            __syncthreads();
+        }
         return;
     }
     gemv_rows<0, U>(st, MODE == 2 ? x : xs, g_act[(s + 1) & 1], blockIdx.x, gridDim.x, nullptr);
@@ -265,7 +283,8 @@ __global__ void fill(uint4* w, size_t n) {
     }
 }
 
-int main() {
+int main(int argc, char** argv) {
+    const int skip_coop = argc > 1;
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const int shapes[4][2] = {{2560, 12352}, {4096, 2560}, {2560, 18432}, {9216, 2560}};
@@ -320,11 +339,12 @@ int main() {
         CK(cudaEventElapsedTime(&ms, e0, e1));
         report("R read every weight once", ms / reps);
         // A / C: kernel per GEMV in a graph; grid balanced over the blocks resident per SM.
-        auto graph_chain = [&](auto kernel, int ring_bytes, int pdl, const char* name, int per_sm_cap = 99, int stage_x_smem = 1) -> int {
+        auto graph_chain = [&](auto kernel, int ring_bytes, int pdl, const char* name, int per_sm_cap = 99, int stage_x_smem = 1, int dyn = 0) -> int {
             CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
             cudaGraph_t g;
             cudaGraphExec_t ge;
             CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+            if (dyn) reset_ctr<<<1, 256, 0, stream>>>();
             int occ_min = 99;
             for (int s = 0; s < n; ++s) {
                 const int sm_bytes = ring_bytes + (stage_x_smem ? st[s].in * 4 : 0);
@@ -336,7 +356,7 @@ int main() {
                 const int groups = (x.out + WARPS / x.wpr - 1) / (WARPS / x.wpr);
                 const int rounds = (groups + occ * sms - 1) / (occ * sms);
                 cudaLaunchConfig_t cfg = {};
-                cfg.gridDim = dim3((groups + rounds - 1) / rounds);
+                cfg.gridDim = dim3(dyn ? (groups < occ * sms ? groups : occ * sms) : (groups + rounds - 1) / rounds);
                 cfg.blockDim = dim3(256);
                 cfg.dynamicSmemBytes = sm_bytes;
                 cfg.stream = stream;
@@ -371,9 +391,13 @@ int main() {
             const int groups = (big.out + WARPS / big.wpr - 1) / (WARPS / big.wpr);
             const int rounds = (groups + occ * sms - 1) / (occ * sms);
             const int blocks = (groups + rounds - 1) / rounds;
+            if (dyn) reset_ctr<<<1, 256, 0, stream>>>();
             kernel<<<blocks, 256, ring_bytes + big.in * 4, stream>>>(big, 0);
             CK(cudaEventRecord(e0, stream));
-            for (int r = 0; r < 5; ++r) kernel<<<blocks, 256, ring_bytes + big.in * 4, stream>>>(big, 0);
+            for (int r = 0; r < 5; ++r) {
+                if (dyn) reset_ctr<<<1, 256, 0, stream>>>();
+                kernel<<<blocks, 256, ring_bytes + big.in * 4, stream>>>(big, 0);
+            }
             CK(cudaEventRecord(e1, stream));
             CK(cudaEventSynchronize(e1));
             CK(cudaEventElapsedTime(&t, e0, e1));
@@ -381,15 +405,11 @@ int main() {
             printf("    one %5.2f GB GEMV of this kind: %7.0f GB/s\n", bgb, bgb / (t / 5 * 1e-3));
             return 0;
         };
-        if (graph_chain(gemv_kernel<4>, 0, 1, "A kernel per GEMV, graph + PDL")) return 1;
-        if (graph_chain(gemv_kernel<4, 2>, 0, 1, "A2 ... x not staged (read via L1)")) return 1;
-        if (graph_chain(gemv_ring<12, 0, 1>, 12 * 4096, 1, "C12 ring, x staged")) return 1;
-        if (graph_chain(gemv_ring<8, 0>, 8 * 4096, 1, "D8  ring, x via L1, 2/SM", 2, 0)) return 1;
-        if (graph_chain(gemv_ring<8, 1>, 8 * 4096, 1, "D8e ring, early trigger, 2/SM", 2, 0)) return 1;
-        if (graph_chain(gemv_ring<12, 1>, 12 * 4096, 1, "D12e ring, early trigger, 2/SM", 2, 0)) return 1;
-        if (graph_chain(gemv_ring<6, 1>, 6 * 4096, 1, "D6e ring, early trigger, 3/SM", 3, 0)) return 1;
-        if (graph_chain(gemv_ring<4, 1>, 4 * 4096, 1, "D4e ring, early trigger, 4/SM", 4, 0)) return 1;
-        if (graph_chain(gemv_ring<8, 1>, 8 * 4096, 1, "D8e ring, early trigger, 3/SM", 3, 0)) return 1;
+        if (graph_chain(gemv_kernel<4, 1>, 0, 1, "A1 kernel per GEMV, x staged with float4")) return 1;
+        if (graph_chain(gemv_kernel<4, 5>, 0, 1, "A5 ... + row groups claimed dynamically", 99, 1, 1)) return 1;
+        if (graph_chain(gemv_kernel<4, 1>, 0, 1, "A1 kernel per GEMV, x staged with float4")) return 1;
+        if (graph_chain(gemv_kernel<4, 5>, 0, 1, "A5 ... + row groups claimed dynamically", 99, 1, 1)) return 1;
+        if (skip_coop) continue;
         // B: persistent cooperative kernel.
         auto coop = [&](auto kernel, const char* name) -> int {
             int occ = 0;
