@@ -30,7 +30,7 @@ use runtime::{
     RuntimeError, Session, SpecStats, Speculation, Speculative,
 };
 
-use runtime::policy::{MTP_DEFAULT_BLOCK, MTP_MAX_BLOCK};
+use runtime::policy::{Drafter, SpeculationPlan};
 
 use crate::progress;
 
@@ -68,10 +68,14 @@ pub struct BenchArgs {
     /// Runs per measurement (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// MTP blocks to compare with sequential decoding, comma-separated, `auto` among them for the
-    /// tuned block, or `off` (default: 1,2,3,4,auto when the checkpoint has an MTP head).
+    /// Blocks to compare with sequential decoding, comma-separated, `auto` among them for the tuned
+    /// block, or `off` (default per drafter: MTP 1,2,3,4,auto; DFlash 1,2,4,8 and its trained maximum,
+    /// auto).
     #[arg(long, value_name = "N,..,auto|off")]
     pub speculative: Option<String>,
+    /// Drafters to compare: auto (every one the checkpoint carries), mtp or dflash.
+    #[arg(long, value_name = "auto|mtp|dflash", default_value = "auto")]
+    pub drafter: DrafterRequest,
     /// Prompt text for the speculative comparison (needs the checkpoint's tokenizer).
     #[arg(long, value_name = "TEXT")]
     pub prompt: Option<String>,
@@ -116,24 +120,31 @@ pub fn median(values: &[f64]) -> f64 {
     }
 }
 
-/// Which MTP blocks to compare, from `--speculative` and whether the head exists: `Some(n)` a fixed
-/// block, `None` the `auto` run (its block tuned as it goes, runtime::tuner).
-fn speculative_blocks(flag: Option<&str>, has_mtp: bool) -> Result<Vec<Option<usize>>> {
+/// Which blocks of `drafter` to compare, from `--speculative`: `Some(n)` a fixed block, `None` the
+/// `auto` run (its block tuned as it goes, runtime::tuner). Each is checked against the policy.
+fn speculative_blocks(
+    flag: Option<&str>,
+    drafter: Drafter,
+    availability: &DrafterAvailability,
+) -> Result<Vec<Option<usize>>> {
+    let request = match drafter {
+        Drafter::Mtp => DrafterRequest::Mtp,
+        Drafter::Dflash => DrafterRequest::Dflash,
+    };
+    let (_, max) = auto_blocks(drafter, availability)?;
     let Some(flag) = flag else {
-        return Ok(if has_mtp {
-            vec![Some(1), Some(2), Some(3), Some(4), None]
-        } else {
-            Vec::new()
-        });
+        let mut blocks: Vec<Option<usize>> = match drafter {
+            Drafter::Mtp => vec![Some(1), Some(2), Some(3), Some(4)],
+            Drafter::Dflash => [1, 2, 4, 8, max].iter().map(|&b| Some(b)).collect(),
+        };
+        blocks.retain(|b| b.is_some_and(|b| b <= max));
+        blocks.dedup();
+        blocks.push(None);
+        return Ok(blocks);
     };
     if flag.trim().eq_ignore_ascii_case("off") {
         return Ok(Vec::new());
     }
-    let availability = DrafterAvailability {
-        mtp: has_mtp,
-        dflash: false,
-        dflash_max_block: None,
-    };
     let mut blocks = Vec::new();
     for part in flag.split(',') {
         let speculation: Speculation = part.parse()?;
@@ -145,10 +156,51 @@ fn speculative_blocks(flag: Option<&str>, has_mtp: bool) -> Result<Vec<Option<us
                  `auto` such as 1,2,4,auto"
             ),
         };
-        runtime::resolve(speculation, DrafterRequest::Mtp, &availability, None)?;
+        runtime::resolve(speculation, request, availability, None)?;
         blocks.push(block);
     }
     Ok(blocks)
+}
+
+/// `(start, most)` of `drafter`'s `auto` block under the policy (before the device's cap).
+fn auto_blocks(drafter: Drafter, availability: &DrafterAvailability) -> Result<(usize, usize)> {
+    let request = match drafter {
+        Drafter::Mtp => DrafterRequest::Mtp,
+        Drafter::Dflash => DrafterRequest::Dflash,
+    };
+    match runtime::resolve(Speculation::Auto, request, availability, None)? {
+        SpeculationPlan::Enabled {
+            block, tune_up_to, ..
+        } => Ok((block, tune_up_to.unwrap_or(block))),
+        SpeculationPlan::Disabled { .. } => bail!("the {drafter} drafter is not available"),
+    }
+}
+
+/// The drafters `--drafter` asks to compare: `auto`, every one the checkpoint carries.
+fn drafters_to_bench(
+    request: DrafterRequest,
+    availability: &DrafterAvailability,
+) -> Result<Vec<Drafter>> {
+    Ok(match request {
+        DrafterRequest::Auto => [Drafter::Mtp, Drafter::Dflash]
+            .into_iter()
+            .filter(|&d| match d {
+                Drafter::Mtp => availability.mtp,
+                Drafter::Dflash => availability.dflash,
+            })
+            .collect(),
+        named => match runtime::resolve(Speculation::Auto, named, availability, None)? {
+            SpeculationPlan::Enabled { drafter, .. } => vec![drafter],
+            SpeculationPlan::Disabled { warning } => bail!(
+                "--drafter {}: {}",
+                match named {
+                    DrafterRequest::Dflash => "dflash",
+                    _ => "mtp",
+                },
+                warning.unwrap_or_else(|| "that drafter is not available".into())
+            ),
+        },
+    })
 }
 
 struct Bench {
@@ -267,7 +319,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     crate::note_fallback(args.device, loaded.note.as_deref());
     let model = loaded.model;
     check_args(args, model.context())?;
-    let blocks = speculative_blocks(args.speculative.as_deref(), checkpoint.has_mtp)?;
+    let availability = runtime::availability(&checkpoint);
+    let mut plans = Vec::new();
+    if args.speculative.as_deref().map(str::trim) != Some("off") {
+        for drafter in drafters_to_bench(args.drafter, &availability)? {
+            let blocks = speculative_blocks(args.speculative.as_deref(), drafter, &availability)?;
+            plans.push((drafter, blocks, auto_blocks(drafter, &availability)?));
+        }
+    }
     let bench = Bench {
         model,
         checkpoint,
@@ -275,22 +334,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     let c = &bench.checkpoint.config;
     out!(
-        "model: {label}\n  {}, {}, {} parameters, MTP head: {}",
+        "model: {label}\n  {}, {}, {} parameters, MTP head: {}, DFlash drafter: {}",
         c.architecture,
         crate::info::family_name(c.family),
         crate::info::human_count(bench.checkpoint.parameter_count()),
-        if bench.checkpoint.has_mtp {
-            "yes"
-        } else {
-            "no"
-        }
+        if availability.mtp { "yes" } else { "no" },
+        if availability.dflash { "yes" } else { "no" }
     );
     out!("  device: {}", bench.model.device_name());
     let random = random_ids(args.seed, args.prompt_tokens, bench.model.vocab());
     throughput(&bench, args, &random)?;
-    if !blocks.is_empty() {
+    plans.retain(|(_, blocks, _)| !blocks.is_empty());
+    if !plans.is_empty() {
         let prompt = speculative_prompt(&bench, args, random)?;
-        speculative(&bench, args, &prompt, &blocks)?;
+        speculative(&bench, args, &prompt, &plans)?;
     }
     Ok(())
 }
@@ -372,18 +429,16 @@ fn per_position(spec: &SpecStats) -> String {
         .join(" ")
 }
 
+/// One drafter's rows: which drafter, its blocks (`None`: auto), and `(start, most)` of its auto block.
+type DrafterPlan = (Drafter, Vec<Option<usize>>, (usize, usize));
+
 fn speculative(
     bench: &Bench,
     args: &BenchArgs,
     prompt: &[u32],
-    blocks: &[Option<usize>],
+    plans: &[DrafterPlan],
 ) -> Result<()> {
     let threads = args.threads_list.iter().copied().max().unwrap_or(1);
-    // The head on the target's device (on the GPU next to a GPU target).
-    let head = bench
-        .model
-        .mtp_drafter(&bench.checkpoint)?
-        .context("the checkpoint has no MTP head")?;
     pool(threads)?.install(|| -> Result<()> {
         let mut plain = Session::open(&bench.model)?;
         let sequential = bench.runs(args.runs, &mut plain, prompt, None)?;
@@ -395,75 +450,104 @@ fn speculative(
         );
         let seq_ids = sequential.first().map(|r| r.token_ids.clone()).unwrap_or_default();
         out!(
-            "\nspeculative ({}, greedy, {threads} thread(s)): prompt {} tokens, {} tokens, median of {} run(s)",
-            head.name(),
+            "\nspeculative (greedy, {threads} thread(s)): prompt {} tokens, {} tokens, median of {} run(s)",
             prompt.len(),
             args.gen_tokens,
             args.runs
         );
         out!(
-            "{:>12} | {:>12} | {:>7} | {:>14} | {:>22} | {:>11}",
+            "{:>18} | {:>12} | {:>7} | {:>14} | {:>22} | {:>11}",
             "decoding", "decode tok/s", "ratio", "accepted/round", "per-position accepted", "same tokens"
         );
         out!(
-            "{:->12}-+-{:->12}-+-{:->7}-+-{:->14}-+-{:->22}-+-{:->11}",
+            "{:->18}-+-{:->12}-+-{:->7}-+-{:->14}-+-{:->22}-+-{:->11}",
             "", "", "", "", "", ""
         );
         out!(
-            "{:>12} | {seq_rate:>12.2} | {:>7} | {:>14} | {:>22} | {:>11}",
+            "{:>18} | {seq_rate:>12.2} | {:>7} | {:>14} | {:>22} | {:>11}",
             "sequential", "1.00x", "-", "-", "-"
         );
-        let mut session = Session::open(&bench.model)?.with_drafter(head);
-        // `auto` as the engine plans it: the policy's block, tuned up to what the device verifies exactly.
-        let auto_max = bench
-            .model
-            .max_exact_block()
-            .map_or(MTP_MAX_BLOCK, |m| m.min(MTP_MAX_BLOCK));
-        for &block in blocks {
-            let spec = match block {
-                Some(b) => Speculative::new(b),
-                None => Speculative::tuned(MTP_DEFAULT_BLOCK, auto_max),
-            };
-            let results = bench.runs(args.runs, &mut session, prompt, Some(spec))?;
-            // auto: the session's tuner carries over between runs (as between a server's requests), so
-            // the first run, which starts tuning cold, gets its own row, and the rest their median.
-            let groups: Vec<(&[GenerationResult], &str)> = match block {
-                Some(_) => vec![(&results[..], "")],
-                None if results.len() > 1 => vec![(&results[..1], " 1st"), (&results[1..], "")],
-                None => vec![(&results[..], " 1st")],
-            };
-            for (runs, suffix) in groups {
-                let rate = median(
-                    &runs
-                        .iter()
-                        .map(GenerationResult::decode_tokens_per_second)
-                        .collect::<Vec<_>>(),
-                );
-                let ratio = if seq_rate > 0.0 { rate / seq_rate } else { 0.0 };
-                let spec = runs.first().and_then(|r| r.spec.clone()).unwrap_or_default();
-                let same = runs.iter().all(|r| r.token_ids == seq_ids);
-                // auto: the block most rounds of the group's first run proposed.
-                let label = match block {
-                    Some(b) => format!("mtp {b}"),
-                    None => {
-                        let most = (spec.rounds_by_block.iter().enumerate())
-                            .max_by_key(|&(_, n)| *n)
-                            .map_or(0, |(b, _)| b);
-                        format!("auto ~{most}{suffix}")
-                    }
-                };
-                out!(
-                    "{:>12} | {rate:>12.2} | {:>7} | {:>14.2} | {:>22} | {:>11}",
-                    label,
-                    format!("{ratio:.2}x"),
-                    spec.accepted_per_round(),
-                    per_position(&spec),
-                    if same { "yes" } else { "NO" }
-                );
-            }
+        for (drafter, blocks, (auto_start, auto_most)) in plans {
+            // The drafter where the engine runs it: MTP on the target's device, DFlash on the host.
+            let loaded = runtime::load_drafter(&bench.model, &bench.checkpoint, *drafter)?;
+            let name = loaded.name();
+            let mut session = Session::open(&bench.model)?.with_drafter(loaded);
+            // `auto` as the engine plans it: tuned up to what the device verifies exactly.
+            let auto_max = bench
+                .model
+                .max_exact_block()
+                .map_or(*auto_most, |m| m.clamp(1, *auto_most));
+            speculative_rows(
+                bench,
+                args,
+                prompt,
+                &mut session,
+                (name, blocks),
+                (*auto_start.min(&auto_max), auto_max),
+                (seq_rate, &seq_ids),
+            )?;
         }
         Ok(())
     })
+}
+
+/// The rows of one drafter's blocks (its session attached), against the sequential rate and tokens.
+fn speculative_rows(
+    bench: &Bench,
+    args: &BenchArgs,
+    prompt: &[u32],
+    session: &mut Session<ModelState>,
+    (name, blocks): (&str, &[Option<usize>]),
+    (auto_start, auto_max): (usize, usize),
+    (seq_rate, seq_ids): (f64, &[u32]),
+) -> Result<()> {
+    for &block in blocks {
+        let spec = match block {
+            Some(b) => Speculative::new(b),
+            None => Speculative::tuned(auto_start, auto_max),
+        };
+        let results = bench.runs(args.runs, session, prompt, Some(spec))?;
+        // auto: the session's tuner carries over between runs (as between a server's requests), so
+        // the first run, which starts tuning cold, gets its own row, and the rest their median.
+        let groups: Vec<(&[GenerationResult], &str)> = match block {
+            Some(_) => vec![(&results[..], "")],
+            None if results.len() > 1 => vec![(&results[..1], " 1st"), (&results[1..], "")],
+            None => vec![(&results[..], " 1st")],
+        };
+        for (runs, suffix) in groups {
+            let rate = median(
+                &runs
+                    .iter()
+                    .map(GenerationResult::decode_tokens_per_second)
+                    .collect::<Vec<_>>(),
+            );
+            let ratio = if seq_rate > 0.0 { rate / seq_rate } else { 0.0 };
+            let spec = runs
+                .first()
+                .and_then(|r| r.spec.clone())
+                .unwrap_or_default();
+            let same = runs.iter().all(|r| r.token_ids == seq_ids);
+            // auto: the block most rounds of the group's first run proposed.
+            let label = match block {
+                Some(b) => format!("{name} {b}"),
+                None => {
+                    let most = (spec.rounds_by_block.iter().enumerate())
+                        .max_by_key(|&(_, n)| *n)
+                        .map_or(0, |(b, _)| b);
+                    format!("{name} auto ~{most}{suffix}")
+                }
+            };
+            out!(
+                "{:>18} | {rate:>12.2} | {:>7} | {:>14.2} | {:>22} | {:>11}",
+                label,
+                format!("{ratio:.2}x"),
+                spec.accepted_per_round(),
+                per_position(&spec),
+                if same { "yes" } else { "NO" }
+            );
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -487,21 +571,56 @@ mod tests {
 
     #[test]
     fn speculative_blocks_follow_the_policy() {
+        let both = DrafterAvailability {
+            mtp: true,
+            dflash: true,
+            dflash_max_block: Some(15),
+        };
+        let mtp = |flag| speculative_blocks(flag, Drafter::Mtp, &both);
         let all = vec![Some(1), Some(2), Some(3), Some(4), None];
-        assert_eq!(speculative_blocks(None, true).unwrap(), all);
-        assert!(speculative_blocks(None, false).unwrap().is_empty());
-        assert!(speculative_blocks(Some("off"), true).unwrap().is_empty());
-        assert_eq!(
-            speculative_blocks(Some("2,3"), true).unwrap(),
-            vec![Some(2), Some(3)]
-        );
-        let with_auto = speculative_blocks(Some("2,auto"), true).unwrap();
-        assert_eq!(with_auto, vec![Some(2), None]);
-        assert!(speculative_blocks(Some("2,off"), true).is_err());
-        let no_head = format!("{:#}", speculative_blocks(Some("2"), false).unwrap_err());
-        assert!(no_head.contains("MTP head"), "{no_head}");
-        let bad = format!("{:#}", speculative_blocks(Some("x"), true).unwrap_err());
+        assert_eq!(mtp(None).unwrap(), all);
+        assert!(mtp(Some("off")).unwrap().is_empty());
+        assert_eq!(mtp(Some("2,3")).unwrap(), vec![Some(2), Some(3)]);
+        assert_eq!(mtp(Some("2,auto")).unwrap(), vec![Some(2), None]);
+        assert!(mtp(Some("2,off")).is_err());
+        let bad = format!("{:#}", mtp(Some("x")).unwrap_err());
         assert!(bad.contains("--speculative"), "{bad}");
-        assert!(speculative_blocks(Some("99"), true).is_err()); // beyond the MTP maximum
+        assert!(mtp(Some("99")).is_err()); // beyond the MTP maximum
+                                           // DFlash: up to its trained block, which also bounds the defaults.
+        let dflash = |flag, max| {
+            let a = DrafterAvailability {
+                dflash_max_block: Some(max),
+                ..both
+            };
+            speculative_blocks(flag, Drafter::Dflash, &a)
+        };
+        let defaults = vec![Some(1), Some(2), Some(4), Some(8), Some(15), None];
+        assert_eq!(dflash(None, 15).unwrap(), defaults);
+        assert_eq!(
+            dflash(None, 4).unwrap(),
+            vec![Some(1), Some(2), Some(4), None]
+        );
+        assert_eq!(dflash(Some("12"), 15).unwrap(), vec![Some(12)]);
+        assert!(dflash(Some("16"), 15).is_err());
+        // Which drafters: auto takes every one there is; a named one must be there.
+        let mtp_only = DrafterAvailability {
+            dflash: false,
+            dflash_max_block: None,
+            ..both
+        };
+        let auto = DrafterRequest::Auto;
+        assert_eq!(
+            drafters_to_bench(auto, &both).unwrap(),
+            vec![Drafter::Mtp, Drafter::Dflash]
+        );
+        assert_eq!(
+            drafters_to_bench(auto, &mtp_only).unwrap(),
+            vec![Drafter::Mtp]
+        );
+        let missing = format!(
+            "{:#}",
+            drafters_to_bench(DrafterRequest::Dflash, &mtp_only).unwrap_err()
+        );
+        assert!(missing.contains("dflash"), "{missing}");
     }
 }

@@ -177,7 +177,7 @@ pub fn load(model: &ModelArgs, sampling: &SamplingArgs) -> Result<Loaded> {
             }),
             match tune_up_to {
                 Some(max) => {
-                    format!("{drafter}, block {block} (auto: tuned within 1..={max} when greedy)")
+                    format!("{drafter}, block {block} (auto: tuned within 0..={max} when greedy, 0 = plain steps)")
                 }
                 None => format!("{drafter}, block {block}"),
             },

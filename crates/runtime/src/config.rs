@@ -174,7 +174,8 @@ pub struct SpecStats {
     pub per_position_offered: Vec<usize>,
     /// `[block]`: rounds that accepted position i.
     pub per_position_accepted: Vec<usize>,
-    /// `[b]`: rounds that proposed b tokens (one block unless an `auto` run tuned it, tuner.rs).
+    /// `[b]`: rounds that proposed b tokens (one block unless an `auto` run tuned it, tuner.rs; `[0]`:
+    /// the plain steps it chose).
     pub rounds_by_block: Vec<usize>,
     /// Rounds whose verify overshot the committed tokens, so the state was rolled back.
     pub rollbacks: usize,
@@ -199,6 +200,14 @@ impl SpecStats {
     /// Records one round: `proposed` drafts, of which the first `judged` were tested and the first
     /// `accepted` passed; `rolled_back` when the state had to be rewound. Inconsistent counts are
     /// clamped (`accepted <= judged <= proposed`) rather than trusted.
+    /// A plain decoding step an `auto` run chose (block 0, tuner.rs): shows in `rounds_by_block[0]`.
+    pub fn record_plain_step(&mut self) {
+        if self.rounds_by_block.is_empty() {
+            self.rounds_by_block.push(0);
+        }
+        self.rounds_by_block[0] += 1;
+    }
+
     pub fn record_round(
         &mut self,
         proposed: usize,

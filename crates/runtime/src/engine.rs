@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use backend::{Device, Model, ModelState};
+use backend::{BoxedDrafter, Device, Model, ModelState};
 use drafters::DflashDrafter;
 use model_io::Checkpoint;
 
@@ -39,6 +39,30 @@ pub fn availability(ck: &Checkpoint) -> DrafterAvailability {
         dflash: dflash_block.is_some(),
         dflash_max_block: dflash_block,
     }
+}
+
+/// Loads `drafter` for `model`: the MTP head on the model's device, DFlash on the host (it reads the
+/// target's embeddings and LM head, shared).
+pub fn load_drafter(
+    model: &Model,
+    ck: &Checkpoint,
+    drafter: Drafter,
+) -> Result<BoxedDrafter, RuntimeError> {
+    Ok(match drafter {
+        Drafter::Mtp => match model.mtp_drafter(ck)? {
+            Some(head) => head,
+            None => {
+                return Err(RuntimeError::SpeculationUnavailable {
+                    request: "--drafter mtp".into(),
+                    reason: "this checkpoint carries no MTP head (mtp.* tensors)".into(),
+                })
+            }
+        },
+        Drafter::Dflash => {
+            let head = model.head(ck)?;
+            Box::new(DflashDrafter::load(&ck.dir.join("dflash"), head)?)
+        }
+    })
 }
 
 pub struct Engine {
@@ -159,25 +183,8 @@ impl Engine {
     pub fn session(&self, plan: &SpeculationPlan) -> Result<Session<ModelState>, RuntimeError> {
         let session = Session::open(&self.model)?;
         Ok(match plan {
-            SpeculationPlan::Enabled {
-                drafter: Drafter::Mtp,
-                ..
-            } => match self.model.mtp_drafter(&self.checkpoint)? {
-                Some(head) => session.with_drafter(head),
-                None => {
-                    return Err(RuntimeError::SpeculationUnavailable {
-                        request: "--drafter mtp".into(),
-                        reason: "this checkpoint carries no MTP head (mtp.* tensors)".into(),
-                    })
-                }
-            },
-            SpeculationPlan::Enabled {
-                drafter: Drafter::Dflash,
-                ..
-            } => {
-                let dir = self.checkpoint.dir.join("dflash");
-                let head = self.model.head(&self.checkpoint)?;
-                session.with_drafter(Box::new(DflashDrafter::load(&dir, head)?))
+            SpeculationPlan::Enabled { drafter, .. } => {
+                session.with_drafter(load_drafter(&self.model, &self.checkpoint, *drafter)?)
             }
             SpeculationPlan::Disabled { .. } => session,
         })

@@ -46,8 +46,8 @@ pub enum Rollback {
 pub struct Speculative {
     /// Proposals per round (≥ 1); where tuning starts when `tune_up_to` is set.
     pub block: usize,
-    /// Tune the block within 1..=this while the run goes (`auto` runs, tuner.rs), when selection is
-    /// greedy; `None`: keep `block`.
+    /// Tune the block within 0..=this (0: plain steps) while the run goes (`auto` runs, tuner.rs),
+    /// when selection is greedy; `None`: keep `block`.
     pub tune_up_to: Option<usize>,
     pub rollback: Rollback,
     pub acceptance: Acceptance,
@@ -63,7 +63,7 @@ impl Speculative {
         }
     }
 
-    /// An `auto` run's speculation: starts at `block`, tuned within 1..=`max`.
+    /// An `auto` run's speculation: starts at `block`, tuned within 0..=`max` (0: plain steps).
     pub fn tuned(block: usize, max: usize) -> Self {
         Speculative {
             tune_up_to: Some(max),
@@ -422,7 +422,10 @@ pub fn generate<B: Backend>(
             d.observe(&kept, keep, &follow)?;
         }
         if let Some(s) = stats.as_mut() {
-            if !proposals.is_empty() {
+            if proposals.is_empty() && block == 0 {
+                // A plain step the tuner chose (block 0): counted by block, not as a round.
+                s.record_plain_step();
+            } else if !proposals.is_empty() {
                 s.record_round(proposals.len(), judged, accepted, rolled_back);
                 // The drafter's cost is its proposal and its observe of the verified rows.
                 s.draft_seconds += draft_seconds + observe_start.elapsed().as_secs_f64();

@@ -166,8 +166,8 @@ pub enum SpeculationPlan {
     Enabled {
         drafter: Drafter,
         block: usize,
-        /// Under `auto`: the run may tune its block within 1..=this as it measures (tuner.rs),
-        /// starting at `block`. `None` for a named block, which is kept.
+        /// Under `auto`: the run may tune its block within 0..=this as it measures (tuner.rs; 0:
+        /// plain steps), starting at `block`. `None` for a named block, which is kept.
         tune_up_to: Option<usize>,
     },
     /// `warning` is `Some` when the caller asked for `auto` and may have expected speculation;
