@@ -321,6 +321,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     check_args(args, model.context())?;
     let availability = runtime::availability(&checkpoint);
     let mut plans = Vec::new();
+    if let Some(flag) = args.speculative.as_deref().map(str::trim) {
+        if flag != "off" && !availability.mtp && !availability.dflash {
+            bail!(
+                "--speculative {flag}: this checkpoint carries no drafter to compare (no MTP head, \
+                 mtp.* tensors; no DFlash drafter, dflash/config.json)"
+            );
+        }
+    }
     if args.speculative.as_deref().map(str::trim) != Some("off") {
         for drafter in drafters_to_bench(args.drafter, &availability)? {
             let blocks = speculative_blocks(args.speculative.as_deref(), drafter, &availability)?;

@@ -333,6 +333,67 @@ fn bench_compares_mtp_with_sequential_on_qwen3_5() {
 }
 
 #[test]
+fn bench_compares_every_drafter_of_the_testbed() {
+    // The testbed carries both drafters: one table, the DFlash rows after the MTP ones, all lossless.
+    let model = repo().join("models/testbed").display().to_string();
+    let o = run(&[
+        "bench",
+        "--model",
+        &model,
+        "--threads-list",
+        "1",
+        "--runs",
+        "1",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "10",
+        "--speculative",
+        "2,auto",
+    ]);
+    let out = expect_success(&o);
+    for label in ["mtp 2", "mtp auto", "dflash 2", "dflash auto"] {
+        let row = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(label))
+            .unwrap_or_else(|| panic!("no {label} row: {out}"));
+        assert!(row.trim_end().ends_with("yes"), "{row}");
+    }
+    let only = expect_success(&run(&[
+        "bench",
+        "--model",
+        &model,
+        "--threads-list",
+        "1",
+        "--runs",
+        "1",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "6",
+        "--speculative",
+        "3",
+        "--drafter",
+        "dflash",
+    ]));
+    assert!(
+        only.contains("dflash 3") && !only.contains("mtp 3"),
+        "{only}"
+    );
+    // A block beyond what the DFlash drafter was trained for (block_size 8: 7 proposals) is refused.
+    let err = expect_error(&run(&[
+        "bench",
+        "--model",
+        &model,
+        "--speculative",
+        "9",
+        "--drafter",
+        "dflash",
+    ]));
+    assert!(err.contains("dflash") && err.contains("1..=7"), "{err}");
+}
+
+#[test]
 fn perplexity_scores_the_documented_windows() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("text.txt");
