@@ -583,6 +583,7 @@ mod tests {
             mtp: true,
             dflash: true,
             dflash_max_block: Some(15),
+            dflash_on_host_of_gpu: false,
         };
         let mtp = |flag| speculative_blocks(flag, Drafter::Mtp, &both);
         let all = vec![Some(1), Some(2), Some(3), Some(4), None];

@@ -38,6 +38,7 @@ pub fn availability(ck: &Checkpoint) -> DrafterAvailability {
         mtp: ck.has_mtp,
         dflash: dflash_block.is_some(),
         dflash_max_block: dflash_block,
+        dflash_on_host_of_gpu: false,
     }
 }
 
@@ -101,7 +102,11 @@ impl Engine {
 
     /// Drafters this checkpoint carries (detection only).
     pub fn availability(&self) -> DrafterAvailability {
-        availability(&self.checkpoint)
+        DrafterAvailability {
+            // DFlash runs on the host (load_drafter) whatever the target's device.
+            dflash_on_host_of_gpu: matches!(self.model, Model::Cuda(_)),
+            ..availability(&self.checkpoint)
+        }
     }
 
     /// Why speculation cannot run on this model at all, if anything.
