@@ -480,6 +480,42 @@ fn testbed_drafters_run_on_the_device_taps() {
             );
         }
     }
+    // `auto`: MTP (on the device) with its block tuned as the run goes, block 0 (plain steps) among
+    // the choices; the stream stays sequential's, and the session's second generation continues the
+    // first one's tuner.
+    let plan = engine
+        .plan(Speculation::Auto, DrafterRequest::Auto)
+        .unwrap();
+    let SpeculationPlan::Enabled {
+        block,
+        tune_up_to: Some(max),
+        ..
+    } = plan
+    else {
+        panic!("auto on the testbed: {plan:?}");
+    };
+    let mut session = engine.session(&plan).unwrap();
+    assert_eq!(session.drafter_name(), Some("mtp (cuda)"));
+    let mut rounds = 0;
+    for turn in 0..2 {
+        let cfg = GenerationConfig::greedy(48);
+        let req = Request {
+            prompt: &prompt,
+            config: &cfg,
+            eos: &[],
+            detok: &engine.tokenizer,
+            speculative: Some(Speculative::tuned(block, max)),
+            cancel: CancelFlag::new(),
+        };
+        let got = generate(&engine.model, &mut session, &req, &mut |_| {}).unwrap();
+        assert_eq!(got.token_ids, sequential.token_ids, "auto, turn {turn}");
+        let now = session
+            .block_tuner()
+            .expect("a tuned run keeps its tuner")
+            .rounds();
+        assert!(now > rounds, "turn {turn}: the tuner did not continue");
+        rounds = now;
+    }
 }
 
 /// The GPU MTP head drafts what the host head drafts: on the testbed (trained head, real acceptance),
