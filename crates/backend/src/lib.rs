@@ -11,21 +11,22 @@
 //!   (candle's `enum Storage { Cpu, Cuda }`): the loop is written once, callers carry no `#[cfg]` and
 //!   no `dyn`. A state only ever runs on the model kind that made it (a mismatch is an error).
 //!
-//! Drafters: [`Model::mtp_drafter`] puts the checkpoint's MTP head on the target's device (the host
-//! `drafters::MtpHead` for a CPU target, `cuda_backend::CudaMtp` next to a GPU target, sharing its
-//! embedding and LM head buffers). Other drafters stay on the host on either device: [`Model::head`]
-//! lends them the target's embedding table and LM head (the CPU engine itself, or a host copy for a
-//! GPU model), and the GPU forward returns the taps they need in host memory. Exactness is unaffected:
-//! acceptance depends only on the target's logits.
+//! Drafters: [`Model::mtp_drafter`] and [`Model::dflash_drafter`] put the checkpoint's MTP head and
+//! DFlash drafter on the target's device (the host `drafters::MtpHead` / `DflashDrafter` for a CPU
+//! target, `cuda_backend::CudaMtp` / `CudaDflash` next to a GPU target, sharing its embedding and LM
+//! head buffers; the GPU forward returns the verified rows' taps in host memory and they upload them).
+//! [`Model::head`] lends a host drafter the target's embedding table and LM head (the CPU engine
+//! itself, or a host copy for a GPU model). Exactness is unaffected: acceptance depends only on the
+//! target's logits.
 
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
 pub use cuda_backend::{
-    CudaDevice, CudaError, CudaModel, CudaMtp, CudaSnapshot, CudaState, LoadOptions,
+    CudaDevice, CudaDflash, CudaError, CudaModel, CudaMtp, CudaSnapshot, CudaState, LoadOptions,
 };
-use drafters::{Drafter, MtpHead};
+use drafters::{DflashDrafter, Drafter, MtpHead};
 use families::{
     Backend, BackendError, BackendState, ForwardOut, HostHead, ModelError, SharedHead, State,
     Transformer, Wanted,
@@ -275,6 +276,17 @@ impl Model {
         Ok(match self {
             Model::Cpu(m) => MtpHead::load(ck, m.clone())?.map(|h| Box::new(h) as BoxedDrafter),
             Model::Cuda(m) => CudaMtp::load(m, ck)?.map(|h| Box::new(h) as BoxedDrafter),
+        })
+    }
+
+    /// The checkpoint's DFlash drafter (`dflash/`) on this model's device: the host `DflashDrafter`
+    /// reading the CPU engine, or `CudaDflash` on the GPU next to the target (a shape the GPU cannot
+    /// run is an error, never a silent move to the host).
+    pub fn dflash_drafter(&self, ck: &Checkpoint) -> Result<BoxedDrafter, BackendError> {
+        let dir = ck.dir.join("dflash");
+        Ok(match self {
+            Model::Cpu(m) => Box::new(DflashDrafter::load(&dir, m.clone())?),
+            Model::Cuda(m) => Box::new(CudaDflash::load(m, &dir)?),
         })
     }
 }

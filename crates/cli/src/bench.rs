@@ -476,7 +476,7 @@ fn speculative(
             "sequential", "1.00x", "-", "-", "-"
         );
         for (drafter, blocks, (auto_start, auto_most)) in plans {
-            // The drafter where the engine runs it: MTP on the target's device, DFlash on the host.
+            // The drafter where the engine runs it: on the target's device.
             let loaded = runtime::load_drafter(&bench.model, &bench.checkpoint, *drafter)?;
             let name = loaded.name();
             let mut session = Session::open(&bench.model)?.with_drafter(loaded);
@@ -583,7 +583,6 @@ mod tests {
             mtp: true,
             dflash: true,
             dflash_max_block: Some(15),
-            dflash_on_host_of_gpu: false,
         };
         let mtp = |flag| speculative_blocks(flag, Drafter::Mtp, &both);
         let all = vec![Some(1), Some(2), Some(3), Some(4), None];

@@ -57,6 +57,7 @@ pub const KERNELS: &[&str] = &[
     "rmsnorm",
     "gated_rmsnorm",
     "silu_mul",
+    "dflash_regroup",
     "argmax_rows",
     "fill_normal_bf16",
     "moe_route",

@@ -109,7 +109,9 @@ pub(crate) fn silu_mul(gate_up: u64, act: u64, rows: usize, inter: usize) -> Res
     Ok(())
 }
 
-pub(crate) fn attention(
+/// attn_prep: q (normed, rotated) and gate rows to `b.q` / `b.gate`; k (normed, rotated) and v rows
+/// into the caches at positions start..start+rows.
+pub(crate) fn attn_prep(
     s: AttnShape,
     b: &AttnBufs,
     q_norm: u64,
@@ -152,9 +154,22 @@ pub(crate) fn attention(
     kc[start * hkv * d..].copy_from_slice(&k);
     unsafe { view_mut(b.q, rows * hq * d) }.copy_from_slice(&q);
     unsafe { view_mut(b.gate, rows * hq * d) }.copy_from_slice(&gate);
+    Ok(())
+}
+
+/// The attention core over `rows` query rows in `b.q` whose keys are cache rows 0..=start+r (row r),
+/// gated by `b.gate` when `s.gated`.
+pub(crate) fn attn_core(s: AttnShape, b: &AttnBufs, rows: usize) -> Result<(), CudaError> {
+    let (hq, hkv, d) = (s.hq, s.hkv, s.d);
+    // SAFETY: as attn_prep; the caches hold positions 0..start+rows.
+    let start = unsafe { *(b.start as *const i32) } as usize;
+    let total = start + rows;
+    let kc = unsafe { view(b.k_cache, total * hkv * d) };
+    let vc = unsafe { view(b.v_cache, total * hkv * d) };
+    let q = unsafe { view(b.q, rows * hq * d) };
     let out = unsafe { view_mut(b.out, rows * hq * d) };
     kernels::attention(
-        &q,
+        q,
         kc,
         vc,
         rows,
@@ -166,8 +181,39 @@ pub(crate) fn attention(
         out,
     );
     if s.gated {
-        for (o, g) in out.iter_mut().zip(&gate) {
+        let gate = unsafe { view(b.gate, rows * hq * d) };
+        for (o, g) in out.iter_mut().zip(gate) {
             *o *= kernels::sigmoid(*g);
+        }
+    }
+    Ok(())
+}
+
+/// dflash_regroup: [b, hq, d] rows <-> one row of b * hq heads grouped by kv head
+/// ((kvh * b + r) * group + j), `inverse` the way back.
+pub(crate) fn regroup(
+    src: u64,
+    dst: u64,
+    b: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    inverse: bool,
+) -> Result<(), CudaError> {
+    let n = b * hq * d;
+    // SAFETY: both buffers hold b * hq * d floats and are distinct.
+    let (from, to) = unsafe { (view(src, n), view_mut(dst, n)) };
+    let group = hq / hkv;
+    for r in 0..b {
+        for h in 0..hq {
+            let rowed = (r * hq + h) * d;
+            let grouped = ((h / group * b + r) * group + h % group) * d;
+            let (i, o) = if inverse {
+                (grouped, rowed)
+            } else {
+                (rowed, grouped)
+            };
+            to[o..o + d].copy_from_slice(&from[i..i + d]);
         }
     }
     Ok(())

@@ -27,6 +27,7 @@ pub mod adapter;
 mod argmax;
 mod buf;
 pub mod device;
+mod dflash;
 mod emu;
 pub mod error;
 mod forward;
@@ -48,6 +49,7 @@ mod verify_graph;
 mod weights;
 
 pub use device::{driver_present, CudaDevice, DeviceInfo};
+pub use dflash::CudaDflash;
 pub use error::CudaError;
 pub use model::{CudaModel, LoadOptions};
 pub use mtp::CudaMtp;

@@ -33,9 +33,9 @@ use crate::adapter::{grown_capacity, INITIAL_CAPACITY};
 use crate::argmax;
 use crate::buf::{dtod, dtoh, htod, DBuf};
 use crate::error::CudaError;
-use crate::model::{load_layer, CudaModel, LayerW, MixerW};
+use crate::model::{load_layer, CudaModel, LayerW};
 use crate::ops::{self, NormW, ATT_SPLITS_FINE};
-use crate::state::{LayerState, Scratch, Widths};
+use crate::state::{attention_caches, copy_cache_rows, LayerState, Scratch, Widths};
 use crate::weights::{Init, Mat, Source, Uploader};
 
 /// A captured graph owned by one drafter, so the drafter is `Send` as the session's drafter box
@@ -181,7 +181,7 @@ impl CudaMtp {
             .max()
             .unwrap_or(ATT_SPLITS_FINE);
         let head = CudaMtp {
-            kv: new_kv(&w, capacity)?,
+            kv: attention_caches(&t.dev, &w.layers, capacity)?,
             capacity,
             one: Io::new(t, &widths, 1, ATT_SPLITS_FINE)?,
             small: Io::new(t, &widths, small_rows, small_splits)?,
@@ -436,22 +436,8 @@ impl CudaMtp {
         let Some(capacity) = grown_capacity(self.capacity, start + n, t.context) else {
             return Ok(());
         };
-        let kv = new_kv(&self.w, capacity)?;
-        for (new, old) in kv.iter().zip(&self.kv) {
-            if let (
-                LayerState::Attention {
-                    k: nk,
-                    v: nv,
-                    row_floats,
-                },
-                LayerState::Attention { k: ok, v: ov, .. },
-            ) = (new, old)
-            {
-                let bytes = start * row_floats * 4;
-                dtod(&t.dev, nk.ptr, ok.ptr, bytes)?;
-                dtod(&t.dev, nv.ptr, ov.ptr, bytes)?;
-            }
-        }
+        let kv = attention_caches(&t.dev, &self.w.layers, capacity)?;
+        copy_cache_rows(&t.dev, &kv, &self.kv, start)?;
         self.graphs.iter_mut().for_each(|g| *g = None);
         self.kv = kv;
         self.capacity = capacity;
@@ -558,26 +544,6 @@ impl Drafter for CudaMtp {
         }
         Ok(out)
     }
-}
-
-/// KV caches of `capacity` positions for every MTP layer.
-fn new_kv(w: &Weights, capacity: usize) -> Result<Vec<LayerState>, CudaError> {
-    let dev = &*w.target.dev;
-    let mut kv = Vec::with_capacity(w.layers.len());
-    for l in &w.layers {
-        let MixerW::Attention(a) = &l.mixer else {
-            return Err(CudaError::Unsupported {
-                what: "an MTP layer that is not full attention".into(),
-            });
-        };
-        let row_floats = a.shape.hkv * a.shape.d;
-        kv.push(LayerState::Attention {
-            k: DBuf::f32s(dev, capacity * row_floats)?,
-            v: DBuf::f32s(dev, capacity * row_floats)?,
-            row_floats,
-        });
-    }
-    Ok(kv)
 }
 
 /// The head over m rows at positions `sc.start`..: ids in `io.sc.ids`, target hidden rows at `hidden`

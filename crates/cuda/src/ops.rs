@@ -426,6 +426,40 @@ pub(crate) fn silu_mul(
     )
 }
 
+/// `dst` = the b rows [b, hq, d] of `src` as one row of b * hq heads grouped by kv head (head
+/// (kvh * b + r) * group + j), or back with `inverse`: non-causal attention of b rows as causal
+/// attention of that one row at the block's last position (dflash.rs).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn regroup(
+    dev: &CudaDevice,
+    src: u64,
+    dst: u64,
+    b: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    inverse: bool,
+) -> Result<(), CudaError> {
+    if dev.host_ops() {
+        return emu::regroup(src, dst, b, hq, hkv, d, inverse);
+    }
+    launch(
+        dev,
+        "dflash_regroup",
+        elementwise_grid(b * hq * d),
+        256,
+        &[
+            Arg::P(src),
+            Arg::P(dst),
+            Arg::I(b as i32),
+            Arg::I(hq as i32),
+            Arg::I(hkv as i32),
+            Arg::I(d as i32),
+            Arg::I(inverse as i32),
+        ],
+    )
+}
+
 /// Shapes of one attention layer, for the launchers.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct AttnShape {
@@ -520,8 +554,23 @@ pub(crate) fn attention(
     rows: usize,
     core: AttnCore,
 ) -> Result<(), CudaError> {
+    attn_prep(dev, s, b, q_norm, k_norm, inv_freq, rows)?;
+    attn_run_core(dev, s, b, rows, core)
+}
+
+/// attn_prep over `rows` rows: q (normed, rotated) and gate to `b.q` / `b.gate`, k (normed, rotated)
+/// and v into the caches at positions start..start+rows.
+pub(crate) fn attn_prep(
+    dev: &CudaDevice,
+    s: AttnShape,
+    b: &AttnBufs,
+    q_norm: u64,
+    k_norm: u64,
+    inv_freq: u64,
+    rows: usize,
+) -> Result<(), CudaError> {
     if dev.host_ops() {
-        return emu::attention(s, b, q_norm, k_norm, inv_freq, rows);
+        return emu::attn_prep(s, b, q_norm, k_norm, inv_freq, rows);
     }
     let r = rows as u32;
     launch(
@@ -547,7 +596,22 @@ pub(crate) fn attention(
             Arg::F(s.eps),
             Arg::I(s.zero_centred as i32),
         ],
-    )?;
+    )
+}
+
+/// The attention `core` over `rows` query rows in `b.q` (row r attends to cache rows 0..=start+r)
+/// into `b.out`, gated by `b.gate` when the shape is gated.
+pub(crate) fn attn_run_core(
+    dev: &CudaDevice,
+    s: AttnShape,
+    b: &AttnBufs,
+    rows: usize,
+    core: AttnCore,
+) -> Result<(), CudaError> {
+    if dev.host_ops() {
+        return emu::attn_core(s, b, rows);
+    }
+    let r = rows as u32;
     let scale = 1.0f32 / (s.d as f32).sqrt();
     let s_max = match core {
         AttnCore::SplitK { s_max } => s_max,

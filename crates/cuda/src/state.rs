@@ -33,6 +33,55 @@ pub(crate) enum LayerState {
     },
 }
 
+/// KV caches of `capacity` positions for a drafter's attention layers (the MTP head's, DFlash's).
+pub(crate) fn attention_caches(
+    dev: &CudaDevice,
+    layers: &[crate::model::LayerW],
+    capacity: usize,
+) -> Result<Vec<LayerState>, CudaError> {
+    layers
+        .iter()
+        .map(|l| {
+            let crate::model::MixerW::Attention(a) = &l.mixer else {
+                return Err(CudaError::Unsupported {
+                    what: "a drafter layer that is not full attention".into(),
+                });
+            };
+            let row_floats = a.shape.hkv * a.shape.d;
+            Ok(LayerState::Attention {
+                k: DBuf::f32s(dev, capacity * row_floats)?,
+                v: DBuf::f32s(dev, capacity * row_floats)?,
+                row_floats,
+            })
+        })
+        .collect()
+}
+
+/// Copies positions 0..rows of each attention cache in `old` into the matching one in `new`.
+pub(crate) fn copy_cache_rows(
+    dev: &CudaDevice,
+    new: &[LayerState],
+    old: &[LayerState],
+    rows: usize,
+) -> Result<(), CudaError> {
+    for (new, old) in new.iter().zip(old) {
+        if let (
+            LayerState::Attention {
+                k: nk,
+                v: nv,
+                row_floats,
+            },
+            LayerState::Attention { k: ok, v: ov, .. },
+        ) = (new, old)
+        {
+            let bytes = rows * row_floats * 4;
+            dtod(dev, nk.ptr, ok.ptr, bytes)?;
+            dtod(dev, nv.ptr, ov.ptr, bytes)?;
+        }
+    }
+    Ok(())
+}
+
 /// Scratch of forward passes of up to `rows` rows whose attention partials need at most `row_splits`
 /// (rows x key chunks per row) slots per head.
 pub(crate) struct Scratch {

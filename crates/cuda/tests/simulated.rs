@@ -376,3 +376,60 @@ fn simulated_argmax_only_forwards_return_the_logits_argmax() {
         assert!(ids.logits.is_empty() && full.argmax.is_none());
     }
 }
+
+/// The GPU DFlash drafter's real kernels (the regroup into one row of block × heads, split-K attention
+/// over it, the multi-row GEMVs) give the host drafter's block logits: the testbed's trained drafter,
+/// context from two observes of synthetic taps, several anchors. bf16 weights on both sides (the host
+/// widens them exactly), so the difference is summation order only.
+#[test]
+fn simulated_dflash_block_matches_the_host_drafter() {
+    use drafters::Drafter;
+    let Some(dev) = simulated() else { return };
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/testbed");
+    let ck = Checkpoint::open(&dir).unwrap();
+    let target = Arc::new(CudaModel::load(&dev, &ck, LoadOptions::default()).unwrap());
+    let cpu = Arc::new(families::load(&ck).unwrap());
+    let mut host = drafters::DflashDrafter::load(&dir.join("dflash"), cpu).unwrap();
+    let mut gpu = cuda_backend::CudaDflash::load(&target, &dir.join("dflash")).unwrap();
+    assert_eq!(gpu.taps(), host.taps());
+    let (h, vocab, tap_count) = (target.hidden, target.vocab, host.taps().len());
+    let taps_of = |rows: std::ops::Range<usize>| -> Vec<Vec<f32>> {
+        (0..tap_count)
+            .map(|t| {
+                rows.clone()
+                    .flat_map(|r| {
+                        (0..h).map(move |i| {
+                            ((r * 7919 + i * 104_729 + t * 31) % 2001) as f32 / 1000.0 - 1.0
+                        })
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    for (rows, anchors) in [(0..5, [17u32, 400]), (5..7, [3, 8000])] {
+        let n = rows.len();
+        let taps = taps_of(rows);
+        let next = vec![0u32; n];
+        host.observe(&taps, n, &next).unwrap();
+        gpu.observe(&taps, n, &next).unwrap();
+        for anchor in anchors {
+            let want = host.block_logits(anchor).unwrap();
+            let got = gpu.block_logits(anchor).unwrap();
+            let want = &want[vocab..]; // the host's rows include the anchor row
+            assert_eq!(got.len(), want.len());
+            let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            let err = got
+                .iter()
+                .zip(want)
+                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            println!(
+                "dflash block at {} rows, anchor {anchor}: max |diff| {err:.2e} of {scale:.2}",
+                host.position()
+            );
+            assert!(
+                err <= 1e-4 * scale.max(1.0),
+                "anchor {anchor}: {err} (scale {scale})"
+            );
+        }
+    }
+}

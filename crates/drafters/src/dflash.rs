@@ -391,6 +391,37 @@ fn block_attention(q: &[f32], k: &[f32], v: &[f32], b: usize, g: &Heads) -> Vec<
     out
 }
 
+/// The fc input of n verified rows, [n, taps * width]: each row's taps (layer outputs of `target_layer_ids`,
+/// one buffer [n, width] per layer, in that order) side by side; checked against the drafter's layers.
+pub fn context_input(
+    taps: &[Vec<f32>],
+    n: usize,
+    width: usize,
+    target_layer_ids: &[usize],
+) -> Result<Vec<f32>, ModelError> {
+    if taps.len() != target_layer_ids.len() {
+        return Err(ModelError::StateMismatch(format!(
+            "dflash observe: {} tap buffers for {} target layers {target_layer_ids:?}",
+            taps.len(),
+            target_layer_ids.len()
+        )));
+    }
+    if let Some((i, t)) = taps.iter().enumerate().find(|(_, t)| t.len() != n * width) {
+        return Err(ModelError::StateMismatch(format!(
+            "dflash observe: tap of target layer {} holds {} values, expected {n} rows × {width}",
+            target_layer_ids[i],
+            t.len()
+        )));
+    }
+    let mut cat = Vec::with_capacity(n * taps.len() * width);
+    for j in 0..n {
+        for t in taps {
+            cat.extend_from_slice(&t[j * width..(j + 1) * width]);
+        }
+    }
+    Ok(cat)
+}
+
 pub struct DflashDrafter {
     target: SharedHead,
     config: DflashConfig,
@@ -588,32 +619,11 @@ impl Drafter for DflashDrafter {
         _next_tokens: &[u32],
     ) -> Result<(), BackendError> {
         let width = self.target.hidden();
-        let ids = &self.config.target_layer_ids;
-        if taps.len() != ids.len() {
-            return Err(ModelError::StateMismatch(format!(
-                "dflash observe: {} tap buffers for {} target layers {ids:?}",
-                taps.len(),
-                ids.len()
-            ))
-            .into());
-        }
-        if let Some((i, t)) = taps.iter().enumerate().find(|(_, t)| t.len() != n * width) {
-            return Err(ModelError::StateMismatch(format!(
-                "dflash observe: tap of target layer {} holds {} values, expected {n} rows × {width}",
-                ids[i],
-                t.len()
-            )).into());
-        }
+        let cat = context_input(taps, n, width, &self.config.target_layer_ids)?;
         if n == 0 {
             return Ok(());
         }
         // c = hidden_norm(fc([taps of row j, in target_layer_ids order]))   [n, taps * width] -> [n, hidden]
-        let mut cat = Vec::with_capacity(n * taps.len() * width);
-        for j in 0..n {
-            for t in taps {
-                cat.extend_from_slice(&t[j * width..(j + 1) * width]);
-            }
-        }
         let mut c = self.fc.forward(&cat, n);
         self.hidden_norm.apply_inplace(&mut c);
         let positions: Vec<usize> = (self.committed..self.committed + n).collect();

@@ -11,7 +11,6 @@
 use std::path::Path;
 
 use backend::{BoxedDrafter, Device, Model, ModelState};
-use drafters::DflashDrafter;
 use model_io::Checkpoint;
 
 use crate::chat::ChatTemplate;
@@ -38,12 +37,10 @@ pub fn availability(ck: &Checkpoint) -> DrafterAvailability {
         mtp: ck.has_mtp,
         dflash: dflash_block.is_some(),
         dflash_max_block: dflash_block,
-        dflash_on_host_of_gpu: false,
     }
 }
 
-/// Loads `drafter` for `model`: the MTP head on the model's device, DFlash on the host (it reads the
-/// target's embeddings and LM head, shared).
+/// Loads `drafter` for `model`, on the model's device.
 pub fn load_drafter(
     model: &Model,
     ck: &Checkpoint,
@@ -59,10 +56,7 @@ pub fn load_drafter(
                 })
             }
         },
-        Drafter::Dflash => {
-            let head = model.head(ck)?;
-            Box::new(DflashDrafter::load(&ck.dir.join("dflash"), head)?)
-        }
+        Drafter::Dflash => model.dflash_drafter(ck)?,
     })
 }
 
@@ -102,11 +96,7 @@ impl Engine {
 
     /// Drafters this checkpoint carries (detection only).
     pub fn availability(&self) -> DrafterAvailability {
-        DrafterAvailability {
-            // DFlash runs on the host (load_drafter) whatever the target's device.
-            dflash_on_host_of_gpu: matches!(self.model, Model::Cuda(_)),
-            ..availability(&self.checkpoint)
-        }
+        availability(&self.checkpoint)
     }
 
     /// Why speculation cannot run on this model at all, if anything.

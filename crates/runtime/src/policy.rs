@@ -13,8 +13,7 @@
 //!   end prints once before running sequentially.
 //! - The model blocker is reported ahead of a missing drafter: no drafter would help.
 //! - Detecting a drafter is not enabling it: only `auto` (either flag) picks one by itself. The
-//!   drafter `auto` prefers MTP when the checkpoint has the head, else DFlash, except a host-side
-//!   DFlash next to a GPU target (it would slow the run down; named, it runs).
+//!   drafter `auto` prefers MTP when the checkpoint has the head, else DFlash.
 //! - Sampled requests are served by every drafter: a deterministic proposal is a point-mass q, and
 //!   rejection sampling against it is exact (DESIGN.md §3). There is no temperature refusal here.
 //! - Under `auto` the plan's block is where a run starts (`tune_up_to`: greedy runs then tune it within
@@ -139,11 +138,6 @@ pub struct DrafterAvailability {
     /// The DFlash drafter's most proposals per round, `block_size - 1` from its config; `None`
     /// when unknown ([`DFLASH_DEFAULT_MAX_BLOCK`] is assumed).
     pub dflash_max_block: Option<usize>,
-    /// The DFlash drafter would run on the host next to a GPU target. `auto` passes it over: every
-    /// token's taps are copied back and observed on the host, which costs more than the drafter saves
-    /// (testbed on the H200: 0.16-0.21x at blocks 2-6, 0.44x even when tuned to plain steps). A named
-    /// `--drafter dflash` still runs it.
-    pub dflash_on_host_of_gpu: bool,
 }
 
 impl DrafterAvailability {
@@ -252,11 +246,6 @@ fn choose_drafter(
             "no DFlash drafter was found for this model",
         ),
         DrafterRequest::Auto if availability.mtp => Ok(Drafter::Mtp),
-        DrafterRequest::Auto if availability.dflash && availability.dflash_on_host_of_gpu => Err(
-            "the DFlash drafter runs on the host, and next to a GPU target copying every token's \
-             taps back costs more than it saves; --drafter dflash runs it anyway"
-                .to_string(),
-        ),
         DrafterRequest::Auto if availability.dflash => Ok(Drafter::Dflash),
         DrafterRequest::Auto => {
             Err("this checkpoint has no MTP head and no DFlash drafter was found".to_string())
@@ -280,7 +269,6 @@ mod tests {
         mtp: false,
         dflash: false,
         dflash_max_block: None,
-        dflash_on_host_of_gpu: false,
     };
     const MTP: DrafterAvailability = DrafterAvailability { mtp: true, ..NONE };
     const DFLASH8: DrafterAvailability = DrafterAvailability {
@@ -292,7 +280,6 @@ mod tests {
         mtp: true,
         dflash: true,
         dflash_max_block: Some(7),
-        dflash_on_host_of_gpu: false,
     };
 
     fn enabled(drafter: Drafter, block: usize) -> SpeculationPlan {
@@ -381,25 +368,6 @@ mod tests {
         let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &unknown, None).unwrap();
         let max = DFLASH_DEFAULT_MAX_BLOCK;
         assert_eq!(plan, tuned(Drafter::Dflash, max, max));
-    }
-
-    #[test]
-    fn auto_passes_over_a_host_dflash_next_to_a_gpu_target_but_a_name_runs_it() {
-        let gpu = DrafterAvailability {
-            dflash_on_host_of_gpu: true,
-            ..DFLASH8
-        };
-        let w = warning(resolve(Speculation::Auto, DrafterRequest::Auto, &gpu, None).unwrap());
-        assert!(w.contains("DFlash drafter runs on the host"), "{w}");
-        assert!(w.contains("--drafter dflash"), "{w}");
-        let plan = resolve(Speculation::Auto, DrafterRequest::Dflash, &gpu, None).unwrap();
-        assert_eq!(plan, tuned(Drafter::Dflash, 7, 7));
-        let plan = resolve(Speculation::Block(3), DrafterRequest::Auto, &gpu, None);
-        assert!(plan.is_err(), "a named block with drafter auto: {plan:?}");
-        // MTP, on the device, is still auto's choice there.
-        let both = DrafterAvailability { mtp: true, ..gpu };
-        let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &both, None).unwrap();
-        assert_eq!(plan, tuned(Drafter::Mtp, 2, MTP_MAX_BLOCK));
     }
 
     #[test]

@@ -76,6 +76,25 @@ extern "C" __global__ void silu_mul(const float* __restrict__ gate_up, float* __
     }
 }
 
+// DFlash block attention (crates/cuda/src/dflash.rs): b query rows [b, hq, d] attending without a
+// causal mask are one row of b * hq heads grouped by kv head, head (kvh * b + r) * group + j; this moves
+// rows into that order (inverse = 0) or back (inverse = 1). Pure copies: the same bits.
+extern "C" __global__ void dflash_regroup(const float* __restrict__ src, float* __restrict__ dst, int b,
+                                          int hq, int hkv, int d, int inverse) {
+    PDL_ENTER();
+    const int group = hq / hkv;
+    const long long count = (long long)b * hq * d;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int e = (int)(i % d), rh = (int)(i / d), r = rh / hq, h = rh % hq;
+        const long long grouped = ((long long)((h / group) * b + r) * group + h % group) * d + e;
+        if (inverse)
+            dst[i] = src[grouped];
+        else
+            dst[grouped] = src[i];
+    }
+}
+
 // Deterministic pseudo-random bf16 fill (SplitMix64 hash of seed and index; Irwin-Hall sum of 4
 // uniforms rescaled to unit variance, times std): synthetic benchmark weights, written on the GPU.
 __device__ __forceinline__ unsigned long long splitmix64(unsigned long long z) {
