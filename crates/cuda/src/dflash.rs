@@ -221,18 +221,21 @@ impl CudaDflash {
         Ok(())
     }
 
-    /// Makes the KV caches hold positions start..start+n, keeping rows 0..start.
+    /// Makes the KV caches hold positions start..start+n, keeping rows 0..start. A block may reach
+    /// `block_size` positions past the target's context (its last rows are only ever proposals), so
+    /// the caches may too.
     fn ensure(&mut self, start: usize, n: usize) -> Result<(), CudaError> {
         let t = &*self.target;
-        if start + n > t.context {
+        let limit = t.context + self.config.block_size;
+        if start + n > limit {
             return Err(ModelError::ContextOverflow {
                 start,
                 n,
-                context: t.context,
+                context: limit,
             }
             .into());
         }
-        let Some(capacity) = grown_capacity(self.capacity, start + n, t.context) else {
+        let Some(capacity) = grown_capacity(self.capacity, start + n, limit) else {
             return Ok(());
         };
         let kv = attention_caches(&t.dev, &self.layers, capacity)?;

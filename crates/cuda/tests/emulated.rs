@@ -293,3 +293,38 @@ fn verify_rollback_and_snapshot_equal_sequential_decoding() {
         assert_eq!(spec.rewind(n), !spec.is_recurrent(), "{name}: rewind");
     }
 }
+
+/// The GPU DFlash drafter proposes at the end of the context window: its block (anchor + mask rows)
+/// may reach past the target's context, which its own caches allow, while the proposals the loop asks
+/// for stay within it. Testbed drafter, a target whose context is cut to 12 positions.
+#[test]
+fn dflash_proposes_at_the_end_of_the_context() {
+    use drafters::{Chooser, Drafter};
+    struct Argmax;
+    impl Chooser for Argmax {
+        fn choose(&mut self, logits: &[f32], _context: &[u32]) -> u32 {
+            let mut best = 0;
+            for (i, l) in logits.iter().enumerate() {
+                if *l > logits[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        }
+    }
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/testbed");
+    let ck = Checkpoint::open(&dir).unwrap();
+    let dev = Arc::new(CudaDevice::emulated());
+    let mut m = CudaModel::load(&dev, &ck, LoadOptions::default()).unwrap();
+    m.context = 12;
+    let target = Arc::new(m);
+    let mut d = cuda_backend::CudaDflash::load(&target, &dir.join("dflash")).unwrap();
+    let (h, taps) = (target.hidden, d.taps().len());
+    let n = 11; // rows 0..11 observed; the anchor is the 12th token, at the last position
+    let tap: Vec<f32> = (0..n * h).map(|i| (i % 97) as f32 / 97.0 - 0.5).collect();
+    d.observe(&vec![tap; taps], n, &vec![0; n]).unwrap();
+    let history: Vec<u32> = (0..12).collect();
+    let got = d.propose(&history, 1, &mut Argmax).unwrap();
+    assert_eq!(got.len(), 1);
+    assert!((got[0] as usize) < target.vocab);
+}
