@@ -53,6 +53,10 @@ pub struct BenchArgs {
     /// Benchmark a random checkpoint of this synth shape (written to a temporary directory).
     #[arg(long, value_name = "NAME")]
     pub shape: Option<String>,
+    /// With --shape: also write a random DFlash drafter for the shape (synth::write_dflash; it measures
+    /// what a DFlash round costs, random proposals are not accepted).
+    #[arg(long)]
+    pub dflash: bool,
     /// Seed of the synth weights and of the random prompt.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -281,6 +285,9 @@ fn check_args(args: &BenchArgs, context: usize) -> Result<()> {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
+    if args.dflash && args.shape.is_none() {
+        bail!("--dflash writes a drafter for a --shape checkpoint; with --model the checkpoint's own is used");
+    }
     // The temporary directory lives until the end of the run (the weights are memory-mapped).
     let mut _synth_dir = None;
     let (dir, label) = match &args.shape {
@@ -288,7 +295,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             let shape = synth::shape(name).context("--shape")?;
             let tmp = tempfile::tempdir().context("creating a temporary directory")?;
             let spinner = progress::spinner(format!("writing a random {name} checkpoint"));
-            let written = synth::write(shape, tmp.path(), args.seed, 2 << 30);
+            let written = synth::write(shape, tmp.path(), args.seed, 2 << 30).and_then(|files| {
+                if args.dflash {
+                    synth::write_dflash(shape, tmp.path(), args.seed)?;
+                }
+                Ok(files)
+            });
             spinner.finish_and_clear();
             written.with_context(|| format!("writing the {name} checkpoint"))?;
             let dir = tmp.path().to_path_buf();

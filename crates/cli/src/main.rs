@@ -74,6 +74,9 @@ struct SynthArgs {
     /// Largest shard in bytes.
     #[arg(long, default_value_t = 2 << 30)]
     shard_bytes: usize,
+    /// Also write a random DFlash drafter for the shape under OUT/dflash/.
+    #[arg(long)]
+    dflash: bool,
 }
 
 /// `--model` and `--threads`, shared by the subcommands that run one model.
@@ -170,13 +173,20 @@ fn synth(args: &SynthArgs) -> Result<()> {
     if args.shard_bytes == 0 {
         bail!("invalid value 0 for --shard-bytes: a shard must hold at least one tensor");
     }
-    let files = synth::write(shape, &args.out, args.seed, args.shard_bytes).with_context(|| {
-        format!(
-            "writing the {} checkpoint to {}",
-            shape.name,
-            args.out.display()
-        )
-    })?;
+    let mut files =
+        synth::write(shape, &args.out, args.seed, args.shard_bytes).with_context(|| {
+            format!(
+                "writing the {} checkpoint to {}",
+                shape.name,
+                args.out.display()
+            )
+        })?;
+    if args.dflash {
+        files.extend(
+            synth::write_dflash(shape, &args.out, args.seed)
+                .with_context(|| format!("writing a DFlash drafter to {}", args.out.display()))?,
+        );
+    }
     // Reopen what was written: checks it and counts what a loader sees (the MTP head included).
     let written =
         model_io::Checkpoint::open(&args.out).context("reading back the written checkpoint")?;

@@ -380,6 +380,35 @@ fn bench_compares_every_drafter_of_the_testbed() {
         only.contains("dflash 3") && !only.contains("mtp 3"),
         "{only}"
     );
+    // A synth shape with a random DFlash drafter (never accepted: it measures a round's cost), on a dense
+    // and a hybrid target: still lossless.
+    for shape in ["tiny-dense", "tiny-hybrid"] {
+        let out = expect_success(&run(&[
+            "bench",
+            "--shape",
+            shape,
+            "--dflash",
+            "--threads-list",
+            "1",
+            "--runs",
+            "1",
+            "--prompt-tokens",
+            "8",
+            "--gen-tokens",
+            "8",
+            "--speculative",
+            "3",
+            "--drafter",
+            "dflash",
+        ]));
+        let row = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("dflash 3"))
+            .unwrap_or_else(|| panic!("{shape}: no dflash row: {out}"));
+        assert!(row.trim_end().ends_with("yes"), "{shape}: {row}");
+    }
+    let err = expect_error(&run(&["bench", "--model", &model, "--dflash"]));
+    assert!(err.contains("--shape"), "{err}");
     // A block beyond what the DFlash drafter was trained for (block_size 8: 7 proposals) is refused.
     let err = expect_error(&run(&[
         "bench",

@@ -132,6 +132,9 @@ pub const SHAPES: &[Shape] = &[
     },
 ];
 
+mod dflash;
+pub use dflash::write_dflash;
+
 pub fn shape(name: &str) -> Result<&'static Shape, SynthError> {
     SHAPES.iter().find(|s| s.name == name).ok_or_else(|| {
         SynthError::UnknownShape(
@@ -373,6 +376,48 @@ impl SplitMix {
     }
 }
 
+/// Writes `tensors` (bf16, drawn from `rng` in order) as one safetensors file at `path`.
+fn write_safetensors(
+    path: &Path,
+    tensors: &[&TensorSpec],
+    rng: &mut SplitMix,
+) -> Result<(), SynthError> {
+    let io = |source| SynthError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut header = serde_json::Map::new();
+    let mut offset = 0usize;
+    for t in tensors {
+        let bytes = t.shape.iter().product::<usize>() * 2;
+        header.insert(
+            t.name.clone(),
+            serde_json::json!({"dtype": "BF16", "shape": t.shape, "data_offsets": [offset, offset + bytes]}),
+        );
+        offset += bytes;
+    }
+    let mut h = serde_json::Value::Object(header).to_string().into_bytes();
+    while !h.len().is_multiple_of(8) {
+        h.push(b' ');
+    }
+    let mut w = BufWriter::with_capacity(1 << 20, File::create(path).map_err(io)?);
+    w.write_all(&(h.len() as u64).to_le_bytes()).map_err(io)?;
+    w.write_all(&h).map_err(io)?;
+    for t in tensors {
+        let n: usize = t.shape.iter().product();
+        for _ in 0..n {
+            let x = match t.init {
+                Init::Normal(std) => rng.normal() * std,
+                Init::Const(c) => c,
+                Init::LogUniform(lo, hi) => (lo + (hi - lo) * rng.uniform()).ln(),
+            };
+            w.write_all(&half::bf16::from_f32(x).to_le_bytes())
+                .map_err(io)?;
+        }
+    }
+    w.flush().map_err(io)
+}
+
 /// Writes the checkpoint to `dir` with shards of at most `shard_bytes`. Returns the file paths written.
 pub fn write(
     shape: &Shape,
@@ -410,38 +455,10 @@ pub fn write(
     for (i, shard) in shards.iter().enumerate() {
         let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, count);
         let path = dir.join(&file);
-        let mut header = serde_json::Map::new();
-        let mut offset = 0usize;
         for t in shard {
-            let bytes = t.shape.iter().product::<usize>() * 2;
-            header.insert(
-                t.name.clone(),
-                serde_json::json!({"dtype": "BF16", "shape": t.shape, "data_offsets": [offset, offset + bytes]}),
-            );
-            offset += bytes;
             weight_map.insert(t.name.clone(), file.clone().into());
         }
-        let mut h = serde_json::Value::Object(header).to_string().into_bytes();
-        while !h.len().is_multiple_of(8) {
-            h.push(b' ');
-        }
-        let mut w = BufWriter::with_capacity(1 << 20, File::create(&path).map_err(io(&path))?);
-        w.write_all(&(h.len() as u64).to_le_bytes())
-            .map_err(io(&path))?;
-        w.write_all(&h).map_err(io(&path))?;
-        for t in shard {
-            let n: usize = t.shape.iter().product();
-            for _ in 0..n {
-                let x = match t.init {
-                    Init::Normal(std) => rng.normal() * std,
-                    Init::Const(c) => c,
-                    Init::LogUniform(lo, hi) => (lo + (hi - lo) * rng.uniform()).ln(),
-                };
-                w.write_all(&half::bf16::from_f32(x).to_le_bytes())
-                    .map_err(io(&path))?;
-            }
-        }
-        w.flush().map_err(io(&path))?;
+        write_safetensors(&path, shard, &mut rng)?;
         written.push(path);
     }
     let index = serde_json::json!({"metadata": {"total_size": tensors.iter().map(|t| t.shape.iter().product::<usize>() * 2).sum::<usize>()}, "weight_map": weight_map});
