@@ -328,3 +328,38 @@ fn dflash_proposes_at_the_end_of_the_context() {
     assert_eq!(got.len(), 1);
     assert!((got[0] as usize) < target.vocab);
 }
+
+/// A DFlash drafter that does not fit its GPU target is refused at load with the field and file named:
+/// a tapped layer the target lacks, an embedding scale the GPU path does not apply.
+#[test]
+fn dflash_drafters_that_do_not_fit_are_refused_by_name() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/testbed");
+    let ck = Checkpoint::open(&dir).unwrap();
+    let dev = Arc::new(CudaDevice::emulated());
+    let target = Arc::new(CudaModel::load(&dev, &ck, LoadOptions::default()).unwrap());
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("dflash/config.json")).unwrap()).unwrap();
+    let with = |edit: &dyn Fn(&mut serde_json::Value)| -> String {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut c = config.clone();
+        edit(&mut c);
+        std::fs::write(tmp.path().join("config.json"), c.to_string()).unwrap();
+        std::os::unix::fs::symlink(
+            dir.join("dflash/model.safetensors").canonicalize().unwrap(),
+            tmp.path().join("model.safetensors"),
+        )
+        .unwrap();
+        match cuda_backend::CudaDflash::load(&target, tmp.path()) {
+            Ok(_) => "loaded".into(),
+            Err(e) => e.to_string(),
+        }
+    };
+    let e = with(&|c| c["dflash_config"]["target_layer_ids"] = serde_json::json!([1, 3, 99]));
+    assert!(
+        e.contains("target_layer_ids") && e.contains("99") && e.contains("config.json"),
+        "{e}"
+    );
+    let e = with(&|c| c["dflash_config"]["input_embedding_scale"] = serde_json::json!(2.0));
+    assert!(e.contains("input_embedding_scale"), "{e}");
+    assert_eq!(with(&|_| {}), "loaded");
+}
