@@ -182,7 +182,14 @@ pub fn describe(checkpoint: &Checkpoint) -> String {
     line(
         "DFlash drafter",
         if checkpoint.has_dflash {
-            "yes (dflash/ directory)".into()
+            let config = checkpoint.dir.join("dflash").join("config.json");
+            match drafters::dflash::DflashConfig::from_json_file(&config) {
+                Ok(c) => format!(
+                    "yes (dflash/: {} layer(s), block {}, taps of layers {:?})",
+                    c.num_hidden_layers, c.block_size, c.target_layer_ids
+                ),
+                Err(e) => format!("dflash/ present but unusable: {e}"),
+            }
         } else {
             "no".into()
         },

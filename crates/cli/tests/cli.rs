@@ -175,6 +175,14 @@ fn info_reports_family_layers_and_drafters() {
     let out = expect_success(&run(&["info", &fixture("qwen3")]));
     assert!(info_field(&out, "family").starts_with("Qwen3 "), "{out}");
     assert_eq!(info_field(&out, "MTP head"), "no");
+    assert_eq!(info_field(&out, "DFlash drafter"), "no");
+    // The testbed's DFlash drafter, as its config states it.
+    let testbed = repo().join("models/testbed").display().to_string();
+    let out = expect_success(&run(&["info", &testbed]));
+    assert_eq!(
+        info_field(&out, "DFlash drafter"),
+        "yes (dflash/: 3 layer(s), block 8, taps of layers [1, 3, 5])"
+    );
     let out = expect_success(&run(&["info", &fixture("qwen3_realtok")]));
     assert_eq!(info_field(&out, "weights dtype"), "bf16");
     assert_eq!(info_field(&out, "chat template"), "yes");
