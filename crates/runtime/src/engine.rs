@@ -2,11 +2,10 @@
 //! engine or the CUDA backend), its tokenizer, EOS ids, chat template, and which drafters it carries.
 //! Front ends (CLI, server, C ABI) all go through this and `policy::resolve`.
 //!
-//! The MTP drafter runs on the target's device (`Model::mtp_drafter`: the host head for a CPU target,
-//! the GPU head next to a GPU target; a head the GPU cannot run is an error, not a silent move to the
-//! host). DFlash runs on the host on either device (it reads the target's embeddings and LM head
-//! through `Model::head`; the GPU forward returns its taps in host memory). Where a drafter runs never
-//! changes what is generated: acceptance depends only on the target's logits.
+//! Both drafters run on the target's device (`Model::mtp_drafter`, `Model::dflash_drafter`: the host
+//! drafter for a CPU target, the GPU one next to a GPU target; a drafter the GPU cannot run is an
+//! error, not a silent move to the host). Where a drafter runs never changes what is generated:
+//! acceptance depends only on the target's logits.
 
 use std::path::Path;
 
