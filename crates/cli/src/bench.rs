@@ -11,7 +11,8 @@
 //!    a built-in text when the checkpoint has a tokenizer, else the random ids), per block (and `auto`,
 //!    whose block is tuned as it runs; labelled with the block most rounds used; its tuner carries
 //!    over between runs as in a session, so the first run has its own row, `1st`): tok/s, the
-//!    ratio to sequential, accepted proposals per round, per-position conditional acceptance, and
+//!    ratio to sequential, accepted proposals per round, milliseconds a round spends drafting,
+//!    verifying and rolling back, per-position conditional acceptance, and
 //!    whether the tokens equal the sequential ones (greedy speculative decoding is lossless, so they
 //!    should, up to float ties).
 //!
@@ -440,6 +441,21 @@ fn speculative_prompt(bench: &Bench, args: &BenchArgs, random: Vec<u32>) -> Resu
     Ok(ids)
 }
 
+/// "1.52+7.87+0.43": milliseconds a round spends drafting (proposing and observing), verifying and
+/// rolling back, averaged over the rounds.
+fn round_costs(spec: &SpecStats) -> String {
+    if spec.rounds == 0 {
+        return "-".into();
+    }
+    let ms = |s: f64| s * 1e3 / spec.rounds as f64;
+    format!(
+        "{:.2}+{:.2}+{:.2}",
+        ms(spec.draft_seconds),
+        ms(spec.verify_seconds),
+        ms(spec.rollback_seconds)
+    )
+}
+
 /// "0.81 0.64 -" : conditional acceptance per position.
 fn per_position(spec: &SpecStats) -> String {
     spec.per_position_rate()
@@ -476,16 +492,22 @@ fn speculative(
             args.runs
         );
         out!(
-            "{:>18} | {:>12} | {:>7} | {:>14} | {:>22} | {:>11}",
-            "decoding", "decode tok/s", "ratio", "accepted/round", "per-position accepted", "same tokens"
+            "{:>18} | {:>12} | {:>7} | {:>14} | {:>18} | {:>22} | {:>11}",
+            "decoding",
+            "decode tok/s",
+            "ratio",
+            "accepted/round",
+            "ms/round d+v+r",
+            "per-position accepted",
+            "same tokens"
         );
         out!(
-            "{:->18}-+-{:->12}-+-{:->7}-+-{:->14}-+-{:->22}-+-{:->11}",
-            "", "", "", "", "", ""
+            "{:->18}-+-{:->12}-+-{:->7}-+-{:->14}-+-{:->18}-+-{:->22}-+-{:->11}",
+            "", "", "", "", "", "", ""
         );
         out!(
-            "{:>18} | {seq_rate:>12.2} | {:>7} | {:>14} | {:>22} | {:>11}",
-            "sequential", "1.00x", "-", "-", "-"
+            "{:>18} | {seq_rate:>12.2} | {:>7} | {:>14} | {:>18} | {:>22} | {:>11}",
+            "sequential", "1.00x", "-", "-", "-", "-"
         );
         for (drafter, blocks, (auto_start, auto_most)) in plans {
             // The drafter where the engine runs it: on the target's device.
@@ -558,10 +580,11 @@ fn speculative_rows(
                 }
             };
             out!(
-                "{:>18} | {rate:>12.2} | {:>7} | {:>14.2} | {:>22} | {:>11}",
+                "{:>18} | {rate:>12.2} | {:>7} | {:>14.2} | {:>18} | {:>22} | {:>11}",
                 label,
                 format!("{ratio:.2}x"),
                 spec.accepted_per_round(),
+                round_costs(&spec),
                 per_position(&spec),
                 if same { "yes" } else { "NO" }
             );
