@@ -16,9 +16,11 @@
 //! output is regrouped back for o_proj. Then `norm` and the target's LM head on rows 1..=m.
 //!
 //! Invariant: KV rows 0..position() hold the verified context; a block's rows beyond it are scratch.
-//! Launches are direct (no graphs yet): a block pass is ~8 kernels per layer.
+//! On a GPU the block pass (~9 kernels per layer) replays a captured graph; observes launch directly.
 
 use std::sync::Arc;
+
+use cudarc::driver::CudaGraph;
 
 use drafters::dflash::{context_input, DflashConfig};
 use drafters::{Chooser, Drafter};
@@ -30,12 +32,19 @@ use crate::argmax;
 use crate::buf::{dtoh, htod, DBuf};
 use crate::error::CudaError;
 use crate::model::{load_layer, CudaModel, FfnW, LayerW, MixerW};
+use crate::mtp::OwnedGraph;
 use crate::ops::{self, AttnBufs, AttnCore, AttnShape, NormW};
 use crate::state::{attention_caches, copy_cache_rows, LayerState, Scratch, Widths, LOGIT_ROWS};
 use crate::weights::{Init, Mat, Source, Uploader};
 
 /// A DFlash drafter on the device of its [`CudaModel`] target, as a [`Drafter`].
 pub struct CudaDflash {
+    /// The block pass captured (GPU only): its inputs come from device memory (ids, start, last), so
+    /// it replays for any anchor and position; dropped whenever the caches or the scratch move.
+    /// First, so it is destroyed before the buffers it uses.
+    graph: Option<OwnedGraph>,
+    /// Why a capture failed (then the block pass launches its kernels directly).
+    graph_error: Option<String>,
     target: Arc<CudaModel>,
     config: DflashConfig,
     fc: Mat,           // [hidden, taps * hidden]
@@ -104,6 +113,16 @@ impl CudaDflash {
                 ),
             ));
         }
+        if c.block_size < 2 || c.block_size > LOGIT_ROWS + 1 {
+            return Err(invalid(
+                "block_size",
+                format!(
+                    "{} (the GPU drafter takes 2..={})",
+                    c.block_size,
+                    LOGIT_ROWS + 1
+                ),
+            ));
+        }
         if c.input_embedding_scale != 1.0 {
             return Err(CudaError::Unsupported {
                 what: format!(
@@ -168,6 +187,8 @@ impl CudaDflash {
             q1: DBuf::f32s(&t.dev, q_floats)?,
             o1: DBuf::f32s(&t.dev, q_floats)?,
             committed: 0,
+            graph: None,
+            graph_error: None,
             layers,
             widths,
             config: c,
@@ -185,7 +206,7 @@ impl CudaDflash {
         if m == 0 || m > LOGIT_ROWS || anchor as usize >= self.target.vocab {
             return Err(ModelError::EmptyInput.into());
         }
-        self.block(anchor, m)?;
+        self.block(anchor)?;
         let mut logits = vec![0.0f32; m * self.target.vocab];
         if let Some((sc, _)) = self.io.as_ref() {
             dtoh(&self.target.dev, &mut logits, sc.logits.ptr)?;
@@ -215,6 +236,7 @@ impl CudaDflash {
         {
             return Ok(());
         }
+        self.graph = None;
         self.io = None;
         let cat = DBuf::f32s(&t.dev, rows * self.config.target_layer_ids.len() * t.hidden)?;
         self.io = Some((Scratch::new(&t.dev, &self.widths, rows, splits)?, cat));
@@ -240,6 +262,7 @@ impl CudaDflash {
         };
         let kv = attention_caches(&t.dev, &self.layers, capacity)?;
         copy_cache_rows(&t.dev, &kv, &self.kv, start)?;
+        self.graph = None;
         self.kv = kv;
         self.capacity = capacity;
         Ok(())
@@ -282,16 +305,15 @@ impl CudaDflash {
         Ok(())
     }
 
-    /// The block pass for `anchor` at position `committed`: leaves the logits of block rows 1..=m in
-    /// the scratch's logits buffer [m, vocab].
-    fn block(&mut self, anchor: u32, m: usize) -> Result<(), CudaError> {
+    /// The block pass for `anchor` at position `committed`: leaves the logits of block rows 1..B in
+    /// the scratch's logits buffer [B - 1, vocab] (replaying its graph on a GPU).
+    fn block(&mut self, anchor: u32) -> Result<(), CudaError> {
         let b = self.config.block_size;
         let p = self.committed;
         self.fit(b)?;
         self.ensure(p, b)?;
         let t = self.target.clone();
         let dev = &*t.dev;
-        let (gm, h) = (t.opts.gemv_max_rows, t.hidden);
         let Some((sc, _)) = self.io.as_ref() else {
             return Err(not_attention());
         };
@@ -300,6 +322,48 @@ impl CudaDflash {
         htod(dev, sc.ids.ptr, &ids)?;
         htod(dev, sc.start.ptr, &[p as i32])?;
         htod(dev, self.last.ptr, &[(p + b - 1) as i32])?;
+        if t.graph_ok() && self.graph_error.is_none() {
+            if self.graph.is_none() {
+                match self.capture() {
+                    Ok(Some(g)) => self.graph = Some(OwnedGraph(g)),
+                    Ok(None) => self.graph_error = Some("capture produced an empty graph".into()),
+                    Err(e) => self.graph_error = Some(e.to_string()),
+                }
+            }
+            if let Some(g) = &self.graph {
+                return g
+                    .0
+                    .launch()
+                    .map_err(CudaError::driver("launching the DFlash block graph"));
+            }
+        }
+        self.block_body()
+    }
+
+    /// Captures the block pass into a graph (nothing runs during capture).
+    fn capture(&mut self) -> Result<Option<CudaGraph>, CudaError> {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        let dev = self.target.dev.clone();
+        let stream = &dev.gpu()?.stream;
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(CudaError::driver("beginning DFlash graph capture"))?;
+        let body = self.block_body();
+        // Always end the capture, also after a failed body, so the stream leaves capture mode.
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map_err(CudaError::driver("ending DFlash graph capture"));
+        body?;
+        graph
+    }
+
+    /// The block pass's device work, its inputs (ids, start, last) already uploaded: what the graph holds.
+    fn block_body(&self) -> Result<(), CudaError> {
+        let (b, t) = (self.config.block_size, &*self.target);
+        let (dev, gm, h, m) = (&*t.dev, t.opts.gemv_max_rows, t.hidden, b - 1);
+        let Some((sc, _)) = self.io.as_ref() else {
+            return Err(not_attention());
+        };
         ops::embed(dev, &t.embed, sc.ids.ptr, sc.x.ptr, b)?;
         let s_max = ops::att_splits(b, gm);
         for (l, ls) in self.layers.iter().zip(self.kv.iter()) {
@@ -335,7 +399,7 @@ impl CudaDflash {
             )?;
             ops::linear(dev, down, sc.mid.ptr, sc.x.ptr, b, true, sc.xb.ptr, gm)?;
         }
-        // Rows 1..=m propose tokens p+1..=p+m.
+        // Rows 1..B propose tokens p+1..p+B (propose reads the first m it wants).
         let n = self.norm_w(&self.norm);
         ops::rmsnorm(
             dev,
@@ -434,7 +498,7 @@ impl Drafter for CudaDflash {
             .into());
         }
         // The whole trained block runs even when fewer proposals are wanted: block rows see each other.
-        self.block(anchor, m)?;
+        self.block(anchor)?;
         let dev = &*self.target.dev;
         let Some((sc, _)) = self.io.as_ref() else {
             return Err(not_attention().into());

@@ -40,11 +40,11 @@ use crate::weights::{Init, Mat, Source, Uploader};
 
 /// A captured graph owned by one drafter, so the drafter is `Send` as the session's drafter box
 /// requires (a session may move between threads).
-struct OwnedGraph(CudaGraph);
+pub(crate) struct OwnedGraph(pub(crate) CudaGraph);
 
 // SAFETY: CUDA graph handles are not bound to a thread; the driver requires only that calls on one graph
-// are serialized. `OwnedGraph` is not `Sync` and is reached only through `&mut CudaMtp`, so its calls are
-// serialized; `CudaGraph::launch` binds the context to the calling thread first.
+// are serialized. `OwnedGraph` is not `Sync` and is reached only through `&mut` of its drafter (CudaMtp,
+// CudaDflash), so its calls are serialized; `CudaGraph::launch` binds the context to the calling thread first.
 unsafe impl Send for OwnedGraph {}
 
 /// The head's weights (the target's embedding and LM head are read through `target`).
