@@ -15,7 +15,7 @@
 use families::{ForwardOut, ModelError, Rows, Tap, Wanted};
 
 use crate::argmax;
-use crate::buf::{dtoh, htod, DBuf};
+use crate::buf::{dtod, dtoh, htod, DBuf};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
 use crate::gdn_chunk::{gdn_chunked, use_chunked};
@@ -187,13 +187,23 @@ impl CudaModel {
                 state.many = Some(Scratch::new(dev, &state.widths, rows, rs)?);
             }
         }
+        // Layer-output taps are staged on the device and read back once at the end: a read-back right
+        // after each tapped layer would stall the stream mid-pass once per tap.
+        let staged = taps.iter().filter(|t| matches!(t, Tap::LayerOutput(_))).count();
+        let stage_floats = staged * m * self.hidden;
+        if state.tap_stage.as_ref().is_none_or(|b| b.bytes < stage_floats * 4) {
+            state.tap_stage = None;
+            state.tap_stage = Some(DBuf::f32s(dev, stage_floats.max(1))?);
+        }
         let CudaState {
             layers,
             tape,
             one,
             many,
+            tap_stage,
             ..
         } = state;
+        let stage = tap_stage.as_ref().map_or(0, |b| b.ptr);
         let sc: &Scratch = if m == 1 {
             one
         } else {
@@ -206,16 +216,27 @@ impl CudaModel {
         ops::embed(dev, &self.embed, sc.ids.ptr, sc.x.ptr, m)?;
         mark(prof, dev, "embed", 0)?;
         let mut tap_out: Vec<Vec<f32>> = vec![Vec::new(); taps.len()];
+        let row_bytes = m * self.hidden * 4;
         for (i, (layer, ls)) in self.layers.iter().zip(layers.iter_mut()).enumerate() {
             let lt = tape
                 .as_mut()
                 .and_then(|t: &mut Tape| t.layers.get_mut(i))
                 .and_then(|t| t.as_mut());
             self.layer(layer, ls, lt, sc, m, prof)?;
-            for (slot, tap) in tap_out.iter_mut().zip(taps) {
+            let layer_taps = taps.iter().filter(|t| matches!(t, Tap::LayerOutput(_)));
+            for (k, tap) in layer_taps.enumerate() {
                 if *tap == Tap::LayerOutput(i) {
-                    *slot = vec![0.0; m * self.hidden];
-                    dtoh(dev, slot, sc.x.ptr)?;
+                    dtod(dev, stage + (k * row_bytes) as u64, sc.x.ptr, row_bytes)?;
+                }
+            }
+        }
+        if staged > 0 {
+            let mut all = vec![0.0f32; stage_floats];
+            dtoh(dev, &mut all, stage)?;
+            let mut rows = all.chunks_exact(m * self.hidden);
+            for (slot, tap) in tap_out.iter_mut().zip(taps) {
+                if matches!(tap, Tap::LayerOutput(_)) {
+                    *slot = rows.next().map(<[f32]>::to_vec).unwrap_or_default();
                 }
             }
         }

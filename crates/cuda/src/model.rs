@@ -330,6 +330,7 @@ impl CudaModel {
             verify_graphs: Vec::new(),
             verify_graph_error: None,
             tape_epoch: 0,
+            tap_stage: None,
         })
     }
 }

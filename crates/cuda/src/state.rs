@@ -223,6 +223,9 @@ pub struct CudaState {
     pub(crate) verify_graph_error: Option<String>,
     /// Counts tape buffer allocations (verify graphs hold the tape's buffers).
     pub(crate) tape_epoch: u64,
+    /// Layer-output tap rows of the current pass, copied here on the device as their layers finish and
+    /// read back once at its end (forward.rs `pass`), grown on demand.
+    pub(crate) tap_stage: Option<DBuf>,
 }
 
 impl CudaState {
