@@ -189,9 +189,16 @@ impl CudaModel {
         }
         // Layer-output taps are staged on the device and read back once at the end: a read-back right
         // after each tapped layer would stall the stream mid-pass once per tap.
-        let staged = taps.iter().filter(|t| matches!(t, Tap::LayerOutput(_))).count();
+        let staged = taps
+            .iter()
+            .filter(|t| matches!(t, Tap::LayerOutput(_)))
+            .count();
         let stage_floats = staged * m * self.hidden;
-        if state.tap_stage.as_ref().is_none_or(|b| b.bytes < stage_floats * 4) {
+        if state
+            .tap_stage
+            .as_ref()
+            .is_none_or(|b| b.bytes < stage_floats * 4)
+        {
             state.tap_stage = None;
             state.tap_stage = Some(DBuf::f32s(dev, stage_floats.max(1))?);
         }
