@@ -95,6 +95,7 @@ pub(crate) fn htod<T: Copy>(dev: &CudaDevice, dst: u64, data: &[T]) -> Result<()
     if data.is_empty() {
         return Ok(());
     }
+    crate::segment::flush(dev)?;
     let Ok(gpu) = dev.gpu() else {
         // SAFETY: on the emulated device `dst` is the host address of a live buffer of at least
         // `size_of_val(data)` bytes (callers' invariant), disjoint from `data`.
@@ -119,6 +120,7 @@ pub(crate) fn dtoh<T: Copy>(dev: &CudaDevice, out: &mut [T], src: u64) -> Result
     if out.is_empty() {
         return Ok(());
     }
+    crate::segment::flush(dev)?;
     let Ok(gpu) = dev.gpu() else {
         // SAFETY: as in `htod`, with the roles swapped.
         unsafe {
@@ -183,6 +185,7 @@ pub(crate) fn dtod(dev: &CudaDevice, dst: u64, src: u64, bytes: usize) -> Result
     if bytes == 0 {
         return Ok(());
     }
+    crate::segment::flush(dev)?;
     let Ok(gpu) = dev.gpu() else {
         // SAFETY: both ranges lie inside live host buffers (callers' invariant); `copy` allows overlap.
         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, bytes) };
@@ -228,6 +231,8 @@ pub(crate) fn launch_smem(
     if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
         return Ok(());
     }
+    // Queued GEMVs run first (segment.rs): the stream's order is the order operations were issued.
+    crate::segment::flush(dev)?;
     if let Some(sim) = dev.sim() {
         return sim.launch(name, grid, block, shared, args);
     }
@@ -283,16 +288,43 @@ fn launch_programmatic(
     shared: u32,
     args: &[Arg],
 ) -> Result<(), String> {
-    use cudarc::driver::sys;
-    let gpu = dev.gpu().map_err(|e| e.to_string())?;
-    bind(dev).map_err(|e| e.to_string())?;
     let mut slots = arg_slots(args);
     let mut params: Vec<*mut std::ffi::c_void> =
         slots.iter_mut().map(|s| (s as *mut u64).cast()).collect();
+    launch_ex(dev, func, grid, block, shared, &mut params, true, false)
+}
+
+/// cuLaunchKernelEx of `func` with kernel parameters `params` (one pointer per parameter, each to a
+/// value of the parameter's size), with programmatic stream serialization when `programmatic`.
+#[allow(clippy::too_many_arguments)]
+fn launch_ex(
+    dev: &CudaDevice,
+    func: &cudarc::driver::CudaFunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    shared: u32,
+    params: &mut [*mut std::ffi::c_void],
+    programmatic: bool,
+    cooperative: bool,
+) -> Result<(), String> {
+    use cudarc::driver::sys;
+    let gpu = dev.gpu().map_err(|e| e.to_string())?;
+    bind(dev).map_err(|e| e.to_string())?;
     // SAFETY: CUlaunchAttribute is a plain C struct/union; all-zero is a valid (empty) value.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
+    let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+    let mut n = 0;
+    if programmatic {
+        attrs[n].id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attrs[n].value.programmaticStreamSerializationAllowed = 1;
+        n += 1;
+    }
+    if cooperative {
+        // The driver refuses the launch unless every block can be resident at once (grid barriers).
+        attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        attrs[n].value.cooperative = 1;
+        n += 1;
+    }
     let cfg = sys::CUlaunchConfig {
         gridDimX: grid.0,
         gridDimY: grid.1,
@@ -302,12 +334,12 @@ fn launch_programmatic(
         blockDimZ: 1,
         sharedMemBytes: shared,
         hStream: gpu.stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: 1,
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: n as u32,
     };
-    // SAFETY: `params` points to one live 8-byte slot per kernel parameter, in the kernel's order and
-    // of at least its size (ops.rs mirrors each kernel's signature); `cfg` and `attr` outlive the call;
-    // every address argument is a live device buffer (callers' invariant, as for `launch`).
+    // SAFETY: `params` points to one live value per kernel parameter, in the kernel's order and of at
+    // least its size (ops.rs / segment.rs mirror each kernel's signature); `cfg` and `attr` outlive the
+    // call; every address argument is a live device buffer (callers' invariant, as for `launch`).
     let rc = unsafe {
         sys::cuLaunchKernelEx(
             &cfg,
@@ -320,6 +352,36 @@ fn launch_programmatic(
         sys::CUresult::CUDA_SUCCESS => Ok(()),
         other => Err(format!("{other:?}")),
     }
+}
+
+/// Launches kernel `name`, whose one parameter is a struct, with the struct's bytes `param` (8-byte
+/// words, so its pointers are aligned), programmatically when the device launches so; `cooperative`:
+/// all blocks resident at once or no launch.
+pub(crate) fn launch_struct(
+    dev: &CudaDevice,
+    name: &str,
+    grid: u32,
+    block: u32,
+    shared: u32,
+    param: &[u64],
+    cooperative: bool,
+) -> Result<(), CudaError> {
+    let func = dev.kernel(name)?;
+    let mut words = param.to_vec();
+    let mut params = [words.as_mut_ptr().cast::<std::ffi::c_void>()];
+    launch_ex(
+        dev,
+        func,
+        (grid, 1, 1),
+        block,
+        shared,
+        &mut params,
+        dev.pdl(),
+        cooperative,
+    )
+    .map_err(|reason| CudaError::Unsupported {
+        what: format!("launching {name}: {reason}"),
+    })
 }
 
 /// Blocks for an element-wise kernel over `count` items (grid-stride loops cover the rest).

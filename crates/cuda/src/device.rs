@@ -127,6 +127,8 @@ pub struct CudaDevice {
     /// Split input fragments of the tensor-core GEMV (`mma::gemv_mma`, mma_split_rows): allocated once
     /// at open, never moved, so captured graphs may hold its address.
     frag_scratch: std::sync::OnceLock<crate::buf::DBuf>,
+    /// One-row GEMV runs as persistent kernels (`segment.rs`): sm_90 GPUs whose blocks fit its ring.
+    segments: std::sync::OnceLock<crate::segment::Segments>,
     pub info: DeviceInfo,
 }
 
@@ -239,6 +241,28 @@ impl CudaDevice {
             }
             functions.insert(name, f);
         }
+        // The segment kernel (sm_90 only: bulk copies, mbarriers) with the opt-in shared memory of its ring.
+        let seg_config = crate::segment::Config::from_env();
+        let smem_optin = ctx
+            .attribute(
+                dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .unwrap_or(0);
+        let segment_kernel = (arch >= 90
+            && seg_config.max_smem_bytes() <= smem_optin.max(0) as usize)
+            .then(|| module.load_function(seg_config.kernel()).ok())
+            .flatten()
+            .filter(|f| {
+                f.set_attribute(
+                    dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    seg_config.max_smem_bytes() as i32,
+                )
+                .is_ok()
+            });
+        let has_segments = segment_kernel.is_some();
+        if let Some(f) = segment_kernel {
+            functions.insert(seg_config.kernel(), f);
+        }
         let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas {
             context: "creating the handle".into(),
             reason: format!("{e:?}"),
@@ -263,6 +287,7 @@ impl CudaDevice {
         let dev = CudaDevice {
             sim: None,
             frag_scratch: std::sync::OnceLock::new(),
+            segments: std::sync::OnceLock::new(),
             pdl: AtomicBool::new(arch >= 90),
             pdl_failure: Mutex::new(None),
             pdl_paused: AtomicBool::new(false),
@@ -277,7 +302,38 @@ impl CudaDevice {
             info,
         };
         dev.alloc_frag_scratch()?;
+        if has_segments {
+            let seg = crate::segment::Segments::new(&dev, seg_config)?;
+            let _ = dev.segments.set(seg);
+        }
         Ok(dev)
+    }
+
+    /// The segment state when this device runs one-row GEMV runs as persistent kernels.
+    pub(crate) fn segments(&self) -> Option<&crate::segment::Segments> {
+        self.segments.get()
+    }
+
+    /// Whether decode steps can run their GEMV runs as segments (`LoadOptions::segments`), or why not.
+    pub fn segment_status(&self) -> Result<String, String> {
+        match self.segments.get() {
+            None => {
+                Err("no segment kernel (needs sm_90 and room for its shared-memory ring)".into())
+            }
+            Some(s) => match s.failure() {
+                Some(why) => Err(format!("turned off after a failed launch: {why}")),
+                None => {
+                    let c = s.config;
+                    Ok(format!(
+                        "{} ({} consumer warps, pages {})",
+                        c.kernel(),
+                        c.consumers,
+                        c.page_bytes
+                            .map_or("chosen per segment".into(), |b| format!("of {b} B"))
+                    ))
+                }
+            },
+        }
     }
 
     /// A device whose buffers live in host memory and whose operations run on the CPU, one by one, as
@@ -288,6 +344,7 @@ impl CudaDevice {
             gpu: None,
             sim: None,
             frag_scratch: std::sync::OnceLock::new(),
+            segments: std::sync::OnceLock::new(),
             pdl: AtomicBool::new(false),
             pdl_failure: Mutex::new(None),
             pdl_paused: AtomicBool::new(false),
@@ -319,6 +376,7 @@ impl CudaDevice {
         let dev = CudaDevice {
             gpu: None,
             frag_scratch: std::sync::OnceLock::new(),
+            segments: std::sync::OnceLock::new(),
             pdl: AtomicBool::new(false),
             pdl_failure: Mutex::new(None),
             pdl_paused: AtomicBool::new(false),
@@ -427,6 +485,7 @@ impl CudaDevice {
 
     /// Waits for all queued work.
     pub fn synchronize(&self) -> Result<(), CudaError> {
+        crate::segment::flush(self)?;
         match &self.gpu {
             Some(g) => g
                 .stream

@@ -522,6 +522,13 @@ impl CudaModel {
         prof: &mut Option<Prof>,
     ) -> Result<(), CudaError> {
         let dev = &*self.dev;
+        // GEMV runs as persistent kernels (segment.rs). A profiled step synchronises after every
+        // operation, which flushes the queue each time: it runs (and reports) per-GEMV launches.
+        let scope = if self.opts.segments {
+            crate::segment::open(dev)
+        } else {
+            None
+        };
         let CudaState { layers, one, .. } = state;
         ops::embed(dev, &self.embed, one.ids.ptr, one.x.ptr, 1)?;
         mark(prof, dev, "embed", 0)?;
@@ -544,6 +551,9 @@ impl CudaModel {
         mark(prof, dev, "final norm+lm head", head.bytes())?;
         // In the graph whatever the caller wants of this step: 8 bytes, read only for Want::Argmax.
         argmax::launch_rows(dev, one.logits.ptr, 1, self.vocab, one.argmax.ptr)?;
+        if let Some(scope) = scope {
+            scope.finish()?;
+        }
         mark(prof, dev, "argmax", 0)
     }
 

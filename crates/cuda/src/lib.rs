@@ -14,7 +14,8 @@
 //!   (`src/sim/`) and run on the CPU, so they can be checked (`cuda_check --simulate`) without a GPU;
 //!   [`CudaDevice::emulated`] instead computes each operation as the CPU engine does.
 //! - [`CudaModel`]: weights on the GPU (`model.rs`, `weights.rs`) and the forward pass (`forward.rs`);
-//!   one-row decode steps replay a captured CUDA graph.
+//!   one-row decode steps replay a captured CUDA graph, in which each run of GEMVs between two mixer
+//!   cores is one persistent kernel fed by a shared-memory weight ring (`segment.rs`, sm_90).
 //! - [`CudaState`]: KV caches and recurrent state on the GPU (`state.rs`).
 //! - [`CudaMtp`]: the checkpoint's MTP head on the GPU, next to the target, as a `drafters::Drafter`
 //!   (`mtp.rs`).
@@ -40,6 +41,7 @@ mod mtp;
 pub mod nvrtc;
 mod ops;
 mod profile;
+mod segment;
 pub mod selftest;
 mod simulate;
 pub mod state;

@@ -55,6 +55,10 @@ pub struct LoadOptions {
     pub attention_tc: bool,
     /// Key splits of tensor-core attention per pass (0: from the pass shape and the SM count).
     pub attention_tc_splits: usize,
+    /// Run a decode step's one-row GEMVs between two mixer cores as one persistent kernel each
+    /// (`segment.rs`; sm_90, bit for bit the per-GEMV launches' results). Default from
+    /// `TURBOSPARK_SEGMENTS` (on unless `0`).
+    pub segments: bool,
 }
 
 impl Default for LoadOptions {
@@ -68,6 +72,7 @@ impl Default for LoadOptions {
             tensor_core_gemv: false,
             max_pass_rows: 512,
             gdn_chunked: std::env::var("TURBOSPARK_GDN_CHUNKED").map_or(true, |v| v != "0"),
+            segments: std::env::var("TURBOSPARK_SEGMENTS").map_or(true, |v| v != "0"),
             attention_tc: true,
             attention_tc_splits: 0,
         }

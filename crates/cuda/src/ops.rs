@@ -17,6 +17,7 @@ use crate::error::CudaError;
 use crate::mma;
 pub(crate) use crate::mma::with_gemv_kernel;
 pub use crate::mma::{GemvKernel, MMA_VARIANTS};
+use crate::segment;
 use crate::weights::{Mat, WDtype};
 
 pub(crate) use crate::gdn::{
@@ -143,6 +144,28 @@ fn gemv(
             eps: 0.0,
             zero_centred: false,
         });
+        if rows == 1 && w.dtype == WDtype::Bf16 {
+            let st = segment::Stage {
+                w: w.buf.ptr,
+                x,
+                y,
+                // linear.cu normalises only a staged input.
+                norm_w: if mode.stage { norm.w } else { 0 },
+                cols: w.cols,
+                rows: w.rows,
+                accumulate: mode.accumulate,
+                wpr,
+                inter,
+                zero_centred: norm.zero_centred,
+                eps: norm.eps,
+                blocks: blocks as u32,
+                stage: mode.stage,
+            };
+            if segment::queue(dev, st)? {
+                r0 += n;
+                continue;
+            }
+        }
         launch_smem(
             dev,
             &format!("{prefix}{n}"),

@@ -58,6 +58,7 @@ fn exact() -> LoadOptions {
         gdn_chunked: true,
         attention_tc: true,
         attention_tc_splits: 0,
+        segments: false,
     }
 }
 

@@ -70,21 +70,27 @@ pub fn run(
     let mut reference: Option<Outcome> = None;
     let mut consistent = true;
     // The tensor-core GEMV (last) rounds differently, so only the FMA configurations must agree in bits.
-    for (i, (graphs, pdl, tc)) in [
-        (true, true, false),
-        (true, false, false),
-        (false, true, false),
-        (true, true, true),
+    // Segments (one persistent kernel per run of GEMVs) must give the per-GEMV launches' bits.
+    for (i, (graphs, pdl, tc, seg)) in [
+        (true, true, false, false),
+        (true, true, false, true),
+        (true, false, false, false),
+        (false, true, false, false),
+        (false, true, false, true),
+        (true, true, true, false),
     ]
     .into_iter()
     .enumerate()
     {
         dev.set_pdl(pdl);
-        let detail = i == 0 || tc;
+        let detail = i == 0 || tc || (seg && graphs);
         let outcome = one_config(
-            dev, &config, shape_name, prompt_len, new_tokens, graphs, tc, bw, detail,
+            dev, &config, shape_name, prompt_len, new_tokens, graphs, tc, seg, bw, detail,
         )?;
-        let name = format!("graphs={graphs} pdl={} tensor_core_gemv={tc}", dev.pdl());
+        let name = format!(
+            "graphs={graphs} pdl={} tensor_core_gemv={tc} segments={seg}",
+            dev.pdl()
+        );
         if tc {
             let same = reference.as_ref().map_or(0, |r| {
                 r.tokens
@@ -117,6 +123,7 @@ pub fn run(
         }
     }
     dev.set_pdl(default_pdl);
+    println!("bench: segments {:?}", dev.segment_status());
     if let Some(why) = dev.pdl_failure() {
         println!("bench: programmatic dependent launch was turned off: {why}");
     }
@@ -189,6 +196,7 @@ fn one_config(
     new_tokens: usize,
     graphs: bool,
     tensor_cores: bool,
+    segments: bool,
     bw: f64,
     detail: bool,
 ) -> Result<Outcome> {
@@ -196,6 +204,7 @@ fn one_config(
     let opts = LoadOptions {
         graphs,
         tensor_core_gemv: tensor_cores,
+        segments,
         ..crate::base_options()
     };
     let model = CudaModel::random(dev, config, 7, opts)?;
@@ -241,7 +250,10 @@ fn one_config(
     }
     let decode_s = t.elapsed().as_secs_f64();
     let tps = steps as f64 / decode_s;
-    let name = format!("graphs={graphs} pdl={} tc={tensor_cores}", dev.pdl());
+    let name = format!(
+        "graphs={graphs} pdl={} tc={tensor_cores} seg={segments}",
+        dev.pdl()
+    );
     if graphs {
         println!("bench {name}: decode graph status {:?}", st.graph_status());
     }

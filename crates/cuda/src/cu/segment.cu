@@ -1,0 +1,341 @@
+// A run of one-row bf16 GEMVs (a decode step between two mixer cores: out, gate_up, down, next in_proj)
+// as ONE persistent kernel: one block per SM, C consumer warps computing rows and P producer warps
+// streaming weight-row pieces into shared-memory pages with bulk copies (cp.async.bulk + mbarrier). The
+// producers never wait for the grid barrier between stages, only for a free page, so the next stage's
+// weights keep arriving while the consumers finish a stage, cross the barrier and stage the new input;
+// with programmatic launch they start streaming while the previous kernel (a mixer core) still runs.
+// Probe: tools/device/probes/ring_chain.cu (run 48): 128 GEMVs in 2.10 ms against 2.335 as launches.
+//
+// Exactness: a row's sum is formed as linear.cu forms it for one row (linear_rows<bf16, 1>): lane l of
+// part p accumulates vectors p*32 + l + k*32*wpr in k order with the same fmaf chain, each part is
+// warp_sum'ed, the parts are added in part order; the staged input is normalised by 256 threads with
+// rms_inv's arithmetic; the epilogues are the same expressions. So a segment's outputs equal the
+// per-GEMV launches' bit for bit (cuda_check's bench compares the two configurations' logits).
+//
+// Work split: block b owns jobs b, b + grid, ... of every stage (a job: one output row, or a SwiGLU
+// gate/up row pair) and reads their row pieces ("units") in order through one ring of pages (unit u in
+// page u % pages); the block's k-th job of the whole kernel goes to consumer warp k % C. Page p is
+// filled only by producer warp p % P (pages: a multiple of P, at most 32); a mbarrier phase must never be waited on two phases ahead (that
+// reads as complete: run 48), so every consumer has its own `full` barrier per page, whose phases are
+// that consumer's uses of the page, in its order; `empty` (one arrival per use) orders the reuses. Grid barrier: a self-resetting counter + generation pair, so captured
+// graphs replay it unchanged. The kernel must have all its blocks resident: one per SM, and it lets the
+// next kernel launch (PDL_LAUNCH) only after the first grid barrier, when every block is.
+#if !defined(KERNEL_SIM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define SEG_MAX_STAGES 8
+#define SEG_MAX_IN 12288
+
+struct SegStage {
+    const bf16_t* w;       // [out, in]
+    const float* x;        // [in]
+    float* y;              // [out] (SwiGLU: [swiglu_inter])
+    const float* norm_w;   // RMSNorm of x first, or null
+    int in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces;
+    float eps;
+};
+struct SegParams {
+    SegStage st[SEG_MAX_STAGES];
+    // flags bit 0: weights stream with an L2 evict-first hint; bits 1-3 (measurements only, wrong
+    // sums): consumers skip the arithmetic / the grid barrier / staging the input; bits 4-5: consumers /
+    // producers poll their barriers (test_wait) instead of try_wait
+    int n, page_bytes, pages, flags;
+    unsigned* barrier;  // [count, generation], zero at allocation, back to count 0 after every barrier
+};
+static_assert(sizeof(SegStage) == 64, "SegStage layout is mirrored by segment.rs");
+static_assert(sizeof(SegParams) == 536, "SegParams layout is mirrored by segment.rs");
+
+__device__ __forceinline__ unsigned seg_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void seg_mbar_init(unsigned long long* b, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(seg_smem_addr(b)), "r"(count));
+}
+// Waits for the phase of parity `parity` to complete: with try_wait (the thread may be suspended until it
+// completes or a time limit passes) or, `spin`, polling test_wait.
+__device__ __forceinline__ void seg_mbar_wait(unsigned long long* b, unsigned parity, bool spin = false) {
+    unsigned ok = 0;
+    if (spin) {
+        do {
+            asm volatile(
+                "{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                : "=r"(ok)
+                : "r"(seg_smem_addr(b)), "r"(parity)
+                : "memory");
+        } while (!ok);
+        return;
+    }
+    do {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+            : "=r"(ok)
+            : "r"(seg_smem_addr(b)), "r"(parity)
+            : "memory");
+    } while (!ok);
+}
+__device__ __forceinline__ void seg_mbar_arrive(unsigned long long* b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(seg_smem_addr(b)) : "memory");
+}
+__device__ __forceinline__ void seg_bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* full,
+                                              bool evict_first, unsigned long long policy) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(seg_smem_addr(full)), "r"(bytes)
+                 : "memory");
+    if (evict_first)
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+                seg_smem_addr(dst)),
+            "l"(src), "r"(bytes), "r"(seg_smem_addr(full)), "l"(policy)
+            : "memory");
+    else
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                seg_smem_addr(dst)),
+            "l"(src), "r"(bytes), "r"(seg_smem_addr(full))
+            : "memory");
+}
+__device__ __forceinline__ unsigned seg_ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// Barrier 1 over the C consumer warps only (the producers are elsewhere).
+template <int C>
+__device__ __forceinline__ void seg_consumers_sync() {
+    asm volatile("bar.sync 1, %0;" ::"r"(C * 32) : "memory");
+}
+
+// Every block's consumers have finished the stage and its writes are visible GPU-wide.
+template <int C>
+__device__ __forceinline__ void seg_grid_sync(unsigned* bar) {
+    seg_consumers_sync<C>();
+    if (threadIdx.x == 0) {
+        const unsigned gen = seg_ld_acquire(bar + 1);
+        __threadfence();
+        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+            atomicExch(bar, 0u);
+            __threadfence();
+            atomicAdd(bar + 1, 1u);
+        } else {
+            while (seg_ld_acquire(bar + 1) == gen) {
+            }
+        }
+        __threadfence();
+    }
+    seg_consumers_sync<C>();
+}
+
+// block_sum_d's arithmetic for 256 threads (the first 8 consumer warps), on the consumers' barrier.
+template <int C>
+__device__ __forceinline__ float seg_rms_inv(const float* xr, int width, float eps, double* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    double ss = 0.0;
+    if (threadIdx.x < NORM_THREADS)
+        for (int i = threadIdx.x; i < width; i += NORM_THREADS) ss += (double)xr[i] * (double)xr[i];
+    ss = warp_sum_d(ss);
+    seg_consumers_sync<C>();
+    if (lane == 0 && warp < NORM_THREADS / 32) scratch[warp] = ss;
+    seg_consumers_sync<C>();
+    double t = 0.0;
+    for (int w = 0; w < NORM_THREADS / 32; ++w) t += scratch[w];
+    const float variance = (float)(t / (double)width);
+    return 1.0f / sqrtf(variance + eps);
+}
+
+__device__ __forceinline__ float seg_dot8(uint4 u, const float* x, float s) {
+    const float4 a = *reinterpret_cast<const float4*>(x), b = *reinterpret_cast<const float4*>(x + 4);
+    s = fmaf(bf16_lo(u.x), a.x, s);
+    s = fmaf(bf16_hi(u.x), a.y, s);
+    s = fmaf(bf16_lo(u.y), a.z, s);
+    s = fmaf(bf16_hi(u.y), a.w, s);
+    s = fmaf(bf16_lo(u.z), b.x, s);
+    s = fmaf(bf16_hi(u.z), b.y, s);
+    s = fmaf(bf16_lo(u.w), b.z, s);
+    s = fmaf(bf16_hi(u.w), b.w, s);
+    return s;
+}
+
+// A block's ring as one consumer warp sees it: `pages` pages in unit order (unit u in page u % pages),
+// this warp's own `full` barriers, everyone's `empty` ones, and the parity of each page's next use by
+// this warp (bit p).
+struct SegRing {
+    unsigned char* pages;
+    unsigned long long* full;   // [pages], this consumer's
+    unsigned long long* empty;  // [pages]
+    int pages_n, page_bytes;
+    unsigned parity;
+    bool spin;
+};
+
+// One weight row of `in` values, read from units seq, seq + 1, ... (`pieces` of them): the row's sum
+// in linear.cu's order for `WPR` parts.
+template <int WPR>
+__device__ __forceinline__ float seg_row(SegRing& r, unsigned seq, const float* xs, int in, int pieces, int lane,
+                                         bool skip) {
+    float acc[WPR];
+#pragma unroll
+    for (int q = 0; q < WPR; ++q) acc[q] = 0.0f;
+    const int pv = in / 8 / pieces;  // vectors per piece
+    for (int pc = 0; pc < pieces; ++pc, ++seq) {
+        const int k = (int)(seq % (unsigned)r.pages_n);
+        seg_mbar_wait(&r.full[k], (r.parity >> k) & 1u, r.spin);
+        r.parity ^= 1u << k;
+        const uint4* wv = reinterpret_cast<const uint4*>(r.pages + (size_t)k * r.page_bytes);
+        const int v0 = pc * pv, v1 = v0 + pv;
+        // Vector v belongs to lane v % 32 and part (v / 32) % WPR; `base` is a multiple of 32 * WPR,
+        // so vector base + q * 32 + lane is part q.
+        const int base = ((v0 >> 5) & ~(WPR - 1)) << 5;
+#pragma unroll 2
+        for (int b = skip ? v1 : base; b < v1; b += 32 * WPR) {
+#pragma unroll
+            for (int q = 0; q < WPR; ++q) {
+                const int v = b + q * 32 + lane;
+                if (v >= v0 && v < v1) acc[q] = seg_dot8(wv[v - v0], xs + (size_t)v * 8, acc[q]);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) seg_mbar_arrive(&r.empty[k]);
+    }
+    float t = warp_sum(acc[0]);
+#pragma unroll
+    for (int q = 1; q < WPR; ++q) t += warp_sum(acc[q]);
+    return t;
+}
+
+__device__ __forceinline__ float seg_row_any(SegRing& r, unsigned seq, const float* xs, int in, int pieces, int wpr,
+                                             int lane, bool skip) {
+    switch (wpr) {
+        case 1: return seg_row<1>(r, seq, xs, in, pieces, lane, skip);
+        case 2: return seg_row<2>(r, seq, xs, in, pieces, lane, skip);
+        case 4: return seg_row<4>(r, seq, xs, in, pieces, lane, skip);
+        default: return seg_row<8>(r, seq, xs, in, pieces, lane, skip);
+    }
+}
+
+// Jobs of a stage (rows, or SwiGLU row pairs) and how many of them block b of g owns.
+__device__ __forceinline__ int seg_jobs(const SegStage& s) { return s.swiglu_inter ? s.swiglu_inter : s.out; }
+__device__ __forceinline__ int seg_owned(int jobs, int b, int g) { return b < jobs ? (jobs - b + g - 1) / g : 0; }
+
+template <int C, int PRODUCERS>
+__device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
+    const int pages = p.pages;  // a multiple of PRODUCERS, at most 32 (the consumers' parity bits)
+    unsigned char* smem = DYN_SMEM(unsigned char);
+    float* xs = reinterpret_cast<float*>(smem + (size_t)pages * p.page_bytes);
+    unsigned long long* empty = reinterpret_cast<unsigned long long*>(xs + SEG_MAX_IN);
+    unsigned long long* full = empty + pages;  // [C][pages]
+    double* scratch = reinterpret_cast<double*>(full + C * pages);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = gridDim.x, b = blockIdx.x;
+    for (int i = threadIdx.x; i < pages * (C + 1); i += blockDim.x) seg_mbar_init(&empty[i], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncthreads();
+    if (warp >= C) {
+        // Producer warp pw (lane 0 only: spinning lanes of one warp starve each other) fills the pages
+        // with index % PRODUCERS == pw, i.e. the units u with u % PRODUCERS == pw, each once the page's
+        // previous use was read. Weights are never written, so this runs before the previous kernel ends.
+        const int pw = warp - C;
+        const bool evict_first = p.flags & 1;
+        unsigned long long policy = 0;
+        if (evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+        unsigned seq0 = 0;  // the stage's first unit
+        int k = 0;          // the block's jobs so far
+        for (int s = 0; s < p.n && lane == 0; ++s) {
+            const int in = p.st[s].in, pieces = p.st[s].pieces, inter = p.st[s].swiglu_inter;
+            const unsigned char* w = reinterpret_cast<const unsigned char*>(p.st[s].w);
+            const int owned = seg_owned(inter ? inter : p.st[s].out, b, g);
+            const int units = inter ? 2 * pieces : pieces;
+            const unsigned piece_bytes = (unsigned)(in / pieces) * 2u;
+            const int total = owned * units;
+            for (int u = (int)((unsigned)(pw - (int)seq0) % PRODUCERS); u < total; u += PRODUCERS) {
+                const int i = units == 1 ? u : u / units, rem = u - i * units;
+                const int half = rem >= pieces, pc = rem - half * pieces;
+                const int c = (k + i) % C;
+                const int j = b + i * g;
+                const int row = half ? inter + j : j;
+                const unsigned seq = seq0 + (unsigned)u;
+                const int page = (int)(seq % (unsigned)pages);
+                const unsigned use = seq / (unsigned)pages;
+                if (use > 0) seg_mbar_wait(&empty[page], (use - 1) & 1u, p.flags & 32);
+                seg_bulk_load(smem + (size_t)page * p.page_bytes, w + ((size_t)row * in * 2 + (size_t)pc * piece_bytes),
+                              piece_bytes, &full[c * pages + page], evict_first, policy);
+            }
+            seq0 += (unsigned)total;
+            k += owned;
+        }
+        // Stay until the consumers are done: a thread that exits with bulk copies in flight faults the launch.
+        __syncthreads();
+        return;
+    }
+    PDL_WAIT();
+    SegRing ring;
+    ring.pages = smem;
+    ring.full = full + warp * pages;
+    ring.empty = empty;
+    ring.pages_n = pages;
+    ring.page_bytes = p.page_bytes;
+    ring.parity = 0;
+    ring.spin = p.flags & 16;
+    int k = 0;
+    unsigned seq0 = 0;  // the stage's first unit
+    const bool skip_math = p.flags & 2, skip_barrier = p.flags & 4, skip_stage = p.flags & 8;
+    for (int s = 0; s < p.n; ++s) {
+        const SegStage& st = p.st[s];
+        // Every block is resident once the first barrier is behind (this is the second stage or later).
+        if (s == p.n - 1 && s > 0) PDL_LAUNCH();
+        // The input was written by every block in the previous stage: L2 only (L1 may hold an old copy).
+        if (!skip_stage || s == 0) {
+            const float4* x4 = reinterpret_cast<const float4*>(st.x);
+            float4* d4 = reinterpret_cast<float4*>(xs);
+            const int n4 = st.in >> 2, step = C * 32;
+            for (int i0 = threadIdx.x; i0 < n4; i0 += 8 * step) {
+                float4 v[8];
+#pragma unroll
+                for (int q = 0; q < 8; ++q)
+                    if (i0 + q * step < n4) v[q] = __ldcg(x4 + i0 + q * step);
+#pragma unroll
+                for (int q = 0; q < 8; ++q)
+                    if (i0 + q * step < n4) d4[i0 + q * step] = v[q];
+            }
+        }
+        seg_consumers_sync<C>();
+        if (st.norm_w && (!skip_stage || s == 0)) {
+            const float inv = seg_rms_inv<C>(xs, st.in, st.eps, scratch);
+            const float4* w4 = reinterpret_cast<const float4*>(st.norm_w);
+            float4* x4 = reinterpret_cast<float4*>(xs);
+            for (int i = threadIdx.x; i < (st.in >> 2); i += C * 32) {
+                const float4 sw = w4[i];
+                float4 v = x4[i];
+                v.x = (v.x * inv) * (st.zero_centred ? 1.0f + sw.x : sw.x);
+                v.y = (v.y * inv) * (st.zero_centred ? 1.0f + sw.y : sw.y);
+                v.z = (v.z * inv) * (st.zero_centred ? 1.0f + sw.z : sw.z);
+                v.w = (v.w * inv) * (st.zero_centred ? 1.0f + sw.w : sw.w);
+                x4[i] = v;
+            }
+            seg_consumers_sync<C>();
+        }
+        const int owned = seg_owned(seg_jobs(st), b, g);
+        const unsigned units = (unsigned)(st.swiglu_inter ? 2 * st.pieces : st.pieces);
+        for (int i = (warp - k % C + C) % C; i < owned; i += C) {
+            const int j = b + i * g;
+            const unsigned seq = seq0 + (unsigned)i * units;
+            // The residual this row adds to, fetched before the row so its L2 latency hides behind it.
+            const float prev = st.accumulate && lane == 0 ? __ldcg(st.y + j) : 0.0f;
+            const float t = seg_row_any(ring, seq, xs, st.in, st.pieces, st.wpr, lane, skip_math);
+            if (st.swiglu_inter) {
+                const float u = seg_row_any(ring, seq + st.pieces, xs, st.in, st.pieces, st.wpr, lane, skip_math);
+                if (lane == 0) st.y[j] = silu_f(t) * u;
+            } else if (lane == 0) {
+                st.y[j] = st.accumulate ? prev + t : t;
+            }
+        }
+        k += owned;
+        seq0 += (unsigned)owned * units;
+        if (s + 1 < p.n && !skip_barrier) seg_grid_sync<C>(p.barrier);
+    }
+    __syncthreads();
+}
+
+// C consumer and P producer warps. 4B-shaped decode step on the H200 (runs 58-63): 8 / 12 / 16 consumers
+// 3.066 / 2.947 / 2.981 ms (per-GEMV launches 3.040); 8 producers instead of 4: 3.091; registers capped
+// so that a block fits beside two gdn_rec blocks: no gain (88) or spills (80).
+#define SEG_KERNEL(C, P)                                                                               \
+    extern "C" __global__ void __launch_bounds__(((C) + (P)) * 32, 1) gemv_segment_c##C##p##P(const SegParams p) { \
+        gemv_segment_body<C, P>(p);                                                                    \
+    }
+SEG_KERNEL(8, 4)
+SEG_KERNEL(12, 4)
+#endif

@@ -1,0 +1,466 @@
+//! Runs of one-row GEMVs launched as one persistent kernel (`cu/segment.cu`, `gemv_segment`).
+//!
+//! While a decode step is recorded or run (`open` .. `Scope::finish`), `ops::gemv` hands each eligible
+//! one-row GEMV to `queue` instead of launching it; the first operation that is not such a GEMV (any
+//! other launch, copy or synchronisation: `flush` is called from `buf.rs` and `CudaDevice::synchronize`)
+//! launches what was queued first, as one `gemv_segment` for two or more stages, or as the ordinary
+//! `linear_bf16_1` launch for one. The segment kernel's rows equal the ordinary launches' bit for bit
+//! (see the kernel's doc), so whether a step runs segmented changes its speed only.
+//!
+//! Eligible: bf16 weights on the FMA GEMV, one input row of at most `MAX_IN` values, a multiple of 8.
+
+use std::sync::Mutex;
+
+use crate::buf::{launch_smem, launch_struct, Arg, DBuf};
+use crate::device::CudaDevice;
+use crate::error::CudaError;
+
+/// Stages of one segment launch (SEG_MAX_STAGES).
+pub(crate) const MAX_STAGES: usize = 8;
+/// Widest staged input row (SEG_MAX_IN floats).
+pub(crate) const MAX_IN: usize = 12288;
+/// Shared memory of a block's weight ring (the probe's best ring: 20 pages of 8 KB, run 48).
+const RING_BYTES: usize = 160 * 1024;
+/// Page sizes a segment may use (the one that wastes least of the ring on its rows is taken).
+const PAGE_SIZES: [usize; 5] = [4096, 5120, 6144, 8192, 10240];
+/// Most pages of a ring (the consumers keep one parity bit per page).
+const MAX_PAGES: usize = 32;
+
+/// A segment's weight ring: `pages` pages of `page_bytes` (a multiple of the 4 producer warps).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Ring {
+    pub page_bytes: usize,
+    pub pages: usize,
+}
+
+impl Ring {
+    fn of(page_bytes: usize) -> Ring {
+        Ring {
+            page_bytes,
+            pages: (RING_BYTES / page_bytes).min(MAX_PAGES) / 4 * 4,
+        }
+    }
+
+    /// Pieces a row of `cols` bf16 values is read in: the fewest equal ones of whole 16-byte vectors
+    /// that fit a page.
+    fn pieces(&self, cols: usize) -> Option<usize> {
+        (1..=cols / 8).find(|&p| {
+            cols.is_multiple_of(p)
+                && (cols / p).is_multiple_of(8)
+                && cols / p * 2 <= self.page_bytes
+        })
+    }
+
+    /// The ring for `stages`: of the page sizes that hold every stage's rows in pieces, the one whose
+    /// pages the streamed bytes fill best (a 2560-wide row fills a 5 KB page, a 4096-wide one 8 KB);
+    /// on a tie the larger page (fewer copies).
+    fn for_stages(stages: &[Stage]) -> Option<Ring> {
+        let mut best: Option<(f64, Ring)> = None;
+        for ring in PAGE_SIZES.map(Ring::of) {
+            let mut filled = 0.0;
+            let mut total = 0.0;
+            for s in stages {
+                let piece = s.cols / ring.pieces(s.cols)? * 2;
+                let bytes = (s.rows * s.cols * 2) as f64;
+                filled += bytes * piece as f64 / ring.page_bytes as f64;
+                total += bytes;
+            }
+            let fill = filled / total.max(1.0);
+            if best.is_none_or(|(f, _)| fill >= f - 1e-9) {
+                best = Some((fill, ring));
+            }
+        }
+        best.map(|(_, ring)| ring)
+    }
+
+    /// Dynamic shared memory of a block with `consumers` consumer warps: pages, the staged input, the
+    /// empty barriers and each consumer's full barriers, norm scratch.
+    fn smem_bytes(&self, consumers: usize) -> usize {
+        self.pages * self.page_bytes + MAX_IN * 4 + (1 + consumers) * self.pages * 8 + 32 * 8
+    }
+}
+
+/// How segments run: consumer warps per block (plus 4 producer warps) and knobs for measurements.
+/// Read once, from the environment.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Config {
+    pub consumers: usize,
+    /// A fixed page size instead of the per-segment choice (`TURBOSPARK_SEG_PAGE`).
+    pub page_bytes: Option<usize>,
+    /// Kernel flags (SegParams::flags): bit 0 an L2 evict-first hint on the weights; bits 1-5 for
+    /// measurements only (`TURBOSPARK_SEG_DEBUG`: skipped arithmetic, barrier or staging give wrong
+    /// sums; polling instead of try_wait).
+    pub flags: u32,
+    /// Launch with the cooperative attribute: the driver refuses a grid that cannot be resident at
+    /// once instead of letting its grid barrier wait forever (`TURBOSPARK_SEG_COOP=0`: without).
+    pub cooperative: bool,
+    /// Stages per launch (<= MAX_STAGES) and the most output rows a queued GEMV may have
+    /// (`TURBOSPARK_SEG_MAX` / `TURBOSPARK_SEG_MAX_ROWS`).
+    pub max_stages: usize,
+    pub max_rows: usize,
+    /// Launch a lone queued GEMV as a segment too (`TURBOSPARK_SEG_SINGLE=1`).
+    pub single: bool,
+}
+
+impl Config {
+    /// 12 consumer warps: the fastest of the variants measured (see segment.cu);
+    /// `TURBOSPARK_SEG_CONSUMERS` (8 or 12), `_PAGE`, `_EVICT_FIRST` change them for measurements.
+    pub fn from_env() -> Self {
+        let get = |name: &str, default: usize| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
+        Config {
+            consumers: if get("TURBOSPARK_SEG_CONSUMERS", 12) == 8 {
+                8
+            } else {
+                12
+            },
+            page_bytes: std::env::var("TURBOSPARK_SEG_PAGE")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .map(|b| (b / 16 * 16).clamp(1024, 10240)),
+            flags: (get("TURBOSPARK_SEG_EVICT_FIRST", 0) == 1) as u32
+                | ((get("TURBOSPARK_SEG_DEBUG", 0) as u32 & 31) << 1),
+            cooperative: get("TURBOSPARK_SEG_COOP", 1) != 0,
+            max_stages: get("TURBOSPARK_SEG_MAX", MAX_STAGES).clamp(1, MAX_STAGES),
+            max_rows: get("TURBOSPARK_SEG_MAX_ROWS", usize::MAX),
+            single: get("TURBOSPARK_SEG_SINGLE", 0) == 1,
+        }
+    }
+
+    /// The kernel's name (the instantiations in segment.cu).
+    pub fn kernel(&self) -> &'static str {
+        if self.consumers == 8 {
+            "gemv_segment_c8p4"
+        } else {
+            "gemv_segment_c12p4"
+        }
+    }
+
+    /// Threads of a block: the consumer warps and 4 producer warps.
+    fn threads(&self) -> u32 {
+        ((self.consumers + 4) * 32) as u32
+    }
+
+    /// The most dynamic shared memory any segment's block takes (the kernel's opt-in).
+    pub fn max_smem_bytes(&self) -> usize {
+        PAGE_SIZES
+            .iter()
+            .chain(self.page_bytes.as_slice())
+            .map(|&b| Ring::of(b).smem_bytes(self.consumers))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The ring for `stages`.
+    fn ring(&self, stages: &[Stage]) -> Option<Ring> {
+        match self.page_bytes {
+            Some(b) => {
+                let ring = Ring::of(b);
+                stages
+                    .iter()
+                    .all(|s| ring.pieces(s.cols).is_some())
+                    .then_some(ring)
+            }
+            None => Ring::for_stages(stages),
+        }
+    }
+}
+
+/// One queued GEMV: the kernel's SegStage fields plus what its ordinary launch needs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Stage {
+    pub w: u64,
+    pub x: u64,
+    pub y: u64,
+    /// RMSNorm weights (0: none).
+    pub norm_w: u64,
+    pub cols: usize,
+    pub rows: usize,
+    pub accumulate: bool,
+    pub wpr: usize,
+    /// SwiGLU intermediate width (0: no SwiGLU).
+    pub inter: usize,
+    pub zero_centred: bool,
+    pub eps: f32,
+    /// The ordinary launch: its grid and whether it stages its input.
+    pub blocks: u32,
+    pub stage: bool,
+}
+
+/// The device's segment state: configuration, grid barrier, and the queue while a step is open.
+pub(crate) struct Segments {
+    pub config: Config,
+    /// [count, generation] of the grid barrier: allocated once, never moved (graphs hold its address).
+    barrier: DBuf,
+    queue: Mutex<Option<Vec<Stage>>>,
+    /// Why segments were turned off after a failed launch (then every GEMV launches on its own).
+    failure: Mutex<Option<String>>,
+}
+
+impl Segments {
+    pub fn new(dev: &CudaDevice, config: Config) -> Result<Self, CudaError> {
+        Ok(Segments {
+            config,
+            barrier: DBuf::zeros(dev, 8)?,
+            queue: Mutex::new(None),
+            failure: Mutex::new(None),
+        })
+    }
+
+    /// Why segments were turned off, if a launch failed.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().ok().and_then(|f| f.clone())
+    }
+
+    fn failed(&self) -> bool {
+        self.failure.lock().map_or(true, |f| f.is_some())
+    }
+}
+
+/// Queues `st` when a step is open and the GEMV is eligible; returns whether it was queued.
+pub(crate) fn queue(dev: &CudaDevice, st: Stage) -> Result<bool, CudaError> {
+    let Some(seg) = dev.segments() else {
+        return Ok(false);
+    };
+    let eligible = !seg.failed()
+        && st.cols.is_multiple_of(8)
+        && st.cols <= MAX_IN
+        && matches!(st.wpr, 1 | 2 | 4 | 8)
+        && st.norm_w.is_multiple_of(16)
+        && st.x.is_multiple_of(16)
+        && st.rows <= seg.config.max_rows
+        && seg.config.ring(&[st]).is_some();
+    if !eligible {
+        return Ok(false);
+    }
+    let full = {
+        let Ok(mut q) = seg.queue.lock() else {
+            return Ok(false);
+        };
+        let Some(q) = q.as_mut() else {
+            return Ok(false);
+        };
+        q.push(st);
+        q.len() >= seg.config.max_stages
+    };
+    if full {
+        flush(dev)?;
+    }
+    Ok(true)
+}
+
+/// Launches what is queued (called before any other operation on the stream).
+pub(crate) fn flush(dev: &CudaDevice) -> Result<(), CudaError> {
+    let Some(seg) = dev.segments() else {
+        return Ok(());
+    };
+    let stages = match seg.queue.lock() {
+        Ok(mut q) => match q.as_mut() {
+            Some(v) if !v.is_empty() => std::mem::take(v),
+            _ => return Ok(()),
+        },
+        Err(_) => return Ok(()),
+    };
+    let cfg = seg.config;
+    let ring = match cfg.ring(&stages) {
+        Some(ring) if stages.len() > 1 || cfg.single => ring,
+        _ => return stages.iter().try_for_each(|s| launch_one(dev, s)),
+    };
+    let words = params(&stages, &ring, cfg.flags, seg.barrier.ptr);
+    // One block per SM: the grid barrier needs every block resident.
+    let sms = dev.info.sms.max(1) as u32;
+    let launched = launch_struct(
+        dev,
+        cfg.kernel(),
+        sms,
+        cfg.threads(),
+        ring.smem_bytes(cfg.consumers) as u32,
+        &words,
+        cfg.cooperative,
+    );
+    match launched {
+        Ok(()) => Ok(()),
+        // Not possible here (e.g. a cooperative grid refused under MPS): per-GEMV launches from now on,
+        // reported by `CudaDevice::segment_failure`.
+        Err(e) => {
+            if let Ok(mut f) = seg.failure.lock() {
+                f.get_or_insert(e.to_string());
+            }
+            stages.iter().try_for_each(|s| launch_one(dev, s))
+        }
+    }
+}
+
+/// The kernel's SegParams (segment.cu) as 8-byte words: 8 SegStage of 64 bytes (w, x, y, norm_w, then
+/// in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces, eps as 4-byte fields), then n,
+/// page_bytes, pages, flags and the barrier's address: 536 bytes.
+fn params(stages: &[Stage], ring: &Ring, flags: u32, barrier: u64) -> Vec<u64> {
+    let mut words = vec![0u64; 67];
+    for (i, s) in stages.iter().take(MAX_STAGES).enumerate() {
+        let pieces = ring.pieces(s.cols).unwrap_or(1);
+        let fields = [
+            s.cols as u32,
+            s.rows as u32,
+            s.accumulate as u32,
+            s.wpr as u32,
+            s.inter as u32,
+            s.zero_centred as u32,
+            pieces as u32,
+            s.eps.to_bits(),
+        ];
+        let at = i * 8;
+        words[at..at + 4].copy_from_slice(&[s.w, s.x, s.y, s.norm_w]);
+        for (k, pair) in fields.chunks_exact(2).enumerate() {
+            words[at + 4 + k] = pair[0] as u64 | (pair[1] as u64) << 32;
+        }
+    }
+    words[64] = stages.len().min(MAX_STAGES) as u64 | (ring.page_bytes as u64) << 32;
+    words[65] = ring.pages as u64 | (flags as u64) << 32;
+    words[66] = barrier;
+    words
+}
+
+/// The ordinary one-row launch of a stage (ops::gemv's, for a segment of one).
+fn launch_one(dev: &CudaDevice, s: &Stage) -> Result<(), CudaError> {
+    let shared = if s.stage { s.cols * 4 } else { 0 };
+    launch_smem(
+        dev,
+        "linear_bf16_1",
+        (s.blocks, 1, 1),
+        (crate::ops::LIN_WARPS * 32) as u32,
+        shared as u32,
+        &[
+            Arg::P(s.w),
+            Arg::P(s.x),
+            Arg::P(s.y),
+            Arg::I(s.cols as i32),
+            Arg::I(s.rows as i32),
+            Arg::I(s.accumulate as i32),
+            Arg::I(s.wpr as i32),
+            Arg::I(s.inter as i32),
+            Arg::P(s.norm_w),
+            Arg::F(s.eps),
+            Arg::I(s.zero_centred as i32),
+            Arg::I(s.stage as i32),
+        ],
+    )
+}
+
+/// A decode step whose eligible GEMVs are gathered into segments until `finish` (or drop, which
+/// discards what an failed step left queued).
+pub(crate) struct Scope<'a>(&'a CudaDevice);
+
+/// Opens a scope when the device runs segments and none is open.
+pub(crate) fn open(dev: &CudaDevice) -> Option<Scope<'_>> {
+    let seg = dev.segments()?;
+    let mut q = seg.queue.lock().ok()?;
+    if q.is_some() {
+        return None;
+    }
+    *q = Some(Vec::new());
+    Some(Scope(dev))
+}
+
+impl Scope<'_> {
+    /// Launches what is still queued and closes the scope.
+    pub fn finish(self) -> Result<(), CudaError> {
+        flush(self.0)
+    }
+}
+
+impl Drop for Scope<'_> {
+    fn drop(&mut self) {
+        if let Some(seg) = self.0.segments() {
+            if let Ok(mut q) = seg.queue.lock() {
+                *q = None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A one-row GEMV of `rows` x `cols`.
+    fn gemv(cols: usize, rows: usize) -> Stage {
+        Stage {
+            w: 0x1000,
+            x: 0x2000,
+            y: 0x3000,
+            norm_w: 0x4000,
+            cols,
+            rows,
+            accumulate: true,
+            wpr: 4,
+            inter: 0,
+            zero_centred: true,
+            eps: 1e-6,
+            blocks: 528,
+            stage: true,
+        }
+    }
+
+    #[test]
+    fn rows_split_into_the_fewest_equal_pieces_that_fit_a_page() {
+        let r = Ring::of(5120);
+        assert_eq!((r.pages, r.page_bytes), (32, 5120));
+        // The 4B shape's input widths: hidden 2560, GDN value 4096, intermediate 9216.
+        assert_eq!(r.pieces(2560), Some(1));
+        assert_eq!(r.pieces(4096), Some(2));
+        assert_eq!(r.pieces(9216), Some(4));
+        assert_eq!(r.pieces(8), Some(1));
+        // Pieces must be whole 16-byte vectors.
+        assert_eq!(r.pieces(12), None);
+        assert_eq!(Ring::of(8192).pages, 20);
+        let c = Config::from_env();
+        assert!(
+            c.max_smem_bytes() <= 227 * 1024,
+            "every ring must fit an H100/H200 block"
+        );
+    }
+
+    #[test]
+    fn each_segment_takes_the_page_its_rows_fill() {
+        // 4B-shaped layer: out 4096 -> 2560, gate_up 2560 -> 18432, down 9216 -> 2560, in_proj.
+        let four_b = [
+            gemv(4096, 2560),
+            gemv(2560, 18432),
+            gemv(9216, 2560),
+            gemv(2560, 12352),
+        ];
+        assert_eq!(Ring::for_stages(&four_b).map(|r| r.page_bytes), Some(5120));
+        // 8B-shaped: hidden 4096, intermediate 12288.
+        let eight_b = [gemv(4096, 4096), gemv(4096, 24576), gemv(12288, 4096)];
+        assert_eq!(Ring::for_stages(&eight_b).map(|r| r.page_bytes), Some(8192));
+        // A row no page size divides into whole vectors: no segment.
+        assert_eq!(Ring::for_stages(&[gemv(12, 4)]), None);
+    }
+
+    #[test]
+    fn parameters_follow_the_kernels_struct_layout() {
+        let st = gemv(9216, 2560);
+        let words = params(&[st, st], &Ring::of(5120), 1, 0xbeef);
+        assert_eq!(words.len() * 8, 536);
+        assert_eq!(&words[8..12], &[0x1000, 0x2000, 0x3000, 0x4000]);
+        assert_eq!(words[12], 9216 | 2560 << 32);
+        assert_eq!(words[13], 1 | 4 << 32);
+        assert_eq!(words[14], 1 << 32);
+        assert_eq!(words[15], 4 | (1e-6f32.to_bits() as u64) << 32);
+        assert_eq!(words[64], 2 | 5120 << 32);
+        assert_eq!(words[65], 32 | 1 << 32);
+        assert_eq!(words[66], 0xbeef);
+    }
+
+    #[test]
+    fn devices_without_the_kernel_launch_every_gemv_themselves() {
+        let dev = CudaDevice::emulated();
+        assert!(open(&dev).is_none());
+        assert!(!queue(&dev, gemv(2560, 2560)).unwrap());
+        assert!(dev.segment_status().is_err());
+    }
+}
