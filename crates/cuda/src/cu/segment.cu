@@ -38,10 +38,11 @@ struct SegParams {
     // sums): consumers skip the arithmetic / the grid barrier / staging the input; bits 4-5: consumers /
     // producers poll their barriers (test_wait) instead of try_wait
     int n, page_bytes, pages, flags;
+    int xs_floats, pad;  // the staged input's room: the widest stage input (<= SEG_MAX_IN), a multiple of 4
     unsigned* barrier;  // [count, generation], zero at allocation, back to count 0 after every barrier
 };
 static_assert(sizeof(SegStage) == 64, "SegStage layout is mirrored by segment.rs");
-static_assert(sizeof(SegParams) == 536, "SegParams layout is mirrored by segment.rs");
+static_assert(sizeof(SegParams) == 544, "SegParams layout is mirrored by segment.rs");
 
 __device__ __forceinline__ unsigned seg_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void seg_mbar_init(unsigned long long* b, unsigned count) {
@@ -216,7 +217,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     const int pages = p.pages;  // a multiple of PRODUCERS, at most 32 (the consumers' parity bits)
     unsigned char* smem = DYN_SMEM(unsigned char);
     float* xs = reinterpret_cast<float*>(smem + (size_t)pages * p.page_bytes);
-    unsigned long long* empty = reinterpret_cast<unsigned long long*>(xs + SEG_MAX_IN);
+    unsigned long long* empty = reinterpret_cast<unsigned long long*>(xs + p.xs_floats);
     unsigned long long* full = empty + pages;  // [C][pages]
     double* scratch = reinterpret_cast<double*>(full + C * pages);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = gridDim.x, b = blockIdx.x;
