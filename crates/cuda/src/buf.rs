@@ -366,9 +366,12 @@ pub(crate) fn launch_struct(
     param: &[u64],
     cooperative: bool,
 ) -> Result<(), CudaError> {
-    let func = dev.kernel(name)?;
     let mut words = param.to_vec();
     let mut params = [words.as_mut_ptr().cast::<std::ffi::c_void>()];
+    if let Some(sim) = dev.sim() {
+        return sim.launch_params(name, (grid, 1, 1), block, shared, &mut params);
+    }
+    let func = dev.kernel(name)?;
     launch_ex(
         dev,
         func,

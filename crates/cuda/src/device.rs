@@ -314,6 +314,11 @@ impl CudaDevice {
         self.segments.get()
     }
 
+    /// Segment kernels launched so far (each runs two or more queued GEMVs).
+    pub fn segment_launches(&self) -> u64 {
+        self.segments.get().map_or(0, |s| s.launches())
+    }
+
     /// Whether decode steps can run their GEMV runs as segments (`LoadOptions::segments`), or why not.
     pub fn segment_status(&self) -> Result<String, String> {
         match self.segments.get() {
@@ -371,7 +376,12 @@ impl CudaDevice {
     /// rows) fall back to the host emulation. Slow: for the small fixtures only.
     pub fn simulated() -> Result<Self, CudaError> {
         let t = std::time::Instant::now();
-        let sim = crate::simulate::Sim::load(KERNELS)?;
+        let kernels: Vec<&str> = KERNELS
+            .iter()
+            .copied()
+            .chain(crate::segment::KERNELS)
+            .collect();
+        let sim = crate::simulate::Sim::load(&kernels)?;
         let kernel_cache = sim.path.clone();
         let dev = CudaDevice {
             gpu: None,
@@ -395,6 +405,8 @@ impl CudaDevice {
             sim: Some(sim),
         };
         dev.alloc_frag_scratch()?;
+        let seg = crate::segment::Segments::new(&dev, crate::segment::Config::from_env())?;
+        let _ = dev.segments.set(seg);
         Ok(dev)
     }
 

@@ -220,6 +220,12 @@ impl CudaModel {
         };
         htod(dev, sc.ids.ptr, &ids)?;
         htod(dev, sc.start.ptr, &[start as i32])?;
+        // A one-row pass (an un-graphed decode step) runs its GEMV runs as segments too.
+        let scope = if m == 1 && self.opts.segments {
+            crate::segment::open(dev)
+        } else {
+            None
+        };
         ops::embed(dev, &self.embed, sc.ids.ptr, sc.x.ptr, m)?;
         mark(prof, dev, "embed", 0)?;
         let mut tap_out: Vec<Vec<f32>> = vec![Vec::new(); taps.len()];
@@ -270,6 +276,9 @@ impl CudaModel {
                 "final norm+lm head",
                 head.bytes() * (m - first).div_ceil(LOGIT_ROWS),
             )?;
+        }
+        if let Some(scope) = scope {
+            scope.finish()?;
         }
         Ok(PassOut {
             logits,

@@ -9,12 +9,15 @@
 //!
 //! Eligible: bf16 weights on the FMA GEMV, one input row of at most `MAX_IN` values, a multiple of 8.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::buf::{launch_smem, launch_struct, Arg, DBuf};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
 
+/// The kernel instantiations (segment.cu), for the kernel simulator's table.
+pub(crate) const KERNELS: [&str; 2] = ["gemv_segment_c8p4", "gemv_segment_c12p4"];
 /// Stages of one segment launch (SEG_MAX_STAGES).
 pub(crate) const MAX_STAGES: usize = 8;
 /// Widest staged input row (SEG_MAX_IN floats).
@@ -202,6 +205,7 @@ pub(crate) struct Segments {
     queue: Mutex<Option<Vec<Stage>>>,
     /// Why segments were turned off after a failed launch (then every GEMV launches on its own).
     failure: Mutex<Option<String>>,
+    launches: AtomicU64,
 }
 
 impl Segments {
@@ -211,7 +215,13 @@ impl Segments {
             barrier: DBuf::zeros(dev, 8)?,
             queue: Mutex::new(None),
             failure: Mutex::new(None),
+            launches: AtomicU64::new(0),
         })
+    }
+
+    /// Segment kernels launched so far.
+    pub fn launches(&self) -> u64 {
+        self.launches.load(Ordering::Relaxed)
     }
 
     /// Why segments were turned off, if a launch failed.
@@ -287,7 +297,10 @@ pub(crate) fn flush(dev: &CudaDevice) -> Result<(), CudaError> {
         cfg.cooperative,
     );
     match launched {
-        Ok(()) => Ok(()),
+        Ok(()) => {
+            seg.launches.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
         // Not possible here (e.g. a cooperative grid refused under MPS): per-GEMV launches from now on,
         // reported by `CudaDevice::segment_failure`.
         Err(e) => {

@@ -105,13 +105,27 @@ impl Sim {
     ) -> Result<(), CudaError> {
         let mut slots = arg_slots(args);
         let mut ptrs: Vec<*mut c_void> = slots.iter_mut().map(|s| (s as *mut u64).cast()).collect();
+        self.launch_params(name, grid, block, shared, &mut ptrs)
+    }
+
+    /// [`Sim::launch`] with kernelParams as for cuLaunchKernel: one pointer per parameter, to a value
+    /// of the parameter's type (segment.rs passes a struct this way).
+    pub fn launch_params(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared: u32,
+        ptrs: &mut [*mut c_void],
+    ) -> Result<(), CudaError> {
         let cname = CString::new(name).map_err(|_| sim_error("kernel name with a NUL"))?;
         let mut err = vec![0 as c_char; 512];
         // A poisoned lock only means another launch panicked; the simulator holds no Rust state.
         let _one_at_a_time = LAUNCH_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-        // SAFETY: every pointer in `ptrs` addresses a live 8-byte slot read as the kernel's parameter
-        // type (little-endian, so an i32/f32 parameter reads the low 4 bytes); buffers passed as
-        // addresses are live host buffers of the emulated device (callers' invariant, as for the GPU).
+        // SAFETY: every pointer in `ptrs` addresses a live value read as the kernel's parameter type
+        // (8-byte slots read little-endian for scalars, a struct's bytes for a struct parameter);
+        // buffers passed as addresses are live host buffers of the emulated device (callers'
+        // invariant, as for the GPU).
         let rc = unsafe {
             (self.launch)(
                 cname.as_ptr(),

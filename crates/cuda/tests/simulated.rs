@@ -433,3 +433,60 @@ fn simulated_dflash_block_matches_the_host_drafter() {
         }
     }
 }
+
+/// Decode steps whose GEMV runs go through the persistent segment kernel (segment.rs; its grid barrier,
+/// mbarrier ring and bulk copies emulated by the simulator) give the per-GEMV launches' logits bit for
+/// bit, and so equal verify rows; the segment kernel must actually have run.
+#[test]
+fn simulated_segments_equal_per_gemv_launches() {
+    let Some(dev) = simulated() else { return };
+    assert!(dev.segment_status().is_ok(), "{:?}", dev.segment_status());
+    let dir = fixture("qwen3_5");
+    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let prompt = prompt_ids(&SafeTensors::deserialize(&bytes).unwrap());
+    let n = prompt.len();
+    let ck = Checkpoint::open(&dir).unwrap();
+    // bf16 weights: segments run bf16 matrices only.
+    let decode = |segments: bool| {
+        let opts = LoadOptions {
+            weights: WeightFormat::Bf16,
+            segments,
+            ..LoadOptions::default()
+        };
+        let m = CudaModel::load(&dev, &ck, opts).unwrap();
+        let mut st = m.new_state(n + 8).unwrap();
+        let out = m.forward(&prompt, 0, &mut st, &Wanted::last()).unwrap();
+        let before = dev.segment_launches();
+        let mut next = kernels::argmax(out.row(0)) as u32;
+        let (mut tokens, mut rows) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            tokens.push(next);
+            let o = m
+                .forward(&[next], st.position(), &mut st, &Wanted::last())
+                .unwrap();
+            next = kernels::argmax(o.row(0)) as u32;
+            rows.push(o.logits);
+        }
+        (m, tokens, rows.concat(), dev.segment_launches() - before)
+    };
+    let (_, tokens, plain, none) = decode(false);
+    let (m, seg_tokens, segmented, launches) = decode(true);
+    assert_eq!(none, 0, "segments ran although turned off");
+    assert!(
+        launches >= 3,
+        "the decode steps ran {launches} segment kernels"
+    );
+    assert_eq!(tokens, seg_tokens);
+    assert!(
+        bits_eq(&plain, &segmented),
+        "segmented decode rows differ from per-GEMV launches"
+    );
+    // The same rows as one verify block (multi-row GEMVs, no segments).
+    let mut spec = m.new_state(n + 8).unwrap();
+    m.forward(&prompt, 0, &mut spec, &Wanted::none()).unwrap();
+    let verify = m.forward(&tokens, n, &mut spec, &Wanted::all()).unwrap();
+    assert!(
+        bits_eq(&verify.logits, &segmented),
+        "verify rows differ from segmented decode rows"
+    );
+}

@@ -20,7 +20,8 @@
 // that consumer's uses of the page, in its order; `empty` (one arrival per use) orders the reuses. Grid barrier: a self-resetting counter + generation pair, so captured
 // graphs replay it unchanged. The kernel must have all its blocks resident: one per SM, and it lets the
 // next kernel launch (PDL_LAUNCH) only after the first grid barrier, when every block is.
-#if !defined(KERNEL_SIM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The kernel simulator runs it too (sim.h emulates the mbarriers, bulk copies and grid barrier).
+#if defined(KERNEL_SIM) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
 #define SEG_MAX_STAGES 8
 #define SEG_MAX_IN 12288
 
@@ -44,6 +45,22 @@ struct SegParams {
 static_assert(sizeof(SegStage) == 64, "SegStage layout is mirrored by segment.rs");
 static_assert(sizeof(SegParams) == 544, "SegParams layout is mirrored by segment.rs");
 
+#ifdef KERNEL_SIM
+__device__ __forceinline__ void seg_mbar_init(unsigned long long* b, unsigned count) { sim_mbar_init(b, count); }
+__device__ __forceinline__ void seg_mbar_wait(unsigned long long* b, unsigned parity, bool = false) {
+    sim_mbar_wait(b, parity);
+}
+__device__ __forceinline__ void seg_mbar_arrive(unsigned long long* b) { sim_mbar_arrive(b); }
+__device__ __forceinline__ void seg_bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* full,
+                                              bool, unsigned long long) {
+    sim_mbar_expect_tx(full, bytes);
+    sim_bulk_copy(dst, src, bytes, full);
+}
+__device__ __forceinline__ unsigned seg_ld_acquire(const unsigned* p) { return sim_ld_acquire_spin(p); }
+#define SEG_MBAR_INIT_FENCE() ((void)0)
+#define SEG_EVICT_FIRST_POLICY(p) ((void)(p))
+#define SEG_BAR_SYNC(count) sim_named_barrier(1, (count))
+#else
 __device__ __forceinline__ unsigned seg_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void seg_mbar_init(unsigned long long* b, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(seg_smem_addr(b)), "r"(count));
@@ -95,10 +112,14 @@ __device__ __forceinline__ unsigned seg_ld_acquire(const unsigned* p) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
+#define SEG_MBAR_INIT_FENCE() asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory")
+#define SEG_EVICT_FIRST_POLICY(p) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p))
+#define SEG_BAR_SYNC(count) asm volatile("bar.sync 1, %0;" ::"r"(count) : "memory")
+#endif
 // Barrier 1 over the C consumer warps only (the producers are elsewhere).
 template <int C>
 __device__ __forceinline__ void seg_consumers_sync() {
-    asm volatile("bar.sync 1, %0;" ::"r"(C * 32) : "memory");
+    SEG_BAR_SYNC(C * 32);
 }
 
 // Every block's consumers have finished the stage and its writes are visible GPU-wide.
@@ -222,7 +243,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     double* scratch = reinterpret_cast<double*>(full + C * pages);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = gridDim.x, b = blockIdx.x;
     for (int i = threadIdx.x; i < pages * (C + 1); i += blockDim.x) seg_mbar_init(&empty[i], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    SEG_MBAR_INIT_FENCE();
     __syncthreads();
     if (warp >= C) {
         // Producer warp pw (lane 0 only: spinning lanes of one warp starve each other) fills the pages
@@ -231,7 +252,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         const int pw = warp - C;
         const bool evict_first = p.flags & 1;
         unsigned long long policy = 0;
-        if (evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+        if (evict_first) SEG_EVICT_FIRST_POLICY(policy);
         unsigned seq0 = 0;  // the stage's first unit
         int k = 0;          // the block's jobs so far
         for (int s = 0; s < p.n && lane == 0; ++s) {

@@ -7,13 +7,15 @@
 //! Shapes include the awkward cases: widths not a multiple of the vector width, more rows than one GEMV
 //! launch, matrices with few rows (several warps per row), query heads not a multiple of 4 per KV head,
 //! head_dim below a warp, keys spanning many chunks, and more value columns than one GDN warp.
-//! Tensor-core attention (prefill passes only) is checked against split-K to bf16 rounding.
+//! Tensor-core attention (prefill passes only) is checked against split-K to bf16 rounding. Segments
+//! (one persistent kernel per run of one-row GEMVs) must equal the per-GEMV launches bit for bit.
 
 mod attention_tc;
 mod gdn_chunk;
 mod linear;
 mod mixers;
 mod moe;
+mod segment;
 
 use crate::buf::{dtoh, DBuf};
 use crate::device::CudaDevice;
@@ -82,6 +84,7 @@ pub fn self_test(dev: &CudaDevice) -> Result<Vec<SelfTestRow>, CudaError> {
     gdn_chunk::checks(dev, &mut rng, &mut rows)?;
     attention_tc::checks(dev, &mut rng, &mut rows)?;
     moe::checks(dev, &mut rng, &mut rows)?;
+    segment::checks(dev, &mut rng, &mut rows)?;
     Ok(rows)
 }
 

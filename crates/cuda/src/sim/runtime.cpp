@@ -40,19 +40,26 @@ inline int launch_table(const Entry* table, const char* name, unsigned gx, unsig
     if (!e->name) return report(std::string("no kernel named ") + name);
     if (block == 0 || block > 1024) return report("block size out of range");
     error.clear();
-    dyn_smem.assign(smem, 0xcd);
+    dyn_bytes = smem;
     gridDim = dim3{gx, gy, gz};
     blockDim = dim3{block, 1, 1};
     body = [e, args]() { e->call(args); };
+    std::vector<dim3> all;
     for (unsigned z = 0; z < gz; ++z)
         for (unsigned y = 0; y < gy; ++y)
-            for (unsigned x = 0; x < gx; ++x) {
-                blockIdx = dim3{x, y, z};
-                if (!run_block() || !error.empty()) {
-                    return report(std::string(name) + " block (" + std::to_string(x) + "," + std::to_string(y) + "," +
-                                  std::to_string(z) + "): " + error);
-                }
-            }
+            for (unsigned x = 0; x < gx; ++x) all.push_back(dim3{x, y, z});
+    // Cooperative kernels (grid barriers) run every block at once; the others one block at a time.
+    const bool cooperative = std::strncmp(name, "gemv_segment", 12) == 0;
+    if (cooperative) {
+        if (!run_blocks(all) || !error.empty()) return report(std::string(name) + " (all blocks): " + error);
+        return 0;
+    }
+    for (const dim3& b : all) {
+        if (!run_blocks({b}) || !error.empty()) {
+            return report(std::string(name) + " block (" + std::to_string(b.x) + "," + std::to_string(b.y) + "," +
+                          std::to_string(b.z) + "): " + error);
+        }
+    }
     return 0;
 }
 }  // namespace sim

@@ -8,7 +8,10 @@
 // a barrier releases when every non-exited thread of its scope (block or warp) has arrived, as on
 // sm_70+. If no fiber can run while some wait, the launch fails with "deadlock" (a barrier in
 // divergent code); a shuffle reading an exited lane fails too. __shared__ variables are function
-// statics: blocks never overlap, so one copy serves every block.
+// statics: blocks never overlap, so one copy serves every block. Cooperative kernels (the GEMV
+// segments, which meet at grid barriers and use only dynamic shared memory) run all their blocks'
+// threads interleaved instead; their spin waits yield (sim_mbar_wait, sim_ld_acquire_spin), and the
+// sm_90 mbarrier and bulk copy are emulated (a copy lands at once).
 // Floating point is IEEE single/double as on the GPU; expf/sinf/... come from libm (last-ulp
 // differences), and no multiply-add is contracted (NVCC contracts), so results agree with the GPU to
 // rounding, not bitwise. Bitwise properties *within* the simulator (batch invariance) are meaningful.
@@ -80,10 +83,21 @@ enum State { RUNNABLE, BLOCKED, DONE };
 struct Fiber {
     void* sp = nullptr;
     State state = RUNNABLE;
+    int block = 0;   // index into `blocks`
+    int thread = 0;  // threadIdx.x
 };
 struct Barrier {
     int arrived = 0;
     std::vector<int> waiting;
+};
+// What the threads of one block share: their barriers, the shuffle exchange, dynamic shared memory.
+struct Block {
+    dim3 idx;
+    int alive = 0;
+    int alive_warp[32] = {};
+    Barrier bar, warp_bar[32], named[16];
+    unsigned long long xch[32][32] = {};
+    std::vector<unsigned char> dyn_smem;
 };
 extern "C" void sim_switch(void** save_sp, void* to_sp);
 inline std::vector<Fiber> fibers;
@@ -91,25 +105,34 @@ inline std::vector<char*> stacks;
 inline const size_t STACK = 256 * 1024;
 inline void* sched_sp = nullptr;
 inline int cur = 0;
-inline int alive_block = 0;
-inline int alive_warp[32];
-inline Barrier block_bar, warp_bar[32];
-inline unsigned long long xch[32][32];
+inline std::vector<Block> blocks;
+inline Block* blk = nullptr;  // the running fiber's block
 inline std::function<void()> body;
 inline std::string error;
-inline std::vector<unsigned char> dyn_smem;
+inline size_t dyn_bytes = 0;
+// Spin waits (mbarriers, grid barriers) yield to the scheduler; this many in a row with no barrier or
+// mbarrier phase completing anywhere means nothing can progress.
+inline unsigned long long idle_spins = 0;
+inline const unsigned long long MAX_IDLE_SPINS = 200000000ull;
 
 inline void fail(const std::string& what) {
     if (error.empty()) error = what;
 }
+inline void progressed() { idle_spins = 0; }
 inline void yield_blocked() {
     fibers[cur].state = BLOCKED;
+    sim_switch(&fibers[cur].sp, sched_sp);
+}
+// A polling thread gives the others a turn (it stays runnable).
+inline void yield_spin() {
+    if (++idle_spins > MAX_IDLE_SPINS) fail("deadlock: threads spin on a condition nothing will change");
     sim_switch(&fibers[cur].sp, sched_sp);
 }
 inline void release(Barrier& b) {
     for (int i : b.waiting) fibers[i].state = RUNNABLE;
     b.waiting.clear();
     b.arrived = 0;
+    progressed();
 }
 inline void wait(Barrier& b, int alive) {
     b.arrived++;
@@ -121,34 +144,37 @@ inline void wait(Barrier& b, int alive) {
     yield_blocked();
 }
 inline void on_exit() {
-    int w = cur >> 5;
-    alive_block--;
-    alive_warp[w]--;
-    if (block_bar.arrived > 0 && block_bar.arrived >= alive_block) release(block_bar);
-    if (warp_bar[w].arrived > 0 && warp_bar[w].arrived >= alive_warp[w]) release(warp_bar[w]);
+    const int w = fibers[cur].thread >> 5;
+    blk->alive--;
+    blk->alive_warp[w]--;
+    if (blk->bar.arrived > 0 && blk->bar.arrived >= blk->alive) release(blk->bar);
+    if (blk->warp_bar[w].arrived > 0 && blk->warp_bar[w].arrived >= blk->alive_warp[w]) release(blk->warp_bar[w]);
 }
 [[noreturn]] inline void fiber_main() {
     body();
     fibers[cur].state = DONE;
     on_exit();
+    progressed();
     void* dummy;
     sim_switch(&dummy, sched_sp);
     std::abort();
 }
-// Runs one block of blockDim.x fibers to completion; false on deadlock.
-inline bool run_block() {
-    const int n = (int)blockDim.x;
-    if ((int)stacks.size() < n) {
-        for (int i = (int)stacks.size(); i < n; ++i) stacks.push_back((char*)std::aligned_alloc(64, STACK));
+// Runs the blocks `idx` (each of blockDim.x fibers) to completion, their threads interleaved, so
+// threads of different blocks may wait for each other (grid barriers); false on deadlock.
+inline bool run_blocks(const std::vector<dim3>& idx) {
+    const int per = (int)blockDim.x, n = per * (int)idx.size();
+    for (int i = (int)stacks.size(); i < n; ++i) stacks.push_back((char*)std::aligned_alloc(64, STACK));
+    blocks.assign(idx.size(), Block{});
+    for (size_t b = 0; b < idx.size(); ++b) {
+        blocks[b].idx = idx[b];
+        blocks[b].alive = per;
+        for (int w = 0; w < 32; ++w) blocks[b].alive_warp[w] = std::max(0, std::min(32, per - 32 * w));
+        blocks[b].dyn_smem.assign(dyn_bytes, 0xcd);
     }
     fibers.assign(n, Fiber{});
-    alive_block = n;
-    for (int w = 0; w < 32; ++w) {
-        alive_warp[w] = std::max(0, std::min(32, n - 32 * w));
-        warp_bar[w] = Barrier{};
-    }
-    block_bar = Barrier{};
     for (int i = 0; i < n; ++i) {
+        fibers[i].block = i / per;
+        fibers[i].thread = i % per;
         // Stack top 16-aligned: [top-8] fake return address, [top-16] entry, then 6 callee-saved slots.
         uintptr_t top = ((uintptr_t)stacks[i] + STACK) & ~(uintptr_t)15;
         void** sp = (void**)top;
@@ -157,6 +183,7 @@ inline bool run_block() {
         for (int r = 0; r < 6; ++r) *--sp = nullptr;
         fibers[i].sp = sp;
     }
+    idle_spins = 0;
     int done = 0;
     while (done < n) {
         bool progress = false;
@@ -164,10 +191,13 @@ inline bool run_block() {
         for (int i = 0; i < n; ++i) {
             if (fibers[i].state == RUNNABLE) {
                 cur = i;
-                threadIdx.x = (unsigned)i;
+                blk = &blocks[fibers[i].block];
+                threadIdx.x = (unsigned)fibers[i].thread;
                 threadIdx.y = threadIdx.z = 0;
+                blockIdx = blk->idx;
                 sim_switch(&sched_sp, fibers[i].sp);
                 progress = true;
+                if (!error.empty()) return false;
             }
             if (fibers[i].state == DONE) done++;
         }
@@ -181,19 +211,60 @@ inline bool run_block() {
 template <class T>
 inline T shfl(T v, int src, bool take) {
     static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
-    const int lane = cur & 31, w = cur >> 5;
-    std::memcpy(&xch[w][lane], &v, sizeof(T));
-    wait(warp_bar[w], alive_warp[w]);
+    const int t = fibers[cur].thread, lane = t & 31, w = t >> 5;
+    std::memcpy(&blk->xch[w][lane], &v, sizeof(T));
+    wait(blk->warp_bar[w], blk->alive_warp[w]);
     T r = v;
     if (take) {
-        const int f = w * 32 + (src & 31);
-        if (f >= (int)fibers.size() || fibers[f].state == DONE) fail("shuffle reads a lane that has exited");
-        std::memcpy(&r, &xch[w][src & 31], sizeof(T));
+        const int f = cur - t + w * 32 + (src & 31);
+        if (w * 32 + (src & 31) >= (int)blockDim.x || fibers[f].state == DONE) fail("shuffle reads a lane that has exited");
+        std::memcpy(&r, &blk->xch[w][src & 31], sizeof(T));
     }
-    wait(warp_bar[w], alive_warp[w]);
+    wait(blk->warp_bar[w], blk->alive_warp[w]);
     return r;
 }
+
+// mbarrier (sm_90) in its 8 bytes: bits 0-15 the expected arrivals, 16-31 the arrivals still pending in
+// this phase, 32-62 transaction bytes pending, 63 the parity of the current (incomplete) phase.
+inline void mbar_store(unsigned long long* b, unsigned expected, unsigned pending, unsigned tx, unsigned phase) {
+    *b = (unsigned long long)expected | (unsigned long long)pending << 16 | (unsigned long long)tx << 32 |
+         (unsigned long long)phase << 63;
+}
+inline void mbar_update(unsigned long long* b, int arrivals, long long tx_delta) {
+    const unsigned long long v = *b;
+    const unsigned expected = v & 0xffff, pending = (v >> 16) & 0xffff, phase = (unsigned)(v >> 63);
+    const long long tx = (long long)((v >> 32) & 0x7fffffff) + tx_delta;
+    if ((int)pending < arrivals || tx < 0) fail("mbarrier: more arrivals or bytes than the phase expects");
+    const unsigned left = pending - arrivals;
+    if (left == 0 && tx == 0) {
+        mbar_store(b, expected, expected, 0, phase ^ 1u);
+        progressed();
+    } else {
+        mbar_store(b, expected, left, (unsigned)tx, phase);
+    }
+}
+// Whether the phase of parity `parity` has completed: the current phase has the other parity.
+inline bool mbar_done(const unsigned long long* b, unsigned parity) { return (unsigned)(*b >> 63) != (parity & 1u); }
 }  // namespace sim
+
+inline void sim_mbar_init(unsigned long long* b, unsigned count) { sim::mbar_store(b, count, count, 0, 0); }
+inline void sim_mbar_arrive(unsigned long long* b) { sim::mbar_update(b, 1, 0); }
+inline void sim_mbar_expect_tx(unsigned long long* b, unsigned bytes) { sim::mbar_update(b, 1, bytes); }
+inline void sim_mbar_wait(unsigned long long* b, unsigned parity) {
+    while (!sim::mbar_done(b, parity) && sim::error.empty()) sim::yield_spin();
+}
+// cp.async.bulk global -> shared: the bytes land at once and complete their transaction on `b`.
+inline void sim_bulk_copy(void* dst, const void* src, unsigned bytes, unsigned long long* b) {
+    std::memcpy(dst, src, bytes);
+    sim::mbar_update(b, 0, -(long long)bytes);
+}
+// bar.sync id, count: `count` threads of the block meet.
+inline void sim_named_barrier(int id, int count) { sim::wait(sim::blk->named[id & 15], count); }
+// A load that other blocks' stores must eventually satisfy: polled with a turn for the others.
+inline unsigned sim_ld_acquire_spin(const unsigned* p) {
+    sim::yield_spin();
+    return *(const volatile unsigned*)p;
+}
 
 asm(R"(
 .text
@@ -218,19 +289,24 @@ sim_switch:
 .size sim_switch,.-sim_switch
 )");
 
-inline void __syncthreads() { sim::wait(sim::block_bar, sim::alive_block); }
-inline void __syncwarp(unsigned = 0xffffffffu) { sim::wait(sim::warp_bar[sim::cur >> 5], sim::alive_warp[sim::cur >> 5]); }
+inline void __syncthreads() { sim::wait(sim::blk->bar, sim::blk->alive); }
+inline void __syncwarp(unsigned = 0xffffffffu) {
+    const int w = sim::fibers[sim::cur].thread >> 5;
+    sim::wait(sim::blk->warp_bar[w], sim::blk->alive_warp[w]);
+}
 inline void __threadfence() {}
 inline void __threadfence_block() {}
-template <class T> inline T __shfl_xor_sync(unsigned, T v, int m) { return sim::shfl(v, (sim::cur & 31) ^ m, true); }
+inline int sim_lane() { return sim::fibers[sim::cur].thread & 31; }
+template <class T> inline T __shfl_xor_sync(unsigned, T v, int m) { return sim::shfl(v, sim_lane() ^ m, true); }
 template <class T> inline T __shfl_sync(unsigned, T v, int src) { return sim::shfl(v, src, true); }
 template <class T> inline T __shfl_down_sync(unsigned, T v, unsigned d) {
-    int s = (sim::cur & 31) + (int)d;
+    int s = sim_lane() + (int)d;
     return sim::shfl(v, s, s < 32);
 }
 template <class T> inline T __shfl_up_sync(unsigned, T v, unsigned d) {
-    int s = (sim::cur & 31) - (int)d;
+    int s = sim_lane() - (int)d;
     return sim::shfl(v, s, s >= 0);
 }
 template <class T> inline T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
-inline void* sim_dyn_smem() { return sim::dyn_smem.data(); }
+template <class T> inline T atomicExch(T* p, T v) { T old = *p; *p = v; return old; }
+inline void* sim_dyn_smem() { return sim::blk->dyn_smem.data(); }

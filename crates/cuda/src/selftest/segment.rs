@@ -1,0 +1,107 @@
+//! Segments (segment.rs): a run of one-row GEMVs queued and launched as one persistent kernel must give
+//! the per-GEMV launches' bits. The chain covers what the decode step queues: a normed GEMV with wide
+//! rows read in several pieces and few output rows (several warps' parts per row, wpr 8), a SwiGLU
+//! GEMV over its output, an accumulating GEMV back into it, and a normed GEMV with many rows (the LM
+//! head's form).
+
+use super::{bitwise_row, download, Rng, SelfTestRow};
+use crate::buf::DBuf;
+use crate::device::CudaDevice;
+use crate::error::CudaError;
+use crate::ops::{self, NormW};
+use crate::segment;
+use crate::weights::{Mat, WDtype};
+
+fn bf16_mat(dev: &CudaDevice, rng: &mut Rng, rows: usize, cols: usize) -> Result<Mat, CudaError> {
+    let scale = 1.0 / (cols as f32).sqrt();
+    let bytes: Vec<u8> = rng
+        .vec(rows * cols, scale)
+        .iter()
+        .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+        .collect();
+    Ok(Mat {
+        buf: DBuf::from_host(dev, &bytes)?,
+        rows,
+        cols,
+        dtype: WDtype::Bf16,
+        tensor_cores: false,
+    })
+}
+
+pub(super) fn checks(
+    dev: &CudaDevice,
+    rng: &mut Rng,
+    rows: &mut Vec<SelfTestRow>,
+) -> Result<(), CudaError> {
+    let (wide, few, inter, many) = (6144, 40, 24, 700);
+    let a = bf16_mat(dev, rng, few, wide)?;
+    let b = bf16_mat(dev, rng, 2 * inter, few)?;
+    let c = bf16_mat(dev, rng, few, inter)?;
+    let d = bf16_mat(dev, rng, many, few)?;
+    let x0 = rng.vec(wide, 1.0);
+    let norm_a = DBuf::from_host(dev, &rng.vec(wide, 0.5))?;
+    let norm_b = DBuf::from_host(dev, &rng.vec(few, 0.5))?;
+    let norm = |w: &DBuf| NormW {
+        w: w.ptr,
+        eps: 1e-6,
+        zero_centred: true,
+    };
+    // The chain x0 -> y1 = A norm(x0); act = SwiGLU(B norm(y1)); y1 += C act; out = D norm(y1).
+    let chain = |segments: bool| -> Result<(Vec<f32>, Vec<f32>, u64), CudaError> {
+        let x = DBuf::from_host(dev, &x0)?;
+        let y1 = DBuf::f32s(dev, few)?;
+        let act = DBuf::f32s(dev, inter)?;
+        let out = DBuf::f32s(dev, many)?;
+        let (h, big, xb) = (
+            DBuf::f32s(dev, wide)?,
+            DBuf::f32s(dev, many)?,
+            DBuf::zeros(dev, wide * 2)?,
+        );
+        let before = dev.segment_launches();
+        let scope = if segments { segment::open(dev) } else { None };
+        ops::linear_normed(dev, &a, x.ptr, norm(&norm_a), h.ptr, y1.ptr, 1, xb.ptr, 16)?;
+        ops::linear_swiglu(
+            dev,
+            &b,
+            y1.ptr,
+            norm(&norm_b),
+            h.ptr,
+            big.ptr,
+            act.ptr,
+            1,
+            xb.ptr,
+            16,
+        )?;
+        ops::linear(dev, &c, act.ptr, y1.ptr, 1, true, xb.ptr, 16)?;
+        ops::linear_normed(
+            dev,
+            &d,
+            y1.ptr,
+            norm(&norm_b),
+            h.ptr,
+            out.ptr,
+            1,
+            xb.ptr,
+            16,
+        )?;
+        if let Some(scope) = scope {
+            scope.finish()?;
+        }
+        let launched = dev.segment_launches() - before;
+        Ok((
+            download(dev, &y1, few)?,
+            download(dev, &out, many)?,
+            launched,
+        ))
+    };
+    let (y_plain, out_plain, _) = chain(false)?;
+    let (y_seg, out_seg, launched) = chain(true)?;
+    let ran = dev.segment_status().is_err() || launched == 1;
+    rows.push(bitwise_row(
+        format!(
+            "segment of 4 GEMVs (normed 6144-wide, SwiGLU, +=, 700 rows) == launches (bits; {launched} segment kernel(s))"
+        ),
+        ran && super::same_bits(&y_plain, &y_seg) && super::same_bits(&out_plain, &out_seg),
+    ));
+    Ok(())
+}
