@@ -236,6 +236,29 @@ impl Model {
         }
     }
 
+    /// How the GPU runs decode steps, for logs: CUDA graphs, programmatic launch and GEMV segments, each
+    /// with why it is off when it is (a slower path, never silent). None on the CPU.
+    pub fn device_notes(&self) -> Option<String> {
+        let Model::Cuda(m) = self else {
+            return None;
+        };
+        let (dev, opts) = (m.device(), m.options());
+        let pdl = match dev.pdl_failure() {
+            Some(why) => format!("off ({why})"),
+            None if dev.pdl() => "on".into(),
+            None => "off".into(),
+        };
+        let segments = match (opts.segments, dev.segment_status()) {
+            (false, _) => "off (TURBOSPARK_SEGMENTS=0)".into(),
+            (true, Ok(kernel)) => format!("on, {kernel}"),
+            (true, Err(why)) => format!("off ({why})"),
+        };
+        Some(format!(
+            "graphs {}, programmatic launch {pdl}, GEMV segments {segments}",
+            if opts.graphs { "on" } else { "off" }
+        ))
+    }
+
     /// Most proposals per speculative round whose verify pass computes every row exactly as a one-row
     /// decode step (so speculative decoding reproduces sequential decoding): unbounded on the CPU; on
     /// the GPU, rows up to `LoadOptions::gemv_max_rows` stay on the batch-invariant kernel.

@@ -125,3 +125,18 @@ fn states_and_snapshots_stay_on_their_device() {
     let b = gpu.forward(&[9, 10], 4, &mut gs, &Wanted::all()).unwrap();
     assert_eq!(a.logits, b.logits);
 }
+
+/// A GPU model says how it runs decode steps, and why a faster path is off (the emulated device has no
+/// segment kernel and launches nothing programmatically); a CPU model has nothing to say.
+#[test]
+fn gpu_models_report_their_decode_paths() {
+    let ck = checkpoint("qwen3_5");
+    assert_eq!(
+        Model::load(&ck, Device::Cpu).unwrap().model.device_notes(),
+        None
+    );
+    let gpu = Model::load(&ck, Device::CudaEmulated).unwrap().model;
+    let notes = gpu.device_notes().unwrap();
+    assert!(notes.contains("programmatic launch off"), "{notes}");
+    assert!(notes.contains("GEMV segments off ("), "{notes}");
+}

@@ -363,6 +363,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if availability.dflash { "yes" } else { "no" }
     );
     out!("  device: {}", bench.model.device_name());
+    if let Some(notes) = bench.model.device_notes() {
+        out!("  {notes}");
+    }
     let random = random_ids(args.seed, args.prompt_tokens, bench.model.vocab());
     throughput(&bench, args, &random)?;
     plans.retain(|(_, blocks, _)| !blocks.is_empty());
