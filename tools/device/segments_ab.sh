@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# A/B of the decode-step GEMV segments on the GPU machine, in one call: for each cuda_check binary given
+# (e.g. main's and the gdn-stage branch's) and each environment variant, the 4B-shaped bench's decode-graph
+# time with segments off and on, and whether segments reproduce the per-GEMV launches' tokens and logits
+# bit for bit. ~8 s of GPU time per line. Run from the repository root:
+#   bash tools/device/segments_ab.sh /tmp/b/cc_main /tmp/b/cc_branch
+# Variants (segment.rs Config): TURBOSPARK_SEG_PAIRS=0/1 (two-row consumers), TURBOSPARK_SEG_CORES=0/1 (GDN
+# cores inside segments); a binary ignores the variables it does not know.
+set -u
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+VARIANTS=${VARIANTS:-"TURBOSPARK_SEG_PAIRS=0,TURBOSPARK_SEG_CORES=0 TURBOSPARK_SEG_PAIRS=1,TURBOSPARK_SEG_CORES=0 TURBOSPARK_SEG_PAIRS=0,TURBOSPARK_SEG_CORES=1 TURBOSPARK_SEG_PAIRS=1,TURBOSPARK_SEG_CORES=1"}
+for bin in "$@"; do
+  for v in $VARIANTS; do
+    echo "== $bin $v"
+    env ${v//,/ } CUDA_CHECK_BIN="$bin" timeout 120 bash "$ROOT/tools/device/cuda_check.sh" --only none 2>&1 \
+      | grep -E "decode graph alone|identical|DIFFER|ERROR|segments (Ok|Err)|verify round of  [148] rows \(argmax" \
+      | grep -v "pdl=false\|tc=true\|tensor_core_gemv=true" | sed 's/ per step on the GPU//; s/ vs [0-9.]* ms per token.*//'
+  done
+done
