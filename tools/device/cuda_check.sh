@@ -36,6 +36,7 @@ echo "== host: $(uname -r); $(nvidia-smi --query-gpu=name,driver_version,memory.
 echo "== LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 cd "$ROOT"
 t0=$(date +%s)
-"$BIN" "$@"; rc=$?
+# CUDA_CHECK_WRAP: a command put in front of the binary (a profiler: tools/device/kernel_times.sh).
+${CUDA_CHECK_WRAP:-} "$BIN" "$@"; rc=$?
 echo "== cuda_check rc=$rc wall=$(( $(date +%s) - t0 )) s (0 = all passed, 1 = a check failed, 2 = no GPU, 101 = panic)"
 exit $rc

@@ -319,6 +319,18 @@ impl CudaDevice {
         self.segments.get().map_or(0, |s| s.launches())
     }
 
+    /// Where the traced segment kernels' time went (`TURBOSPARK_SEG_TRACE=1`; measurements only).
+    pub fn segment_trace_report(&self) -> Option<String> {
+        let seg = self.segments.get()?;
+        let khz = self
+            .gpu
+            .as_ref()?
+            .ctx
+            .attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
+            .ok()?;
+        seg.trace.report(khz as f64, seg.config.consumers)
+    }
+
     /// Whether decode steps can run their GEMV runs as segments (`LoadOptions::segments`), or why not.
     pub fn segment_status(&self) -> Result<String, String> {
         match self.segments.get() {

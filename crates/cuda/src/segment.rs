@@ -106,6 +106,8 @@ pub(crate) struct Config {
     pub max_rows: usize,
     /// Launch a lone queued GEMV as a segment too (`TURBOSPARK_SEG_SINGLE=1`).
     pub single: bool,
+    /// Run the trace kernels and keep their stamps (`TURBOSPARK_SEG_TRACE=1`, segment_trace.rs).
+    pub trace: bool,
 }
 
 impl Config {
@@ -134,15 +136,17 @@ impl Config {
             max_stages: get("TURBOSPARK_SEG_MAX", MAX_STAGES).clamp(1, MAX_STAGES),
             max_rows: get("TURBOSPARK_SEG_MAX_ROWS", usize::MAX),
             single: get("TURBOSPARK_SEG_SINGLE", 0) == 1,
+            trace: get("TURBOSPARK_SEG_TRACE", 0) == 1,
         }
     }
 
     /// The kernel's name (the instantiations in segment.cu).
     pub fn kernel(&self) -> &'static str {
-        if self.consumers == 8 {
-            "gemv_segment_c8p4"
-        } else {
-            "gemv_segment_c12p4"
+        match (self.consumers == 8, self.trace) {
+            (true, false) => "gemv_segment_c8p4",
+            (false, false) => "gemv_segment_c12p4",
+            (true, true) => "gemv_segment_trace_c8p4",
+            (false, true) => "gemv_segment_trace_c12p4",
         }
     }
 
@@ -200,22 +204,32 @@ pub(crate) struct Stage {
 /// The device's segment state: configuration, grid barrier, and the queue while a step is open.
 pub(crate) struct Segments {
     pub config: Config,
-    /// [count, generation] of the grid barrier: allocated once, never moved (graphs hold its address).
+    /// Arrivals at the grid barrier (a u64 that only grows): allocated once, never moved (graphs hold its address).
     barrier: DBuf,
     queue: Mutex<Option<Vec<Stage>>>,
     /// Why segments were turned off after a failed launch (then every GEMV launches on its own).
     failure: Mutex<Option<String>>,
     launches: AtomicU64,
+    pub trace: crate::segment_trace::Trace,
 }
 
 impl Segments {
     pub fn new(dev: &CudaDevice, config: Config) -> Result<Self, CudaError> {
         Ok(Segments {
             config,
-            barrier: DBuf::zeros(dev, 8)?,
+            // The trace kernels' words follow the barrier's (16 bytes).
+            barrier: DBuf::zeros(
+                dev,
+                if config.trace {
+                    16 + crate::segment_trace::region_bytes(dev.info.sms.max(1) as usize)
+                } else {
+                    8
+                },
+            )?,
             queue: Mutex::new(None),
             failure: Mutex::new(None),
             launches: AtomicU64::new(0),
+            trace: Default::default(),
         })
     }
 
@@ -299,6 +313,10 @@ pub(crate) fn flush(dev: &CudaDevice) -> Result<(), CudaError> {
     match launched {
         Ok(()) => {
             seg.launches.fetch_add(1, Ordering::Relaxed);
+            if cfg.trace {
+                seg.trace
+                    .record(dev, seg.barrier.ptr + 16, sms as usize, &stages)?;
+            }
             Ok(())
         }
         // Not possible here (e.g. a cooperative grid refused under MPS): per-GEMV launches from now on,

@@ -17,8 +17,8 @@
 // page u % pages); the block's k-th job of the whole kernel goes to consumer warp k % C. Page p is
 // filled only by producer warp p % P (pages: a multiple of P, at most 32); a mbarrier phase must never be waited on two phases ahead (that
 // reads as complete: run 48), so every consumer has its own `full` barrier per page, whose phases are
-// that consumer's uses of the page, in its order; `empty` (one arrival per use) orders the reuses. Grid barrier: a self-resetting counter + generation pair, so captured
-// graphs replay it unchanged. The kernel must have all its blocks resident: one per SM, and it lets the
+// that consumer's uses of the page, in its order; `empty` (one arrival per use) orders the reuses. Grid
+// barrier: an arrival count that only grows (seg_grid_sync), so captured graphs replay it unchanged. The kernel must have all its blocks resident: one per SM, and it lets the
 // next kernel launch (PDL_LAUNCH) only after the first grid barrier, when every block is.
 // The kernel simulator runs it too (sim.h emulates the mbarriers, bulk copies and grid barrier).
 #if defined(KERNEL_SIM) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
@@ -40,7 +40,7 @@ struct SegParams {
     // producers poll their barriers (test_wait) instead of try_wait
     int n, page_bytes, pages, flags;
     int xs_floats, pad;  // the staged input's room: the widest stage input (<= SEG_MAX_IN), a multiple of 4
-    unsigned* barrier;  // [count, generation], zero at allocation, back to count 0 after every barrier
+    unsigned long long* barrier;  // arrivals at the grid barrier: zero at allocation, then only grows
 };
 static_assert(sizeof(SegStage) == 64, "SegStage layout is mirrored by segment.rs");
 static_assert(sizeof(SegParams) == 544, "SegParams layout is mirrored by segment.rs");
@@ -56,10 +56,15 @@ __device__ __forceinline__ void seg_bulk_load(void* dst, const void* src, unsign
     sim_mbar_expect_tx(full, bytes);
     sim_bulk_copy(dst, src, bytes, full);
 }
-__device__ __forceinline__ unsigned seg_ld_acquire(const unsigned* p) { return sim_ld_acquire_spin(p); }
+__device__ __forceinline__ unsigned long long seg_ld_acquire(const unsigned long long* p) {
+    return sim_ld_acquire_spin_u64(p);
+}
+__device__ __forceinline__ unsigned long long seg_arrive(unsigned long long* p) { return atomicAdd(p, 1ull); }
 #define SEG_MBAR_INIT_FENCE() ((void)0)
 #define SEG_EVICT_FIRST_POLICY(p) ((void)(p))
 #define SEG_BAR_SYNC(count) sim_named_barrier(1, (count))
+#define SEG_CLOCK() 0ull
+#define SEG_GLOBALTIMER() 0ull
 #else
 __device__ __forceinline__ unsigned seg_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void seg_mbar_init(unsigned long long* b, unsigned count) {
@@ -107,37 +112,58 @@ __device__ __forceinline__ void seg_bulk_load(void* dst, const void* src, unsign
             "l"(src), "r"(bytes), "r"(seg_smem_addr(full))
             : "memory");
 }
-__device__ __forceinline__ unsigned seg_ld_acquire(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ unsigned long long seg_ld_acquire(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
+}
+// One arrival at the grid barrier: releases the block's writes (ordered before it by the consumers'
+// bar.sync; release is cumulative) and returns the count before it.
+__device__ __forceinline__ unsigned long long seg_arrive(unsigned long long* p) {
+    unsigned long long old;
+    asm volatile("atom.add.acq_rel.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(p) : "memory");
+    return old;
 }
 #define SEG_MBAR_INIT_FENCE() asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory")
 #define SEG_EVICT_FIRST_POLICY(p) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p))
 #define SEG_BAR_SYNC(count) asm volatile("bar.sync 1, %0;" ::"r"(count) : "memory")
+#define SEG_CLOCK() ((unsigned long long)clock64())
+__device__ __forceinline__ unsigned long long seg_globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define SEG_GLOBALTIMER() seg_globaltimer()
 #endif
+// The trace kernels (measurements only, TURBOSPARK_SEG_TRACE=1, segment_trace.rs) record per block, in
+// 64 words after the grid barrier's: SM clocks at kernel entry / end, globaltimer at entry / end, the
+// producers' first / last copy, and per stage s (words SEG_TR_STAGE + 6 s ..): stage start, input staged,
+// rows done, grid barrier passed, cycles the consumer warps waited for pages, cycles producers waited for
+// free pages.
+#define SEG_TR_WORDS 64
+#define SEG_TR_STAGE 8
+enum { SEG_TR_ENTRY = 0, SEG_TR_END = 1, SEG_TR_GT_ENTRY = 2, SEG_TR_GT_END = 3, SEG_TR_P_FIRST = 4, SEG_TR_P_LAST = 5 };
 // Barrier 1 over the C consumer warps only (the producers are elsewhere).
 template <int C>
 __device__ __forceinline__ void seg_consumers_sync() {
     SEG_BAR_SYNC(C * 32);
 }
 
-// Every block's consumers have finished the stage and its writes are visible GPU-wide.
-template <int C>
-__device__ __forceinline__ void seg_grid_sync(unsigned* bar) {
+// Every block's consumers have finished the stage and its writes are visible GPU-wide. The barrier is
+// a 64-bit arrival count that only grows: every block arrives once per barrier, so the count is a
+// multiple of the grid between barriers (and between launches: graphs replay it unchanged), and a
+// barrier is passed when the count reaches the next multiple. One acq_rel atomic per block and polling
+// loads: the release reaches everyone one L2 round trip after the last arrival (trace, 4B step: the
+// counter + generation pair with its reset and fences waited 3-5 us per barrier).
+template <int C, bool TRACE = false>
+__device__ __forceinline__ void seg_grid_sync(unsigned long long* count, unsigned long long* tr = nullptr) {
     seg_consumers_sync<C>();
     if (threadIdx.x == 0) {
-        const unsigned gen = seg_ld_acquire(bar + 1);
-        __threadfence();
-        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-            atomicExch(bar, 0u);
-            __threadfence();
-            atomicAdd(bar + 1, 1u);
-        } else {
-            while (seg_ld_acquire(bar + 1) == gen) {
-            }
+        if (TRACE) tr[2] = SEG_CLOCK();
+        const unsigned long long g = gridDim.x, target = (seg_arrive(count) / g + 1) * g;
+        while (seg_ld_acquire(count) < target) {
         }
-        __threadfence();
+        if (TRACE) tr[3] = SEG_CLOCK();
     }
     seg_consumers_sync<C>();
 }
@@ -182,11 +208,12 @@ struct SegRing {
     int pages_n, page_bytes;
     unsigned parity;
     bool spin;
+    unsigned long long waited;  // trace kernels: cycles spent waiting for pages
 };
 
 // One weight row of `in` values, read from units seq, seq + 1, ... (`pieces` of them): the row's sum
 // in linear.cu's order for `WPR` parts.
-template <int WPR>
+template <int WPR, bool TRACE>
 __device__ __forceinline__ float seg_row(SegRing& r, unsigned seq, const float* xs, int in, int pieces, int lane,
                                          bool skip) {
     float acc[WPR];
@@ -195,7 +222,9 @@ __device__ __forceinline__ float seg_row(SegRing& r, unsigned seq, const float* 
     const int pv = in / 8 / pieces;  // vectors per piece
     for (int pc = 0; pc < pieces; ++pc, ++seq) {
         const int k = (int)(seq % (unsigned)r.pages_n);
+        const unsigned long long w0 = TRACE ? SEG_CLOCK() : 0ull;
         seg_mbar_wait(&r.full[k], (r.parity >> k) & 1u, r.spin);
+        if (TRACE) r.waited += SEG_CLOCK() - w0;
         r.parity ^= 1u << k;
         const uint4* wv = reinterpret_cast<const uint4*>(r.pages + (size_t)k * r.page_bytes);
         const int v0 = pc * pv, v1 = v0 + pv;
@@ -219,13 +248,14 @@ __device__ __forceinline__ float seg_row(SegRing& r, unsigned seq, const float* 
     return t;
 }
 
+template <bool TRACE>
 __device__ __forceinline__ float seg_row_any(SegRing& r, unsigned seq, const float* xs, int in, int pieces, int wpr,
                                              int lane, bool skip) {
     switch (wpr) {
-        case 1: return seg_row<1>(r, seq, xs, in, pieces, lane, skip);
-        case 2: return seg_row<2>(r, seq, xs, in, pieces, lane, skip);
-        case 4: return seg_row<4>(r, seq, xs, in, pieces, lane, skip);
-        default: return seg_row<8>(r, seq, xs, in, pieces, lane, skip);
+        case 1: return seg_row<1, TRACE>(r, seq, xs, in, pieces, lane, skip);
+        case 2: return seg_row<2, TRACE>(r, seq, xs, in, pieces, lane, skip);
+        case 4: return seg_row<4, TRACE>(r, seq, xs, in, pieces, lane, skip);
+        default: return seg_row<8, TRACE>(r, seq, xs, in, pieces, lane, skip);
     }
 }
 
@@ -233,7 +263,7 @@ __device__ __forceinline__ float seg_row_any(SegRing& r, unsigned seq, const flo
 __device__ __forceinline__ int seg_jobs(const SegStage& s) { return s.swiglu_inter ? s.swiglu_inter : s.out; }
 __device__ __forceinline__ int seg_owned(int jobs, int b, int g) { return b < jobs ? (jobs - b + g - 1) / g : 0; }
 
-template <int C, int PRODUCERS>
+template <int C, int PRODUCERS, bool TRACE>
 __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     const int pages = p.pages;  // a multiple of PRODUCERS, at most 32 (the consumers' parity bits)
     unsigned char* smem = DYN_SMEM(unsigned char);
@@ -242,6 +272,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     unsigned long long* full = empty + pages;  // [C][pages]
     double* scratch = reinterpret_cast<double*>(full + C * pages);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = gridDim.x, b = blockIdx.x;
+    unsigned long long* tr = TRACE ? p.barrier + 2 + (size_t)b * SEG_TR_WORDS : nullptr;
     for (int i = threadIdx.x; i < pages * (C + 1); i += blockDim.x) seg_mbar_init(&empty[i], 1);
     SEG_MBAR_INIT_FENCE();
     __syncthreads();
@@ -255,6 +286,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         if (evict_first) SEG_EVICT_FIRST_POLICY(policy);
         unsigned seq0 = 0;  // the stage's first unit
         int k = 0;          // the block's jobs so far
+        unsigned long long pwait = 0;
         for (int s = 0; s < p.n && lane == 0; ++s) {
             const int in = p.st[s].in, pieces = p.st[s].pieces, inter = p.st[s].swiglu_inter;
             const unsigned char* w = reinterpret_cast<const unsigned char*>(p.st[s].w);
@@ -271,18 +303,33 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                 const unsigned seq = seq0 + (unsigned)u;
                 const int page = (int)(seq % (unsigned)pages);
                 const unsigned use = seq / (unsigned)pages;
+                const unsigned long long w0 = TRACE ? SEG_CLOCK() : 0ull;
                 if (use > 0) seg_mbar_wait(&empty[page], (use - 1) & 1u, p.flags & 32);
+                if (TRACE) {
+                    const unsigned long long w1 = SEG_CLOCK();
+                    pwait += w1 - w0;
+                    if (pw == 0 && s == 0 && u == (int)((unsigned)(pw - (int)seq0) % PRODUCERS)) tr[SEG_TR_P_FIRST] = w1;
+                }
                 seg_bulk_load(smem + (size_t)page * p.page_bytes, w + ((size_t)row * in * 2 + (size_t)pc * piece_bytes),
                               piece_bytes, &full[c * pages + page], evict_first, policy);
             }
             seq0 += (unsigned)total;
             k += owned;
+            if (TRACE && s < 8) {
+                atomicAdd(&tr[SEG_TR_STAGE + 6 * s + 5], pwait);
+                pwait = 0;
+                if (pw == 0) tr[SEG_TR_P_LAST] = SEG_CLOCK();
+            }
         }
         // Stay until the consumers are done: a thread that exits with bulk copies in flight faults the launch.
         __syncthreads();
         return;
     }
     PDL_WAIT();
+    if (TRACE && threadIdx.x == 0) {
+        tr[SEG_TR_ENTRY] = SEG_CLOCK();
+        tr[SEG_TR_GT_ENTRY] = SEG_GLOBALTIMER();
+    }
     SegRing ring;
     ring.pages = smem;
     ring.full = full + warp * pages;
@@ -291,6 +338,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     ring.page_bytes = p.page_bytes;
     ring.parity = 0;
     ring.spin = p.flags & 16;
+    ring.waited = 0;
     int k = 0;
     unsigned seq0 = 0;  // the stage's first unit
     const bool skip_math = p.flags & 2, skip_barrier = p.flags & 4, skip_stage = p.flags & 8;
@@ -298,6 +346,8 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         const SegStage& st = p.st[s];
         // Every block is resident once the first barrier is behind (this is the second stage or later).
         if (s == p.n - 1 && s > 0) PDL_LAUNCH();
+        unsigned long long* ts = TRACE ? tr + SEG_TR_STAGE + 6 * s : nullptr;
+        if (TRACE && threadIdx.x == 0) ts[0] = SEG_CLOCK();
         // The input was written by every block in the previous stage: L2 only (L1 may hold an old copy).
         if (!skip_stage || s == 0) {
             const float4* x4 = reinterpret_cast<const float4*>(st.x);
@@ -329,6 +379,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             }
             seg_consumers_sync<C>();
         }
+        if (TRACE && threadIdx.x == 0) ts[1] = SEG_CLOCK();
         const int owned = seg_owned(seg_jobs(st), b, g);
         const unsigned units = (unsigned)(st.swiglu_inter ? 2 * st.pieces : st.pieces);
         for (int i = (warp - k % C + C) % C; i < owned; i += C) {
@@ -336,9 +387,9 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             const unsigned seq = seq0 + (unsigned)i * units;
             // The residual this row adds to, fetched before the row so its L2 latency hides behind it.
             const float prev = st.accumulate && lane == 0 ? __ldcg(st.y + j) : 0.0f;
-            const float t = seg_row_any(ring, seq, xs, st.in, st.pieces, st.wpr, lane, skip_math);
+            const float t = seg_row_any<TRACE>(ring, seq, xs, st.in, st.pieces, st.wpr, lane, skip_math);
             if (st.swiglu_inter) {
-                const float u = seg_row_any(ring, seq + st.pieces, xs, st.in, st.pieces, st.wpr, lane, skip_math);
+                const float u = seg_row_any<TRACE>(ring, seq + st.pieces, xs, st.in, st.pieces, st.wpr, lane, skip_math);
                 if (lane == 0) st.y[j] = silu_f(t) * u;
             } else if (lane == 0) {
                 st.y[j] = st.accumulate ? prev + t : t;
@@ -346,7 +397,20 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         }
         k += owned;
         seq0 += (unsigned)owned * units;
-        if (s + 1 < p.n && !skip_barrier) seg_grid_sync<C>(p.barrier);
+        if (TRACE) {
+            if (lane == 0) atomicAdd(&ts[4], ring.waited);
+            ring.waited = 0;
+        }
+        if (s + 1 < p.n && !skip_barrier) {
+            seg_grid_sync<C, TRACE>(p.barrier, ts);
+        } else if (TRACE) {
+            seg_consumers_sync<C>();
+            if (threadIdx.x == 0) ts[2] = ts[3] = SEG_CLOCK();
+        }
+    }
+    if (TRACE && threadIdx.x == 0) {
+        tr[SEG_TR_END] = SEG_CLOCK();
+        tr[SEG_TR_GT_END] = SEG_GLOBALTIMER();
     }
     __syncthreads();
 }
@@ -356,7 +420,11 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
 // so that a block fits beside two gdn_rec blocks: no gain (88) or spills (80).
 #define SEG_KERNEL(C, P)                                                                               \
     extern "C" __global__ void __launch_bounds__(((C) + (P)) * 32, 1) gemv_segment_c##C##p##P(const SegParams p) { \
-        gemv_segment_body<C, P>(p);                                                                    \
+        gemv_segment_body<C, P, false>(p);                                                             \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(((C) + (P)) * 32, 1)                                  \
+        gemv_segment_trace_c##C##p##P(const SegParams p) {                                             \
+        gemv_segment_body<C, P, true>(p);                                                              \
     }
 SEG_KERNEL(8, 4)
 SEG_KERNEL(12, 4)

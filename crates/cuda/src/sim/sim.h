@@ -265,6 +265,10 @@ inline unsigned sim_ld_acquire_spin(const unsigned* p) {
     sim::yield_spin();
     return *(const volatile unsigned*)p;
 }
+inline unsigned long long sim_ld_acquire_spin_u64(const unsigned long long* p) {
+    sim::yield_spin();
+    return *(const volatile unsigned long long*)p;
+}
 
 asm(R"(
 .text

@@ -82,6 +82,12 @@ pub fn run(
     .into_iter()
     .enumerate()
     {
+        // CUDA_CHECK_CONFIGS=1,3 runs only those configurations (e.g. under a profiler).
+        if let Ok(only) = std::env::var("CUDA_CHECK_CONFIGS") {
+            if !only.split(',').any(|c| c.trim() == i.to_string()) {
+                continue;
+            }
+        }
         dev.set_pdl(pdl);
         let detail = i == 0 || tc || (seg && graphs);
         let outcome = one_config(
@@ -123,6 +129,9 @@ pub fn run(
         }
     }
     dev.set_pdl(default_pdl);
+    if let Some(report) = dev.segment_trace_report() {
+        print!("{report}");
+    }
     println!("bench: segments {:?}", dev.segment_status());
     if let Some(why) = dev.pdl_failure() {
         println!("bench: programmatic dependent launch was turned off: {why}");

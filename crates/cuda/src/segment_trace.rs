@@ -1,0 +1,181 @@
+//! Where a segment kernel's time goes (measurements only: `TURBOSPARK_SEG_TRACE=1`).
+//!
+//! The trace kernels (`gemv_segment_trace_*`, segment.cu) write per block, after the grid barrier's
+//! words, SM clock stamps at each stage's start, input staged, rows done and grid barrier passed, the
+//! cycles the consumer warps waited for pages and the producers for free pages, and globaltimer stamps
+//! at entry and end. Every un-captured segment launch is followed by a synchronisation and a read-back
+//! (graph replays are not traced); `report` summarises them per kind of segment (its stage shapes).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use crate::buf::{dtoh, htod};
+use crate::device::CudaDevice;
+use crate::error::CudaError;
+use crate::segment::Stage;
+
+/// Words per block (SEG_TR_WORDS) and where the stages' six words start (SEG_TR_STAGE).
+pub(crate) const WORDS: usize = 64;
+const STAGE: usize = 8;
+/// Launches kept (a bench's un-graphed decode runs ~4 per layer and step).
+const KEEP: usize = 4096;
+
+struct Launch {
+    kind: String,
+    /// Bytes of weights per stage.
+    bytes: Vec<f64>,
+    /// [blocks][WORDS]
+    words: Vec<u64>,
+}
+
+#[derive(Default)]
+pub(crate) struct Trace {
+    launches: Mutex<Vec<Launch>>,
+}
+
+/// Bytes of the trace region after the barrier's 16.
+pub(crate) fn region_bytes(blocks: usize) -> usize {
+    blocks * WORDS * 8
+}
+
+fn capturing(dev: &CudaDevice) -> bool {
+    let Some(stream) = dev.stream() else {
+        return false;
+    };
+    let mut status = cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: the stream is live; plain out-parameter.
+    unsafe { cudarc::driver::sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) };
+    status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+impl Trace {
+    /// After a trace kernel's launch: waits for it, keeps its words and zeroes them for the next.
+    pub(crate) fn record(
+        &self,
+        dev: &CudaDevice,
+        region: u64,
+        blocks: usize,
+        stages: &[Stage],
+    ) -> Result<(), CudaError> {
+        if capturing(dev) {
+            return Ok(());
+        }
+        let mut words = vec![0u64; blocks * WORDS];
+        dtoh(dev, &mut words, region)?;
+        htod(dev, region, &vec![0u64; blocks * WORDS])?;
+        let kind = stages
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}x{}{}{}",
+                    s.rows,
+                    s.cols,
+                    if s.inter > 0 { " swiglu" } else { "" },
+                    if s.norm_w != 0 { " normed" } else { "" }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let bytes = stages
+            .iter()
+            .map(|s| (s.rows * s.cols * 2) as f64)
+            .collect();
+        if let Ok(mut l) = self.launches.lock() {
+            if l.len() < KEEP {
+                l.push(Launch { kind, bytes, words });
+            }
+        }
+        Ok(())
+    }
+
+    /// Per kind of segment: launches, kernel time (globaltimer, first entry to last end), and per stage
+    /// the medians over launches of the blocks' median staging / rows / barrier times, the slowest
+    /// block's rows time, the stage's bytes over the median rows time, and the share of the rows time
+    /// the consumer warps waited for pages and the producers for free pages. `clock_khz`: the SM clock
+    /// that converts cycles (the kernel's own cycles per globaltimer ns are printed beside it).
+    pub(crate) fn report(&self, clock_khz: f64, consumers: usize) -> Option<String> {
+        let launches = self.launches.lock().ok()?;
+        if launches.is_empty() {
+            return None;
+        }
+        let mut kinds: BTreeMap<&str, Vec<&Launch>> = BTreeMap::new();
+        for l in launches.iter() {
+            kinds.entry(&l.kind).or_default().push(l);
+        }
+        let us = |cycles: f64| cycles / clock_khz * 1e3;
+        let mut out = String::new();
+        for (kind, ls) in kinds {
+            let n = ls[0].bytes.len();
+            let mut kernel_ns = Vec::new();
+            let mut ghz = Vec::new();
+            let mut first_copy = Vec::new();
+            // [stage][metric] -> per-launch values
+            let mut m: Vec<[Vec<f64>; 6]> = (0..n).map(|_| Default::default()).collect();
+            for l in &ls {
+                let blocks: Vec<&[u64]> = l.words.chunks_exact(WORDS).collect();
+                let entry = blocks.iter().map(|b| b[2]).filter(|&t| t > 0).min();
+                let end = blocks.iter().map(|b| b[3]).max();
+                if let (Some(a), Some(e)) = (entry, end) {
+                    kernel_ns.push(e.saturating_sub(a) as f64);
+                }
+                ghz.push(median(blocks.iter().map(|b| {
+                    b[1].saturating_sub(b[0]) as f64 / (b[3].saturating_sub(b[2]).max(1)) as f64
+                })));
+                first_copy.push(median(blocks.iter().map(|b| b[4] as f64 - b[0] as f64)));
+                for (s, ms) in m.iter_mut().enumerate() {
+                    let w = |b: &[u64], k: usize| b[STAGE + 6 * s + k] as f64;
+                    let rows: Vec<f64> = blocks.iter().map(|b| w(b, 2) - w(b, 1)).collect();
+                    ms[0].push(median(blocks.iter().map(|b| w(b, 1) - w(b, 0))));
+                    ms[1].push(median(rows.iter().copied()));
+                    ms[2].push(rows.iter().copied().fold(0.0, f64::max));
+                    ms[3].push(median(blocks.iter().map(|b| w(b, 3) - w(b, 2))));
+                    ms[4].push(median(
+                        blocks
+                            .iter()
+                            .zip(&rows)
+                            .map(|(b, r)| w(b, 4) / (consumers as f64 * r.max(1.0))),
+                    ));
+                    ms[5].push(median(
+                        blocks
+                            .iter()
+                            .zip(&rows)
+                            .map(|(b, r)| w(b, 5) / (4.0 * r.max(1.0))),
+                    ));
+                }
+            }
+            out += &format!(
+                "segment trace [{kind}]: {} launches, kernel {:.1} us (globaltimer), SM clock {:.2} cycles/ns, \
+                 first copy {:.2} us after the consumers' entry\n",
+                ls.len(),
+                median(kernel_ns.into_iter()) / 1e3,
+                median(ghz.into_iter()),
+                us(median(first_copy.into_iter())),
+            );
+            for (s, ms) in m.iter().enumerate() {
+                let med = |k: usize| median(ms[k].iter().copied());
+                let rows_us = us(med(1));
+                out += &format!(
+                    "  stage {s}: staging {:5.2} us, rows {:6.2} us (slowest block {:6.2}), barrier {:5.2} us, \
+                     {:5.0} GB/s over the median rows time; consumers waited {:3.0}%, producers {:3.0}%\n",
+                    us(med(0)),
+                    rows_us,
+                    us(med(2)),
+                    us(med(3)),
+                    ls[0].bytes[s] / (rows_us * 1e3),
+                    100.0 * med(4),
+                    100.0 * med(5),
+                );
+            }
+        }
+        Some(out)
+    }
+}
+
+fn median(it: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = it.filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
