@@ -168,13 +168,23 @@ __device__ __forceinline__ void seg_grid_sync(unsigned long long* count, unsigne
     seg_consumers_sync<C>();
 }
 
+// The staged input in two planes of float4 (seg_x_at): element i of vector v = i / 8 is in plane
+// (i / 4) % 2, so lane l's two float4 of vector v (8 consecutive values) come from 16-byte slots that
+// are consecutive across the warp's lanes in each plane: 4 shared-memory wavefronts per plane and
+// warp step instead of 8 for two loads 32 bytes apart (trace run 76: the consumers' shared-memory
+// traffic bounded the gate_up and in_proj stages).
+__device__ __forceinline__ int seg_x_at(int i, int in) { return ((i >> 2) & 1) * (in >> 1) + ((i >> 3) << 2) + (i & 3); }
+
 // block_sum_d's arithmetic for 256 threads (the first 8 consumer warps), on the consumers' barrier.
 template <int C>
 __device__ __forceinline__ float seg_rms_inv(const float* xr, int width, float eps, double* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     double ss = 0.0;
     if (threadIdx.x < NORM_THREADS)
-        for (int i = threadIdx.x; i < width; i += NORM_THREADS) ss += (double)xr[i] * (double)xr[i];
+        for (int i = threadIdx.x; i < width; i += NORM_THREADS) {
+            const float v = xr[seg_x_at(i, width)];
+            ss += (double)v * (double)v;
+        }
     ss = warp_sum_d(ss);
     seg_consumers_sync<C>();
     if (lane == 0 && warp < NORM_THREADS / 32) scratch[warp] = ss;
@@ -185,8 +195,8 @@ __device__ __forceinline__ float seg_rms_inv(const float* xr, int width, float e
     return 1.0f / sqrtf(variance + eps);
 }
 
-__device__ __forceinline__ float seg_dot8(uint4 u, const float* x, float s) {
-    const float4 a = *reinterpret_cast<const float4*>(x), b = *reinterpret_cast<const float4*>(x + 4);
+__device__ __forceinline__ float seg_dot8(uint4 u, const float4* lo, const float4* hi, int v, float s) {
+    const float4 a = lo[v], b = hi[v];
     s = fmaf(bf16_lo(u.x), a.x, s);
     s = fmaf(bf16_hi(u.x), a.y, s);
     s = fmaf(bf16_lo(u.y), a.z, s);
@@ -227,6 +237,8 @@ __device__ __forceinline__ float seg_row(SegRing& r, unsigned seq, const float* 
         if (TRACE) r.waited += SEG_CLOCK() - w0;
         r.parity ^= 1u << k;
         const uint4* wv = reinterpret_cast<const uint4*>(r.pages + (size_t)k * r.page_bytes);
+        const float4* xlo = reinterpret_cast<const float4*>(xs);
+        const float4* xhi = reinterpret_cast<const float4*>(xs + (in >> 1));
         const int v0 = pc * pv, v1 = v0 + pv;
         // Vector v belongs to lane v % 32 and part (v / 32) % WPR; `base` is a multiple of 32 * WPR,
         // so vector base + q * 32 + lane is part q.
@@ -236,7 +248,7 @@ __device__ __forceinline__ float seg_row(SegRing& r, unsigned seq, const float* 
 #pragma unroll
             for (int q = 0; q < WPR; ++q) {
                 const int v = b + q * 32 + lane;
-                if (v >= v0 && v < v1) acc[q] = seg_dot8(wv[v - v0], xs + (size_t)v * 8, acc[q]);
+                if (v >= v0 && v < v1) acc[q] = seg_dot8(wv[v - v0], xlo, xhi, v, acc[q]);
             }
         }
         __syncwarp();
@@ -359,8 +371,10 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                 for (int q = 0; q < 8; ++q)
                     if (i0 + q * step < n4) v[q] = __ldcg(x4 + i0 + q * step);
 #pragma unroll
-                for (int q = 0; q < 8; ++q)
-                    if (i0 + q * step < n4) d4[i0 + q * step] = v[q];
+                for (int q = 0; q < 8; ++q) {
+                    const int i4 = i0 + q * step;
+                    if (i4 < n4) d4[(i4 & 1) * (n4 >> 1) + (i4 >> 1)] = v[q];
+                }
             }
         }
         seg_consumers_sync<C>();
@@ -370,12 +384,11 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             float4* x4 = reinterpret_cast<float4*>(xs);
             for (int i = threadIdx.x; i < (st.in >> 2); i += C * 32) {
                 const float4 sw = w4[i];
-                float4 v = x4[i];
+                float4& v = x4[(i & 1) * (st.in >> 3) + (i >> 1)];
                 v.x = (v.x * inv) * (st.zero_centred ? 1.0f + sw.x : sw.x);
                 v.y = (v.y * inv) * (st.zero_centred ? 1.0f + sw.y : sw.y);
                 v.z = (v.z * inv) * (st.zero_centred ? 1.0f + sw.z : sw.z);
                 v.w = (v.w * inv) * (st.zero_centred ? 1.0f + sw.w : sw.w);
-                x4[i] = v;
             }
             seg_consumers_sync<C>();
         }
