@@ -17,7 +17,11 @@ use crate::device::CudaDevice;
 use crate::error::CudaError;
 
 /// The kernel instantiations (segment.cu), for the kernel simulator's table.
-pub(crate) const KERNELS: [&str; 2] = ["gemv_segment_c8p4", "gemv_segment_c12p4"];
+pub(crate) const KERNELS: [&str; 3] = [
+    "gemv_segment_c8p4",
+    "gemv_segment_c12p4",
+    "gemv_segment_r88_c12p4",
+];
 /// Stages of one segment launch (SEG_MAX_STAGES).
 pub(crate) const MAX_STAGES: usize = 8;
 /// Widest staged input row (SEG_MAX_IN floats).
@@ -108,6 +112,9 @@ pub(crate) struct Config {
     pub single: bool,
     /// Run the trace kernels and keep their stamps (`TURBOSPARK_SEG_TRACE=1`, segment_trace.rs).
     pub trace: bool,
+    /// 12 consumers with registers capped at 88, so a block fits beside two gdn_rec blocks
+    /// (`TURBOSPARK_SEG_REGCAP=1`, measurements).
+    pub regcap: bool,
 }
 
 impl Config {
@@ -137,16 +144,19 @@ impl Config {
             max_rows: get("TURBOSPARK_SEG_MAX_ROWS", usize::MAX),
             single: get("TURBOSPARK_SEG_SINGLE", 0) == 1,
             trace: get("TURBOSPARK_SEG_TRACE", 0) == 1,
+            regcap: get("TURBOSPARK_SEG_REGCAP", 0) == 1,
         }
     }
 
     /// The kernel's name (the instantiations in segment.cu).
     pub fn kernel(&self) -> &'static str {
-        match (self.consumers == 8, self.trace) {
-            (true, false) => "gemv_segment_c8p4",
-            (false, false) => "gemv_segment_c12p4",
-            (true, true) => "gemv_segment_trace_c8p4",
-            (false, true) => "gemv_segment_trace_c12p4",
+        match (self.consumers == 8, self.trace, self.regcap) {
+            (true, false, _) => "gemv_segment_c8p4",
+            (true, true, _) => "gemv_segment_trace_c8p4",
+            (false, false, false) => "gemv_segment_c12p4",
+            (false, true, false) => "gemv_segment_trace_c12p4",
+            (false, false, true) => "gemv_segment_r88_c12p4",
+            (false, true, true) => "gemv_segment_trace_r88_c12p4",
         }
     }
 

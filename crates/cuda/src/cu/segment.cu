@@ -441,4 +441,13 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     }
 SEG_KERNEL(8, 4)
 SEG_KERNEL(12, 4)
+// Registers capped (`TURBOSPARK_SEG_REGCAP=1`, measurements): 512 x 88 registers leave room for two
+// 128-thread gdn_rec blocks of 64 on the same SM, so with PDL the segment's producers can become
+// resident and stream the out-projection while the recurrence runs.
+extern "C" __global__ void __maxnreg__(88) gemv_segment_r88_c12p4(const SegParams p) {
+    gemv_segment_body<12, 4, false>(p);
+}
+extern "C" __global__ void __maxnreg__(88) gemv_segment_trace_r88_c12p4(const SegParams p) {
+    gemv_segment_body<12, 4, true>(p);
+}
 #endif

@@ -49,6 +49,7 @@ inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __forceinline__ inline
 #define __noinline__
 #define __launch_bounds__(...)
+#define __maxnreg__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 
