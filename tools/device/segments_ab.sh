@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # A/B of the decode-step GEMV segments on the GPU machine, in one call: for each cuda_check binary given
-# (e.g. main's and the gdn-stage branch's) and each environment variant, the 4B-shaped bench's decode-graph
+# (e.g. main's and a branch's) and each environment variant, the 4B-shaped bench's decode-graph
 # time with segments off and on, and whether segments reproduce the per-GEMV launches' tokens and logits
 # bit for bit. ~8 s of GPU time per line. Run from the repository root:
 #   bash tools/device/segments_ab.sh /tmp/b/cc_main /tmp/b/cc_branch
-# Variants (segment.rs Config): TURBOSPARK_SEG_PAIRS=0/1 (two-row consumers), TURBOSPARK_SEG_CORES=0/1 (GDN
-# cores inside segments); a binary ignores the variables it does not know.
+# Variants (segment.rs Config; a binary ignores the variables it does not know): the default (X=0),
+# TURBOSPARK_SEG_REGCAP=1 (88 registers: resident beside gdn_rec?), and, for a binary with
+# tools/device/wip/seg-dynamic.patch, TURBOSPARK_SEG_DYNAMIC=1 with TURBOSPARK_SEG_TAIL=2/4/8 (dynamic stage tails).
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-VARIANTS=${VARIANTS:-"TURBOSPARK_SEG_PAIRS=0,TURBOSPARK_SEG_CORES=0 TURBOSPARK_SEG_PAIRS=1,TURBOSPARK_SEG_CORES=0 TURBOSPARK_SEG_PAIRS=0,TURBOSPARK_SEG_CORES=1 TURBOSPARK_SEG_PAIRS=1,TURBOSPARK_SEG_CORES=1"}
+VARIANTS=${VARIANTS:-"X=0 TURBOSPARK_SEG_REGCAP=1 TURBOSPARK_SEG_REGCAP=1,TURBOSPARK_SEG_COOP=0 TURBOSPARK_SEG_DYNAMIC=1,TURBOSPARK_SEG_TAIL=2 TURBOSPARK_SEG_DYNAMIC=1,TURBOSPARK_SEG_TAIL=4 TURBOSPARK_SEG_DYNAMIC=1,TURBOSPARK_SEG_TAIL=8"}
 for bin in "$@"; do
   for v in $VARIANTS; do
     echo "== $bin $v"
