@@ -179,3 +179,62 @@ fn median(it: impl Iterator<Item = f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stamps of one block: entry at 1000 cycles, stage s starting at 1000 + 10000 s, staged 500
+    /// cycles later, rows done `rows` cycles after that, barrier passed 200 cycles after; globaltimer
+    /// entry / end in ns.
+    fn block(rows: [u64; 2], gt: (u64, u64)) -> Vec<u64> {
+        let mut w = vec![0u64; WORDS];
+        w[0] = 1000;
+        w[1] = 1000 + 20000;
+        w[2] = gt.0;
+        w[3] = gt.1;
+        w[4] = 1100;
+        for (s, r) in rows.iter().enumerate() {
+            let base = 1000 + 10000 * s as u64;
+            let at = STAGE + 6 * s;
+            w[at..at + 6].copy_from_slice(&[
+                base,
+                base + 500,
+                base + 500 + r,
+                base + 700 + r,
+                2 * r,
+                0,
+            ]);
+        }
+        w
+    }
+
+    #[test]
+    fn report_gives_each_stages_median_and_slowest_block_in_microseconds() {
+        let t = Trace::default();
+        let words = [
+            block([2000, 4000], (100, 10_000)),
+            block([3000, 4000], (500, 12_100)),
+        ]
+        .concat();
+        t.launches.lock().unwrap().push(Launch {
+            kind: "2560x4096, 18432x2560 swiglu".into(),
+            bytes: vec![2e7, 9e7],
+            words,
+        });
+        // 1 GHz: a cycle is a ns.
+        let r = t.report(1e6, 2).unwrap();
+        assert!(r.contains("1 launches, kernel 12.0 us"), "{r}");
+        // Stage 0: staging 500 cycles, rows 2000 / 3000 (median of two: the upper), slowest 3000.
+        assert!(
+            r.contains("stage 0: staging  0.50 us, rows   3.00 us (slowest block   3.00)"),
+            "{r}"
+        );
+        // Consumers waited 2 r cycles over 2 warps x r cycles: 100%.
+        assert!(
+            r.contains("stage 1: staging  0.50 us, rows   4.00 us"),
+            "{r}"
+        );
+        assert!(r.contains("consumers waited 100%"), "{r}");
+    }
+}
