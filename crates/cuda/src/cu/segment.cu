@@ -15,11 +15,12 @@
 // Work split: block b owns jobs b, b + grid, ... of every stage (a job: one output row, or a SwiGLU
 // gate/up row pair) and reads their row pieces ("units") in order through one ring of pages (unit u in
 // page u % pages); the block's k-th job of the whole kernel goes to consumer warp k % C. Page p is
-// filled only by producer warp p % P (pages: a multiple of P, at most 32); a mbarrier phase must never be waited on two phases ahead (that
-// reads as complete: run 48), so every consumer has its own `full` barrier per page, whose phases are
-// that consumer's uses of the page, in its order; `empty` (one arrival per use) orders the reuses. Grid
-// barrier: an arrival count that only grows (seg_grid_sync), so captured graphs replay it unchanged. The kernel must have all its blocks resident: one per SM, and it lets the
-// next kernel launch (PDL_LAUNCH) only after the first grid barrier, when every block is.
+// filled only by producer warp p % P (pages: a multiple of P, at most 32); a mbarrier phase must never
+// be waited on two phases ahead (that reads as complete: run 48), so every consumer has its own `full`
+// barrier per page, whose phases are that consumer's uses of the page, in its order; `empty` (one
+// arrival per use) orders the reuses. Grid barrier: an arrival count that only grows (seg_grid_sync),
+// so captured graphs replay it unchanged. The kernel must have all its blocks resident: one per SM, and
+// it lets the next kernel launch (PDL_LAUNCH) only after the first grid barrier, when every block is.
 // The kernel simulator runs it too (sim.h emulates the mbarriers, bulk copies and grid barrier).
 #if defined(KERNEL_SIM) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
 #define SEG_MAX_STAGES 8
