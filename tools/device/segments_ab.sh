@@ -4,12 +4,12 @@
 # time with segments off and on, and whether segments reproduce the per-GEMV launches' tokens and logits
 # bit for bit. ~8 s of GPU time per line. Run from the repository root:
 #   bash tools/device/segments_ab.sh /tmp/b/cc_main /tmp/b/cc_branch
-# Variants (segment.rs Config; a binary ignores the variables it does not know): the default (X=0),
-# TURBOSPARK_SEG_REGCAP=1 (88 registers: resident beside gdn_rec?), and, for a binary with
-# tools/device/wip/seg-dynamic.patch, TURBOSPARK_SEG_DYNAMIC=1 with TURBOSPARK_SEG_TAIL=2/4/8 (dynamic stage tails).
+# Variants (segment.rs Config; a binary ignores the variables it does not know): the default (X=0) and
+# TURBOSPARK_SEG_PREFETCH=0 (no L2 prefetch of the GDN state); others, e.g. TURBOSPARK_SEG_REGCAP=1 or
+# TURBOSPARK_CARVEOUT=100, through VARIANTS (comma-separated variables per variant, README runs 83-88).
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-VARIANTS=${VARIANTS:-"X=0 TURBOSPARK_SEG_REGCAP=1 TURBOSPARK_SEG_REGCAP=1,TURBOSPARK_SEG_COOP=0 TURBOSPARK_SEG_DYNAMIC=1,TURBOSPARK_SEG_TAIL=2 TURBOSPARK_SEG_DYNAMIC=1,TURBOSPARK_SEG_TAIL=4 TURBOSPARK_SEG_DYNAMIC=1,TURBOSPARK_SEG_TAIL=8"}
+VARIANTS=${VARIANTS:-"X=0 TURBOSPARK_SEG_PREFETCH=0 X=0 TURBOSPARK_SEG_PREFETCH=0"}
 for bin in "$@"; do
   for v in $VARIANTS; do
     echo "== $bin $v"

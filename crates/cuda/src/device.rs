@@ -210,6 +210,11 @@ impl CudaDevice {
             .load_module(Ptx::from_binary(compiled.cubin))
             .map_err(CudaError::driver("loading the kernel module"))?;
         let mut functions = HashMap::new();
+        // Preferred shared-memory carveout of every kernel, percent (`TURBOSPARK_CARVEOUT`, measurements:
+        // at 100 an SM that ran a mixer core can take a segment block before it drains; segment.cu).
+        let carveout = std::env::var("TURBOSPARK_CARVEOUT")
+            .ok()
+            .and_then(|v| v.parse::<i32>().ok());
         for &name in KERNELS {
             let f = module
                 .load_function(name)
@@ -229,6 +234,13 @@ impl CudaDevice {
                 .map_err(CudaError::driver(format!(
                     "opting {name} in to its shared memory"
                 )))?;
+            }
+            if let Some(c) = carveout {
+                f.set_attribute(
+                    dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                    c,
+                )
+                .map_err(CudaError::driver(format!("setting {name}'s carveout")))?;
             }
             if name == "gdn_chunk_state" {
                 f.set_attribute(

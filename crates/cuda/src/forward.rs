@@ -411,6 +411,8 @@ impl CudaModel {
             (MixerW::Gdn(g), LayerState::Recurrent { s, conv, .. }) => {
                 let (x, h, big, xb) = (sc.x.ptr, sc.h.ptr, sc.big.ptr, sc.xb.ptr);
                 ops::linear_normed(dev, &g.proj, x, input_norm, h, big, m, xb, gm)?;
+                // The recurrence's first reads come from L2 (a decode step's segment prefetches them).
+                crate::segment::prefetch_after(dev, &[(s.ptr, s.bytes), (conv.ptr, conv.bytes)]);
                 mark(prof, dev, "gdn norm+proj linear", g.proj.bytes())?;
                 let chunked = use_chunked(self.opts.gdn_chunked, m, gm, tape.is_some());
                 if let Some(t) = tape {

@@ -32,6 +32,8 @@ const RING_BYTES: usize = 160 * 1024;
 const PAGE_SIZES: [usize; 5] = [4096, 5120, 6144, 8192, 10240];
 /// Most pages of a ring (the consumers keep one parity bit per page).
 const MAX_PAGES: usize = 32;
+/// Byte ranges a segment prefetches into L2 for the kernels after it (SEG_MAX_PREFETCH).
+pub(crate) const MAX_PREFETCH: usize = 4;
 
 /// A segment's weight ring: `pages` pages of `page_bytes` (a multiple of the 4 producer warps).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -115,6 +117,8 @@ pub(crate) struct Config {
     /// 12 consumers with registers capped at 88, so a block fits beside two gdn_rec blocks
     /// (`TURBOSPARK_SEG_REGCAP=1`, measurements).
     pub regcap: bool,
+    /// Prefetch what `prefetch_after` names (`TURBOSPARK_SEG_PREFETCH=0`: not, for measurements).
+    pub prefetch: bool,
 }
 
 impl Config {
@@ -145,6 +149,7 @@ impl Config {
             single: get("TURBOSPARK_SEG_SINGLE", 0) == 1,
             trace: get("TURBOSPARK_SEG_TRACE", 0) == 1,
             regcap: get("TURBOSPARK_SEG_REGCAP", 0) == 1,
+            prefetch: get("TURBOSPARK_SEG_PREFETCH", 1) != 0,
         }
     }
 
@@ -211,12 +216,19 @@ pub(crate) struct Stage {
     pub stage: bool,
 }
 
+/// What an open step has queued: the GEMVs of the next segment, and what is read after it.
+#[derive(Default)]
+struct Queued {
+    stages: Vec<Stage>,
+    prefetch: Vec<(u64, usize)>,
+}
+
 /// The device's segment state: configuration, grid barrier, and the queue while a step is open.
 pub(crate) struct Segments {
     pub config: Config,
     /// Arrivals at the grid barrier (a u64 that only grows): allocated once, never moved (graphs hold its address).
     barrier: DBuf,
-    queue: Mutex<Option<Vec<Stage>>>,
+    queue: Mutex<Option<Queued>>,
     /// Why segments were turned off after a failed launch (then every GEMV launches on its own).
     failure: Mutex<Option<String>>,
     launches: AtomicU64,
@@ -281,8 +293,8 @@ pub(crate) fn queue(dev: &CudaDevice, st: Stage) -> Result<bool, CudaError> {
         let Some(q) = q.as_mut() else {
             return Ok(false);
         };
-        q.push(st);
-        q.len() >= seg.config.max_stages
+        q.stages.push(st);
+        q.stages.len() >= seg.config.max_stages
     };
     if full {
         flush(dev)?;
@@ -295,9 +307,9 @@ pub(crate) fn flush(dev: &CudaDevice) -> Result<(), CudaError> {
     let Some(seg) = dev.segments() else {
         return Ok(());
     };
-    let stages = match seg.queue.lock() {
+    let Queued { stages, prefetch } = match seg.queue.lock() {
         Ok(mut q) => match q.as_mut() {
-            Some(v) if !v.is_empty() => std::mem::take(v),
+            Some(v) if !v.stages.is_empty() => std::mem::take(v),
             _ => return Ok(()),
         },
         Err(_) => return Ok(()),
@@ -307,7 +319,7 @@ pub(crate) fn flush(dev: &CudaDevice) -> Result<(), CudaError> {
         Some(ring) if stages.len() > 1 || cfg.single => ring,
         _ => return stages.iter().try_for_each(|s| launch_one(dev, s)),
     };
-    let words = params(&stages, &ring, cfg.flags, seg.barrier.ptr);
+    let words = params(&stages, &ring, cfg.flags, seg.barrier.ptr, &prefetch);
     let xs_floats = input_room(&stages);
     // One block per SM: the grid barrier needs every block resident.
     let sms = dev.info.sms.max(1) as u32;
@@ -342,9 +354,16 @@ pub(crate) fn flush(dev: &CudaDevice) -> Result<(), CudaError> {
 
 /// The kernel's SegParams (segment.cu) as 8-byte words: 8 SegStage of 64 bytes (w, x, y, norm_w, then
 /// in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces, eps as 4-byte fields), then n,
-/// page_bytes, pages, flags, xs_floats, pad and the barrier's address: 544 bytes.
-fn params(stages: &[Stage], ring: &Ring, flags: u32, barrier: u64) -> Vec<u64> {
-    let mut words = vec![0u64; 68];
+/// page_bytes, pages, flags, xs_floats, pad, the barrier's address and MAX_PREFETCH ranges (address,
+/// bytes): 608 bytes.
+fn params(
+    stages: &[Stage],
+    ring: &Ring,
+    flags: u32,
+    barrier: u64,
+    prefetch: &[(u64, usize)],
+) -> Vec<u64> {
+    let mut words = vec![0u64; 68 + 2 * MAX_PREFETCH];
     for (i, s) in stages.iter().take(MAX_STAGES).enumerate() {
         let pieces = ring.pieces(s.cols).unwrap_or(1);
         let fields = [
@@ -367,7 +386,36 @@ fn params(stages: &[Stage], ring: &Ring, flags: u32, barrier: u64) -> Vec<u64> {
     words[65] = ring.pages as u64 | (flags as u64) << 32;
     words[66] = input_room(stages) as u64;
     words[67] = barrier;
+    for (i, &(p, bytes)) in prefetch.iter().take(MAX_PREFETCH).enumerate() {
+        words[68 + 2 * i] = p;
+        words[69 + 2 * i] = bytes as u64;
+    }
     words
+}
+
+/// Names buffers the kernels after the GEMVs queued so far read first (a mixer core's state), for the
+/// segment to prefetch into L2 as it ends: its producers are done early and the DRAM is then idle. Kept
+/// are the 16-byte aligned ranges, whole 16-byte vectors of them; without an open step or a queued GEMV
+/// nothing happens.
+pub(crate) fn prefetch_after(dev: &CudaDevice, ranges: &[(u64, usize)]) {
+    let Some(seg) = dev.segments().filter(|s| s.config.prefetch) else {
+        return;
+    };
+    if let Ok(mut q) = seg.queue.lock() {
+        if let Some(q) = q.as_mut().filter(|q| !q.stages.is_empty()) {
+            q.prefetch = prefetch_ranges(ranges);
+        }
+    }
+}
+
+/// `prefetch_after`'s ranges as the kernel takes them.
+fn prefetch_ranges(ranges: &[(u64, usize)]) -> Vec<(u64, usize)> {
+    ranges
+        .iter()
+        .filter(|&&(p, n)| p.is_multiple_of(16) && n >= 16)
+        .map(|&(p, n)| (p, n / 16 * 16))
+        .take(MAX_PREFETCH)
+        .collect()
 }
 
 /// Floats of staged input a segment needs: its widest input, rounded up to whole 16-byte vectors.
@@ -417,7 +465,7 @@ pub(crate) fn open(dev: &CudaDevice) -> Option<Scope<'_>> {
     if q.is_some() {
         return None;
     }
-    *q = Some(Vec::new());
+    *q = Some(Queued::default());
     Some(Scope(dev))
 }
 
@@ -500,8 +548,8 @@ mod tests {
     #[test]
     fn parameters_follow_the_kernels_struct_layout() {
         let st = gemv(9216, 2560);
-        let words = params(&[st, st], &Ring::of(5120), 1, 0xbeef);
-        assert_eq!(words.len() * 8, 544);
+        let words = params(&[st, st], &Ring::of(5120), 1, 0xbeef, &[(0x5000, 4096)]);
+        assert_eq!(words.len() * 8, 608);
         assert_eq!(&words[8..12], &[0x1000, 0x2000, 0x3000, 0x4000]);
         assert_eq!(words[12], 9216 | 2560 << 32);
         assert_eq!(words[13], 1 | 4 << 32);
@@ -511,6 +559,17 @@ mod tests {
         assert_eq!(words[65], 32 | 1 << 32);
         assert_eq!(words[66], 9216);
         assert_eq!(words[67], 0xbeef);
+        assert_eq!(&words[68..72], &[0x5000, 4096, 0, 0]);
+    }
+
+    #[test]
+    fn prefetch_keeps_aligned_whole_vectors() {
+        assert_eq!(
+            prefetch_ranges(&[(0x10008, 64), (0x20000, 100), (0x30000, 8)]),
+            vec![(0x20000, 96)]
+        );
+        let many = [(0x1000, 16); 6];
+        assert_eq!(prefetch_ranges(&many).len(), MAX_PREFETCH);
     }
 
     #[test]

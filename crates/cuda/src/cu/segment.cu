@@ -4,6 +4,8 @@
 // producers never wait for the grid barrier between stages, only for a free page, so the next stage's
 // weights keep arriving while the consumers finish a stage, cross the barrier and stage the new input;
 // with programmatic launch they start streaming while the previous kernel (a mixer core) still runs.
+// Done with their copies, the producers prefetch into L2 what the caller named for the kernels after
+// the segment (segment.rs prefetch_after: a GDN layer's state, read by the recurrence next).
 // Probe: tools/device/probes/ring_chain.cu (run 48): 128 GEMVs in 2.10 ms against 2.335 as launches.
 //
 // Exactness: a row's sum is formed as linear.cu forms it for one row (linear_rows<bf16, 1>): lane l of
@@ -34,6 +36,11 @@ struct SegStage {
     int in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces;
     float eps;
 };
+#define SEG_MAX_PREFETCH 4
+struct SegPrefetch {
+    const unsigned char* p;  // 16-byte aligned
+    unsigned long long bytes;  // a multiple of 16
+};
 struct SegParams {
     SegStage st[SEG_MAX_STAGES];
     // flags bit 0: weights stream with an L2 evict-first hint; bits 1-3 (measurements only, wrong
@@ -42,9 +49,12 @@ struct SegParams {
     int n, page_bytes, pages, flags;
     int xs_floats, pad;  // the staged input's room: the widest stage input (<= SEG_MAX_IN), a multiple of 4
     unsigned long long* barrier;  // arrivals at the grid barrier: zero at allocation, then only grows
+    // Buffers the kernels after this launch read first (a GDN layer's recurrent state), prefetched into
+    // L2 once the block's producers have issued their last copy (seg_prefetch_after); 0 bytes: none.
+    SegPrefetch pf[SEG_MAX_PREFETCH];
 };
 static_assert(sizeof(SegStage) == 64, "SegStage layout is mirrored by segment.rs");
-static_assert(sizeof(SegParams) == 544, "SegParams layout is mirrored by segment.rs");
+static_assert(sizeof(SegParams) == 608, "SegParams layout is mirrored by segment.rs");
 
 #ifdef KERNEL_SIM
 __device__ __forceinline__ void seg_mbar_init(unsigned long long* b, unsigned count) { sim_mbar_init(b, count); }
@@ -61,6 +71,7 @@ __device__ __forceinline__ unsigned long long seg_ld_acquire(const unsigned long
     return sim_ld_acquire_spin_u64(p);
 }
 __device__ __forceinline__ unsigned long long seg_arrive(unsigned long long* p) { return atomicAdd(p, 1ull); }
+__device__ __forceinline__ void seg_prefetch_l2(const void*, unsigned) {}
 #define SEG_MBAR_INIT_FENCE() ((void)0)
 #define SEG_EVICT_FIRST_POLICY(p) ((void)(p))
 #define SEG_BAR_SYNC(count) sim_named_barrier(1, (count))
@@ -125,6 +136,10 @@ __device__ __forceinline__ unsigned long long seg_arrive(unsigned long long* p) 
     asm volatile("atom.add.acq_rel.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(p) : "memory");
     return old;
 }
+// An asynchronous prefetch of `bytes` (a multiple of 16) at `src` (16-byte aligned) into L2.
+__device__ __forceinline__ void seg_prefetch_l2(const void* src, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
 #define SEG_MBAR_INIT_FENCE() asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory")
 #define SEG_EVICT_FIRST_POLICY(p) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p))
 #define SEG_BAR_SYNC(count) asm volatile("bar.sync 1, %0;" ::"r"(count) : "memory")
@@ -156,6 +171,8 @@ __device__ __forceinline__ void seg_consumers_sync() {
 // barrier is passed when the count reaches the next multiple. One acq_rel atomic per block and polling
 // loads: the release reaches everyone one L2 round trip after the last arrival (trace, 4B step: the
 // counter + generation pair with its reset and fences waited 3-5 us per barrier).
+// (A fire-and-forget red.release arrival against a target read at entry, polled relaxed and followed
+// by fence.acq_rel: 2.837 ms against 2.816, run 88: the fence costs more than the round trip it saves.)
 template <int C, bool TRACE = false>
 __device__ __forceinline__ void seg_grid_sync(unsigned long long* count, unsigned long long* tr = nullptr) {
     seg_consumers_sync<C>();
@@ -276,6 +293,25 @@ __device__ __forceinline__ float seg_row_any(SegRing& r, unsigned seq, const flo
 __device__ __forceinline__ int seg_jobs(const SegStage& s) { return s.swiglu_inter ? s.swiglu_inter : s.out; }
 __device__ __forceinline__ int seg_owned(int jobs, int b, int g) { return b < jobs ? (jobs - b + g - 1) / g : 0; }
 
+// Producer `who` of `n` prefetches its chunks of the ranges in p.pf (chunk c of the ranges' concatenation
+// goes to producer c % n), after its last copy: the DRAM then serves them while the segment drains its
+// ring, so the kernel after it finds its first reads in L2 (4B step, GDN state and conv window: 2.809
+// ms against 2.815, run 87; the next segment's weights instead, 21-44 MB: 2.888-2.939 against 2.853,
+// run 84, the recurrence's own reads then wait behind them).
+#define SEG_PREFETCH_CHUNK 16384
+__device__ __forceinline__ void seg_prefetch_after(const SegParams& p, int who, int n) {
+    int c0 = 0;  // chunks of the ranges before r
+    for (int r = 0; r < SEG_MAX_PREFETCH; ++r) {
+        const unsigned long long bytes = p.pf[r].bytes;
+        const int chunks = (int)((bytes + SEG_PREFETCH_CHUNK - 1) / SEG_PREFETCH_CHUNK);
+        for (int c = ((who - c0) % n + n) % n; c < chunks; c += n) {
+            const unsigned long long at = (unsigned long long)c * SEG_PREFETCH_CHUNK, left = bytes - at;
+            seg_prefetch_l2(p.pf[r].p + at, left < SEG_PREFETCH_CHUNK ? (unsigned)left : SEG_PREFETCH_CHUNK);
+        }
+        c0 += chunks;
+    }
+}
+
 template <int C, int PRODUCERS, bool TRACE>
 __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     const int pages = p.pages;  // a multiple of PRODUCERS, at most 32 (the consumers' parity bits)
@@ -306,9 +342,9 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             const int owned = seg_owned(inter ? inter : p.st[s].out, b, g);
             const int units = inter ? 2 * pieces : pieces;
             const unsigned piece_bytes = (unsigned)(in / pieces) * 2u;
-            const int total = owned * units;
-            for (int u = (int)((unsigned)(pw - (int)seq0) % PRODUCERS); u < total; u += PRODUCERS) {
+            for (int u = (int)((unsigned)(pw - (int)seq0) % PRODUCERS);; u += PRODUCERS) {
                 const int i = units == 1 ? u : u / units, rem = u - i * units;
+                if (i >= owned) break;  // (not `u < owned * units`: 2.797 ms against 2.814, run 83)
                 const int half = rem >= pieces, pc = rem - half * pieces;
                 const int c = (k + i) % C;
                 const int j = b + i * g;
@@ -326,7 +362,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                 seg_bulk_load(smem + (size_t)page * p.page_bytes, w + ((size_t)row * in * 2 + (size_t)pc * piece_bytes),
                               piece_bytes, &full[c * pages + page], evict_first, policy);
             }
-            seq0 += (unsigned)total;
+            seq0 += (unsigned)(owned * units);
             k += owned;
             if (TRACE && s < 8) {
                 atomicAdd(&tr[SEG_TR_STAGE + 6 * s + 5], pwait);
@@ -334,6 +370,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                 if (pw == 0) tr[SEG_TR_P_LAST] = SEG_CLOCK();
             }
         }
+        if (lane == 0) seg_prefetch_after(p, b * PRODUCERS + pw, g * PRODUCERS);
         // Stay until the consumers are done: a thread that exits with bulk copies in flight faults the launch.
         __syncthreads();
         return;
@@ -443,8 +480,10 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
 SEG_KERNEL(8, 4)
 SEG_KERNEL(12, 4)
 // Registers capped (`TURBOSPARK_SEG_REGCAP=1`, measurements): 512 x 88 registers leave room for two
-// 128-thread gdn_rec blocks of 64 on the same SM, so with PDL the segment's producers can become
-// resident and stream the out-projection while the recurrence runs.
+// 128-thread gdn_rec blocks of 64 on the same SM. Resident beside them only with every kernel's
+// carveout at 100% and no cooperative launch (TURBOSPARK_CARVEOUT=100, TURBOSPARK_SEG_COOP=0: the
+// producers start 4.5-5.7 us before the consumers, stage 0 rows 7.3 -> 4.9 us), yet the step is not
+// faster: 2.838-2.850 ms against 2.815 (runs 86-87; the recurrence's reads wait behind the stream).
 extern "C" __global__ void __maxnreg__(88) gemv_segment_r88_c12p4(const SegParams p) {
     gemv_segment_body<12, 4, false>(p);
 }
