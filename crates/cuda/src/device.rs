@@ -331,6 +331,11 @@ impl CudaDevice {
         self.segments.get().map_or(0, |s| s.launches())
     }
 
+    /// GDN gated norms applied by segments as they staged their input (segment::defer_gated_norm).
+    pub fn segment_staged_norms(&self) -> u64 {
+        self.segments.get().map_or(0, |s| s.staged_norms())
+    }
+
     /// Where the traced segment kernels' time went (`TURBOSPARK_SEG_TRACE=1`; measurements only).
     pub fn segment_trace_report(&self) -> Option<String> {
         let seg = self.segments.get()?;

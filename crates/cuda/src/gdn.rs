@@ -102,6 +102,11 @@ pub(crate) fn gdn_recurrence(
             (cb, done)
         }
     };
+    // A decode step's segment applies the gated norm as it stages the out projection's input
+    // (segment::defer_gated_norm): no fence, counter or extra pass at the end of gdn_rec.
+    // (cb == 1: gdn_rec norms its head itself.)
+    let defer = rows == 1 && cb > 1 && done.is_some() && crate::segment::takes_gated_norms(dev);
+    let done = if defer { None } else { done };
     launch(
         dev,
         "gdn_rec",
@@ -126,6 +131,22 @@ pub(crate) fn gdn_recurrence(
             Arg::P(done.unwrap_or(0)),
         ],
     )?;
+    if defer {
+        let (z, w, eps) = (proj + (s.conv_dim() * 4) as u64, g.norm_w, g.eps);
+        let (dv, heads) = (s.dv, s.hv);
+        let norm = crate::segment::GatedNorm {
+            o,
+            z,
+            w,
+            eps,
+            dv,
+            heads,
+        };
+        if crate::segment::defer_gated_norm(dev, norm)? {
+            return Ok(());
+        }
+        return gated_norm(dev, s, g, proj, o, rows);
+    }
     if cb == 1 || done.is_some() {
         return Ok(());
     }

@@ -119,6 +119,8 @@ pub(crate) struct Config {
     pub regcap: bool,
     /// Prefetch what `prefetch_after` names (`TURBOSPARK_SEG_PREFETCH=0`: not, for measurements).
     pub prefetch: bool,
+    /// Take GDN gated norms into the staging (`defer_gated_norm`; `TURBOSPARK_SEG_GATED_NORM=0`: not).
+    pub gated_norm: bool,
 }
 
 impl Config {
@@ -150,6 +152,7 @@ impl Config {
             trace: get("TURBOSPARK_SEG_TRACE", 0) == 1,
             regcap: get("TURBOSPARK_SEG_REGCAP", 0) == 1,
             prefetch: get("TURBOSPARK_SEG_PREFETCH", 1) != 0,
+            gated_norm: get("TURBOSPARK_SEG_GATED_NORM", 1) != 0,
         }
     }
 
@@ -201,8 +204,12 @@ pub(crate) struct Stage {
     pub w: u64,
     pub x: u64,
     pub y: u64,
-    /// RMSNorm weights (0: none).
+    /// RMSNorm weights (0: none); with `gate_z`, the gated norm's.
     pub norm_w: u64,
+    /// A GDN layer's gated RMSNorm of the input first, per group of `gated_dv`, gated by silu(z)
+    /// (`defer_gated_norm`; 0: none).
+    pub gate_z: u64,
+    pub gated_dv: usize,
     pub cols: usize,
     pub rows: usize,
     pub accumulate: bool,
@@ -221,6 +228,20 @@ pub(crate) struct Stage {
 struct Queued {
     stages: Vec<Stage>,
     prefetch: Vec<(u64, usize)>,
+    /// A gated norm not yet applied to its buffer: taken by the next queued GEMV that reads it, or
+    /// launched as the gated_rmsnorm kernel before anything else.
+    pending: Option<GatedNorm>,
+}
+
+/// gated_rmsnorm of one row of `heads` groups of `dv` values at `o`, gated by silu(z), weights `w`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct GatedNorm {
+    pub o: u64,
+    pub z: u64,
+    pub w: u64,
+    pub eps: f32,
+    pub dv: usize,
+    pub heads: usize,
 }
 
 /// The device's segment state: configuration, grid barrier, and the queue while a step is open.
@@ -232,6 +253,7 @@ pub(crate) struct Segments {
     /// Why segments were turned off after a failed launch (then every GEMV launches on its own).
     failure: Mutex<Option<String>>,
     launches: AtomicU64,
+    staged_norms: AtomicU64,
     pub trace: crate::segment_trace::Trace,
 }
 
@@ -251,6 +273,7 @@ impl Segments {
             queue: Mutex::new(None),
             failure: Mutex::new(None),
             launches: AtomicU64::new(0),
+            staged_norms: AtomicU64::new(0),
             trace: Default::default(),
         })
     }
@@ -258,6 +281,11 @@ impl Segments {
     /// Segment kernels launched so far.
     pub fn launches(&self) -> u64 {
         self.launches.load(Ordering::Relaxed)
+    }
+
+    /// Gated norms applied by segment kernels as they staged their input.
+    pub fn staged_norms(&self) -> u64 {
+        self.staged_norms.load(Ordering::Relaxed)
     }
 
     /// Why segments were turned off, if a launch failed.
@@ -270,11 +298,28 @@ impl Segments {
     }
 }
 
-/// Queues `st` when a step is open and the GEMV is eligible; returns whether it was queued.
-pub(crate) fn queue(dev: &CudaDevice, st: Stage) -> Result<bool, CudaError> {
+/// Queues `st` when a step is open and the GEMV is eligible; returns whether it was queued. A GEMV
+/// reading a pending gated norm's buffer takes the norm into its staging; any other operation first
+/// launches it.
+pub(crate) fn queue(dev: &CudaDevice, mut st: Stage) -> Result<bool, CudaError> {
     let Some(seg) = dev.segments() else {
         return Ok(false);
     };
+    let pending = seg.queue.lock().ok().and_then(|q| q.as_ref()?.pending);
+    if let Some(g) = pending {
+        let fits = g.o == st.x
+            && g.heads * g.dv == st.cols
+            && 2 * st.cols <= MAX_IN
+            && g.dv <= 128
+            && st.norm_w == 0
+            && g.w.is_multiple_of(16)
+            && g.z.is_multiple_of(16);
+        if !fits {
+            flush(dev)?;
+            return queue(dev, st);
+        }
+        (st.norm_w, st.gate_z, st.gated_dv, st.eps) = (g.w, g.z, g.dv, g.eps);
+    }
     let eligible = !seg.failed()
         && st.cols.is_multiple_of(8)
         && st.cols <= MAX_IN
@@ -284,6 +329,9 @@ pub(crate) fn queue(dev: &CudaDevice, st: Stage) -> Result<bool, CudaError> {
         && st.rows <= seg.config.max_rows
         && seg.config.ring(&[st]).is_some();
     if !eligible {
+        if pending.is_some() {
+            flush(dev)?;
+        }
         return Ok(false);
     }
     let full = {
@@ -293,6 +341,7 @@ pub(crate) fn queue(dev: &CudaDevice, st: Stage) -> Result<bool, CudaError> {
         let Some(q) = q.as_mut() else {
             return Ok(false);
         };
+        q.pending = None;
         q.stages.push(st);
         q.stages.len() >= seg.config.max_stages
     };
@@ -307,20 +356,38 @@ pub(crate) fn flush(dev: &CudaDevice) -> Result<(), CudaError> {
     let Some(seg) = dev.segments() else {
         return Ok(());
     };
-    let Queued { stages, prefetch } = match seg.queue.lock() {
+    let Queued {
+        stages,
+        prefetch,
+        pending,
+    } = match seg.queue.lock() {
         Ok(mut q) => match q.as_mut() {
-            Some(v) if !v.stages.is_empty() => std::mem::take(v),
+            Some(v) if !v.stages.is_empty() || v.pending.is_some() => std::mem::take(v),
             _ => return Ok(()),
         },
         Err(_) => return Ok(()),
     };
+    launch_stages(dev, seg, &stages, &prefetch)?;
+    pending.map_or(Ok(()), |g| gated_norm(dev, &g))
+}
+
+/// Launches `stages`: one segment, or per-GEMV launches for one stage (or when segments failed).
+fn launch_stages(
+    dev: &CudaDevice,
+    seg: &Segments,
+    stages: &[Stage],
+    prefetch: &[(u64, usize)],
+) -> Result<(), CudaError> {
+    if stages.is_empty() {
+        return Ok(());
+    }
     let cfg = seg.config;
-    let ring = match cfg.ring(&stages) {
+    let ring = match cfg.ring(stages) {
         Some(ring) if stages.len() > 1 || cfg.single => ring,
         _ => return stages.iter().try_for_each(|s| launch_one(dev, s)),
     };
-    let words = params(&stages, &ring, cfg.flags, seg.barrier.ptr, &prefetch);
-    let xs_floats = input_room(&stages);
+    let words = params(stages, &ring, cfg.flags, seg.barrier.ptr, prefetch);
+    let xs_floats = input_room(stages);
     // One block per SM: the grid barrier needs every block resident.
     let sms = dev.info.sms.max(1) as u32;
     let launched = launch_struct(
@@ -335,9 +402,11 @@ pub(crate) fn flush(dev: &CudaDevice) -> Result<(), CudaError> {
     match launched {
         Ok(()) => {
             seg.launches.fetch_add(1, Ordering::Relaxed);
+            let gated = stages.iter().filter(|s| s.gate_z != 0).count();
+            seg.staged_norms.fetch_add(gated as u64, Ordering::Relaxed);
             if cfg.trace {
                 seg.trace
-                    .record(dev, seg.barrier.ptr + 16, sms as usize, &stages)?;
+                    .record(dev, seg.barrier.ptr + 16, sms as usize, stages)?;
             }
             Ok(())
         }
@@ -352,10 +421,10 @@ pub(crate) fn flush(dev: &CudaDevice) -> Result<(), CudaError> {
     }
 }
 
-/// The kernel's SegParams (segment.cu) as 8-byte words: 8 SegStage of 64 bytes (w, x, y, norm_w, then
-/// in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces, eps as 4-byte fields), then n,
-/// page_bytes, pages, flags, xs_floats, pad, the barrier's address and MAX_PREFETCH ranges (address,
-/// bytes): 608 bytes.
+/// The kernel's SegParams (segment.cu) as 8-byte words: 8 SegStage of 80 bytes (w, x, y, norm_w,
+/// gate_z, then in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces, gated_dv, eps, pad as
+/// 4-byte fields), then n, page_bytes, pages, flags, xs_floats, pad, the barrier's address and
+/// MAX_PREFETCH ranges (address, bytes): 736 bytes.
 fn params(
     stages: &[Stage],
     ring: &Ring,
@@ -363,7 +432,7 @@ fn params(
     barrier: u64,
     prefetch: &[(u64, usize)],
 ) -> Vec<u64> {
-    let mut words = vec![0u64; 68 + 2 * MAX_PREFETCH];
+    let mut words = vec![0u64; 84 + 2 * MAX_PREFETCH];
     for (i, s) in stages.iter().take(MAX_STAGES).enumerate() {
         let pieces = ring.pieces(s.cols).unwrap_or(1);
         let fields = [
@@ -374,21 +443,23 @@ fn params(
             s.inter as u32,
             s.zero_centred as u32,
             pieces as u32,
+            s.gated_dv as u32,
             s.eps.to_bits(),
+            0,
         ];
-        let at = i * 8;
-        words[at..at + 4].copy_from_slice(&[s.w, s.x, s.y, s.norm_w]);
+        let at = i * 10;
+        words[at..at + 5].copy_from_slice(&[s.w, s.x, s.y, s.norm_w, s.gate_z]);
         for (k, pair) in fields.chunks_exact(2).enumerate() {
-            words[at + 4 + k] = pair[0] as u64 | (pair[1] as u64) << 32;
+            words[at + 5 + k] = pair[0] as u64 | (pair[1] as u64) << 32;
         }
     }
-    words[64] = stages.len().min(MAX_STAGES) as u64 | (ring.page_bytes as u64) << 32;
-    words[65] = ring.pages as u64 | (flags as u64) << 32;
-    words[66] = input_room(stages) as u64;
-    words[67] = barrier;
+    words[80] = stages.len().min(MAX_STAGES) as u64 | (ring.page_bytes as u64) << 32;
+    words[81] = ring.pages as u64 | (flags as u64) << 32;
+    words[82] = input_room(stages) as u64;
+    words[83] = barrier;
     for (i, &(p, bytes)) in prefetch.iter().take(MAX_PREFETCH).enumerate() {
-        words[68 + 2 * i] = p;
-        words[69 + 2 * i] = bytes as u64;
+        words[84 + 2 * i] = p;
+        words[85 + 2 * i] = bytes as u64;
     }
     words
 }
@@ -418,18 +489,83 @@ fn prefetch_ranges(ranges: &[(u64, usize)]) -> Vec<(u64, usize)> {
         .collect()
 }
 
-/// Floats of staged input a segment needs: its widest input, rounded up to whole 16-byte vectors.
+/// Floats of staged input a segment needs: its widest input (twice a gated norm's: x, then z), rounded
+/// up to whole 16-byte vectors.
 fn input_room(stages: &[Stage]) -> usize {
     stages
         .iter()
-        .map(|s| s.cols)
+        .map(|s| if s.gate_z != 0 { 2 * s.cols } else { s.cols })
         .max()
         .unwrap_or(0)
         .next_multiple_of(4)
 }
 
-/// The ordinary one-row launch of a stage (ops::gemv's, for a segment of one).
+/// Whether `defer_gated_norm` would take a norm: a decode step is open and segments stage norms.
+pub(crate) fn takes_gated_norms(dev: &CudaDevice) -> bool {
+    dev.segments()
+        .filter(|seg| seg.config.gated_norm)
+        .and_then(|seg| seg.queue.lock().ok().map(|q| q.is_some()))
+        .unwrap_or(false)
+}
+
+/// Leaves `g` to the open step: the next GEMV that reads its buffer applies it as it stages its input
+/// (segment.cu), else it runs as the gated_rmsnorm kernel before the next operation. Returns false (the
+/// caller applies it) when no step is open.
+pub(crate) fn defer_gated_norm(dev: &CudaDevice, g: GatedNorm) -> Result<bool, CudaError> {
+    let Some(seg) = dev.segments() else {
+        return Ok(false);
+    };
+    let prior = {
+        let Ok(mut q) = seg.queue.lock() else {
+            return Ok(false);
+        };
+        let Some(q) = q.as_mut() else {
+            return Ok(false);
+        };
+        q.pending.replace(g)
+    };
+    prior.map_or(Ok(true), |p| gated_norm(dev, &p).map(|()| true))
+}
+
+/// The gated_rmsnorm kernel over `g` in place (misc.cu: one warp per group, 8 per block).
+fn gated_norm(dev: &CudaDevice, g: &GatedNorm) -> Result<(), CudaError> {
+    launch_smem(
+        dev,
+        "gated_rmsnorm",
+        (g.heads.div_ceil(8) as u32, 1, 1),
+        256,
+        0,
+        &[
+            Arg::P(g.o),
+            Arg::P(g.z),
+            Arg::I((g.heads * g.dv) as i32),
+            Arg::P(g.w),
+            Arg::F(g.eps),
+            Arg::I(1),
+            Arg::I(g.heads as i32),
+            Arg::I(g.dv as i32),
+        ],
+    )
+}
+
+/// The ordinary one-row launch of a stage (ops::gemv's, for a segment of one), after its gated norm.
 fn launch_one(dev: &CudaDevice, s: &Stage) -> Result<(), CudaError> {
+    if s.gate_z != 0 {
+        let heads = s.cols / s.gated_dv.max(1);
+        let (o, z, w, eps, dv) = (s.x, s.gate_z, s.norm_w, s.eps, s.gated_dv);
+        gated_norm(
+            dev,
+            &GatedNorm {
+                o,
+                z,
+                w,
+                eps,
+                dv,
+                heads,
+            },
+        )?;
+    }
+    let norm_w = if s.gate_z != 0 { 0 } else { s.norm_w };
     let shared = if s.stage { s.cols * 4 } else { 0 };
     launch_smem(
         dev,
@@ -446,7 +582,7 @@ fn launch_one(dev: &CudaDevice, s: &Stage) -> Result<(), CudaError> {
             Arg::I(s.accumulate as i32),
             Arg::I(s.wpr as i32),
             Arg::I(s.inter as i32),
-            Arg::P(s.norm_w),
+            Arg::P(norm_w),
             Arg::F(s.eps),
             Arg::I(s.zero_centred as i32),
             Arg::I(s.stage as i32),
@@ -497,6 +633,8 @@ mod tests {
             x: 0x2000,
             y: 0x3000,
             norm_w: 0x4000,
+            gate_z: 0,
+            gated_dv: 0,
             cols,
             rows,
             accumulate: true,
@@ -548,18 +686,25 @@ mod tests {
     #[test]
     fn parameters_follow_the_kernels_struct_layout() {
         let st = gemv(9216, 2560);
-        let words = params(&[st, st], &Ring::of(5120), 1, 0xbeef, &[(0x5000, 4096)]);
-        assert_eq!(words.len() * 8, 608);
-        assert_eq!(&words[8..12], &[0x1000, 0x2000, 0x3000, 0x4000]);
-        assert_eq!(words[12], 9216 | 2560 << 32);
-        assert_eq!(words[13], 1 | 4 << 32);
-        assert_eq!(words[14], 1 << 32);
-        assert_eq!(words[15], 4 | (1e-6f32.to_bits() as u64) << 32);
-        assert_eq!(words[64], 2 | 5120 << 32);
-        assert_eq!(words[65], 32 | 1 << 32);
-        assert_eq!(words[66], 9216);
-        assert_eq!(words[67], 0xbeef);
-        assert_eq!(&words[68..72], &[0x5000, 4096, 0, 0]);
+        let gated = Stage {
+            gate_z: 0x6000,
+            gated_dv: 128,
+            ..st
+        };
+        let words = params(&[st, gated], &Ring::of(5120), 1, 0xbeef, &[(0x5000, 4096)]);
+        assert_eq!(words.len() * 8, 736);
+        assert_eq!(&words[10..15], &[0x1000, 0x2000, 0x3000, 0x4000, 0x6000]);
+        assert_eq!(words[15], 9216 | 2560 << 32);
+        assert_eq!(words[16], 1 | 4 << 32);
+        assert_eq!(words[17], 1 << 32);
+        assert_eq!(words[18], 4 | 128 << 32);
+        assert_eq!(words[19], 1e-6f32.to_bits() as u64);
+        assert_eq!(words[4], 0, "no gate: a null pointer");
+        assert_eq!(words[80], 2 | 5120 << 32);
+        assert_eq!(words[81], 32 | 1 << 32);
+        assert_eq!(words[82], 9216);
+        assert_eq!(words[83], 0xbeef);
+        assert_eq!(&words[84..88], &[0x5000, 4096, 0, 0]);
     }
 
     #[test]

@@ -440,12 +440,31 @@ fn simulated_dflash_block_matches_the_host_drafter() {
 #[test]
 fn simulated_segments_equal_per_gemv_launches() {
     let Some(dev) = simulated() else { return };
+    check_segments(&dev, &fixture("qwen3_5"));
+}
+
+/// The testbed's value heads (48 wide) split over two gdn_rec blocks, so its segments also take each
+/// GDN layer's gated norm into their staging (segment::defer_gated_norm).
+#[test]
+fn simulated_segments_with_staged_gated_norms_equal_per_gemv_launches() {
+    let Some(dev) = simulated() else { return };
+    let before = dev.segment_staged_norms();
+    check_segments(
+        &dev,
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/testbed"),
+    );
+    assert!(
+        dev.segment_staged_norms() > before,
+        "no gated norm was staged by a segment"
+    );
+}
+
+fn check_segments(dev: &Arc<CudaDevice>, dir: &std::path::Path) {
     assert!(dev.segment_status().is_ok(), "{:?}", dev.segment_status());
-    let dir = fixture("qwen3_5");
     let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
     let prompt = prompt_ids(&SafeTensors::deserialize(&bytes).unwrap());
     let n = prompt.len();
-    let ck = Checkpoint::open(&dir).unwrap();
+    let ck = Checkpoint::open(dir).unwrap();
     // bf16 weights: segments run bf16 matrices only.
     let decode = |segments: bool| {
         let opts = LoadOptions {
@@ -453,7 +472,7 @@ fn simulated_segments_equal_per_gemv_launches() {
             segments,
             ..LoadOptions::default()
         };
-        let m = CudaModel::load(&dev, &ck, opts).unwrap();
+        let m = CudaModel::load(dev, &ck, opts).unwrap();
         let mut st = m.new_state(n + 8).unwrap();
         let out = m.forward(&prompt, 0, &mut st, &Wanted::last()).unwrap();
         let before = dev.segment_launches();

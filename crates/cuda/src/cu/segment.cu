@@ -32,9 +32,11 @@ struct SegStage {
     const bf16_t* w;       // [out, in]
     const float* x;        // [in]
     float* y;              // [out] (SwiGLU: [swiglu_inter])
-    const float* norm_w;   // RMSNorm of x first, or null
-    int in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces;
+    const float* norm_w;   // RMSNorm of x first, or null; with gate_z: the gated norm's weights [gated_dv]
+    const float* gate_z;   // or null: x first gets a GDN layer's gated RMSNorm, per group of gated_dv values
+    int in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces, gated_dv;
     float eps;
+    int pad;
 };
 #define SEG_MAX_PREFETCH 4
 struct SegPrefetch {
@@ -53,8 +55,8 @@ struct SegParams {
     // L2 once the block's producers have issued their last copy (seg_prefetch_after); 0 bytes: none.
     SegPrefetch pf[SEG_MAX_PREFETCH];
 };
-static_assert(sizeof(SegStage) == 64, "SegStage layout is mirrored by segment.rs");
-static_assert(sizeof(SegParams) == 608, "SegParams layout is mirrored by segment.rs");
+static_assert(sizeof(SegStage) == 80, "SegStage layout is mirrored by segment.rs");
+static_assert(sizeof(SegParams) == 736, "SegParams layout is mirrored by segment.rs");
 
 #ifdef KERNEL_SIM
 __device__ __forceinline__ void seg_mbar_init(unsigned long long* b, unsigned count) { sim_mbar_init(b, count); }
@@ -399,24 +401,59 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         unsigned long long* ts = TRACE ? tr + SEG_TR_STAGE + 6 * s : nullptr;
         if (TRACE && threadIdx.x == 0) ts[0] = SEG_CLOCK();
         // The input was written by every block in the previous stage: L2 only (L1 may hold an old copy).
+        float gw[4];  // a gated norm's weights w[lane + 32 k] (gated_dv <= 128)
         if (!skip_stage || s == 0) {
-            const float4* x4 = reinterpret_cast<const float4*>(st.x);
-            float4* d4 = reinterpret_cast<float4*>(xs);
-            const int n4 = st.in >> 2, step = C * 32;
-            for (int i0 = threadIdx.x; i0 < n4; i0 += 8 * step) {
-                float4 v[8];
+            // x, then a gated norm's z (plainly, after x), loaded together, and the norm's weights of
+            // this lane: one round trip (run 90: 6.8 us of staging with them loaded in the norm's loop).
+            if (st.gate_z)
 #pragma unroll
-                for (int q = 0; q < 8; ++q)
-                    if (i0 + q * step < n4) v[q] = __ldcg(x4 + i0 + q * step);
+                for (int k = 0; k < 4; ++k) {
+                    const int i = lane + 32 * k;
+                    gw[k] = i < st.gated_dv ? __ldg(st.norm_w + i) : 0.0f;
+                }
+            const float4* x4 = reinterpret_cast<const float4*>(st.x);
+            const float4* z4 = reinterpret_cast<const float4*>(st.gate_z);
+            float4* d4 = reinterpret_cast<float4*>(xs);
+            const int n4 = st.in >> 2, all4 = st.gate_z ? 2 * n4 : n4, step = C * 32;
+            for (int i0 = threadIdx.x; i0 < all4; i0 += 8 * step) {
+                float4 v[8];
 #pragma unroll
                 for (int q = 0; q < 8; ++q) {
                     const int i4 = i0 + q * step;
-                    if (i4 < n4) d4[(i4 & 1) * (n4 >> 1) + (i4 >> 1)] = v[q];
+                    if (i4 < all4) v[q] = __ldcg(i4 < n4 ? x4 + i4 : z4 + (i4 - n4));
+                }
+#pragma unroll
+                for (int q = 0; q < 8; ++q) {
+                    const int i4 = i0 + q * step;
+                    if (i4 < all4) d4[i4 < n4 ? (i4 & 1) * (n4 >> 1) + (i4 >> 1) : i4] = v[q];
                 }
             }
         }
         seg_consumers_sync<C>();
-        if (st.norm_w && (!skip_stage || s == 0)) {
+        if (st.gate_z && (!skip_stage || s == 0)) {
+            // gated_norm_warp's arithmetic (misc.cu) per group, one warp per group: the same bits as
+            // gdn_rec's own norm or the gated_rmsnorm kernel, without their fence, counter and pass.
+            const int dv = st.gated_dv;
+            for (int h = warp; h < st.in / dv; h += C) {
+                double ss = 0.0;
+                for (int i = lane; i < dv; i += 32) {
+                    const float v = xs[seg_x_at(h * dv + i, st.in)];
+                    ss += (double)v * (double)v;
+                }
+                ss = warp_sum_d(ss);
+                const float inv = 1.0f / sqrtf((float)(ss / (double)dv) + st.eps);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const int i = lane + 32 * k;
+                    if (i < dv) {
+                        const float zz = xs[st.in + h * dv + i];
+                        float& v = xs[seg_x_at(h * dv + i, st.in)];
+                        v = ((v * inv) * gw[k]) * (zz * sigmoid_f(zz));
+                    }
+                }
+            }
+            seg_consumers_sync<C>();
+        } else if (st.norm_w && (!skip_stage || s == 0)) {
             const float inv = seg_rms_inv<C>(xs, st.in, st.eps, scratch);
             const float4* w4 = reinterpret_cast<const float4*>(st.norm_w);
             float4* x4 = reinterpret_cast<float4*>(xs);
