@@ -8,6 +8,10 @@
 //! (see the kernel's doc), so whether a step runs segmented changes its speed only.
 //!
 //! Eligible: bf16 weights on the FMA GEMV, one input row of at most `MAX_IN` values, a multiple of 8.
+//!
+//! Two hints from the step ride along: `prefetch_after` names buffers the kernels after a segment read
+//! first (prefetched into L2 as it ends), and `defer_gated_norm` leaves a GDN gated norm to the GEMV that
+//! reads its output next (applied as that stage stages its input; launched on its own otherwise).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;

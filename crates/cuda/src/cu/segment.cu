@@ -6,6 +6,8 @@
 // with programmatic launch they start streaming while the previous kernel (a mixer core) still runs.
 // Done with their copies, the producers prefetch into L2 what the caller named for the kernels after
 // the segment (segment.rs prefetch_after: a GDN layer's state, read by the recurrence next).
+// A stage may first apply a GDN layer's gated RMSNorm to its staged input (gate_z): the norm gdn_rec
+// would otherwise end with after a fence and a counter (4B step 2.783 ms against 2.830, run 91).
 // Probe: tools/device/probes/ring_chain.cu (run 48): 128 GEMVs in 2.10 ms against 2.335 as launches.
 //
 // Exactness: a row's sum is formed as linear.cu forms it for one row (linear_rows<bf16, 1>): lane l of
