@@ -706,7 +706,7 @@ mod tests {
         assert_eq!(words[4], 0, "no gate: a null pointer");
         assert_eq!(words[80], 2 | 5120 << 32);
         assert_eq!(words[81], 32 | 1 << 32);
-        assert_eq!(words[82], 9216);
+        assert_eq!(words[82], 2 * 9216, "room for x and the gated stage's z");
         assert_eq!(words[83], 0xbeef);
         assert_eq!(&words[84..88], &[0x5000, 4096, 0, 0]);
     }
