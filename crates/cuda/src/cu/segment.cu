@@ -435,22 +435,39 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         if (st.gate_z && (!skip_stage || s == 0)) {
             // gated_norm_warp's arithmetic (misc.cu) per group, one warp per group: the same bits as
             // gdn_rec's own norm or the gated_rmsnorm kernel, without their fence, counter and pass.
-            const int dv = st.gated_dv;
-            for (int h = warp; h < st.in / dv; h += C) {
-                double ss = 0.0;
-                for (int i = lane; i < dv; i += 32) {
-                    const float v = xs[seg_x_at(h * dv + i, st.in)];
-                    ss += (double)v * (double)v;
-                }
-                ss = warp_sum_d(ss);
-                const float inv = 1.0f / sqrtf((float)(ss / (double)dv) + st.eps);
+            // A warp takes 4 heads at a time, their sums and reductions interleaved (independent chains):
+            // 2.774 ms against 2.784 one head at a time (run 94).
+            const int dv = st.gated_dv, heads = st.in / dv;
+            for (int h0 = warp; h0 < heads; h0 += 4 * C) {
+                double ss[4];
 #pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    const int i = lane + 32 * k;
-                    if (i < dv) {
-                        const float zz = xs[st.in + h * dv + i];
-                        float& v = xs[seg_x_at(h * dv + i, st.in)];
-                        v = ((v * inv) * gw[k]) * (zz * sigmoid_f(zz));
+                for (int r = 0; r < 4; ++r) {
+                    const int h = h0 + r * C;
+                    ss[r] = 0.0;
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        const int i = lane + 32 * k;
+                        if (h < heads && i < dv) {
+                            const float v = xs[seg_x_at(h * dv + i, st.in)];
+                            ss[r] += (double)v * (double)v;
+                        }
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < 4; ++r) ss[r] = warp_sum_d(ss[r]);
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int h = h0 + r * C;
+                    if (h >= heads) break;
+                    const float inv = 1.0f / sqrtf((float)(ss[r] / (double)dv) + st.eps);
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        const int i = lane + 32 * k;
+                        if (i < dv) {
+                            const float zz = xs[st.in + h * dv + i];
+                            float& v = xs[seg_x_at(h * dv + i, st.in)];
+                            v = ((v * inv) * gw[k]) * (zz * sigmoid_f(zz));
+                        }
                     }
                 }
             }
