@@ -14,7 +14,7 @@ for bin in "$@"; do
   for v in $VARIANTS; do
     echo "== $bin $v"
     env ${v//,/ } CUDA_CHECK_BIN="$bin" timeout 120 bash "$ROOT/tools/device/cuda_check.sh" --only none 2>&1 \
-      | grep -E "decode graph alone|identical|DIFFER|ERROR|segments (Ok|Err)|verify round of  [148] rows \(argmax" \
+      | grep -E "decode graph alone|identical|DIFFER|ERROR|FAIL|segments (Ok|Err)|\[kernel\] segment of|verify round of  [148] rows \(argmax" \
       | grep -v "pdl=false\|tc=true\|tensor_core_gemv=true" | sed 's/ per step on the GPU//; s/ vs [0-9.]* ms per token.*//'
   done
 done

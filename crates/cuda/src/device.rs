@@ -260,20 +260,27 @@ impl CudaDevice {
                 dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
             .unwrap_or(0);
-        let segment_kernel = (arch >= 90
-            && seg_config.max_smem_bytes() <= smem_optin.max(0) as usize)
-            .then(|| module.load_function(seg_config.kernel()).ok())
-            .flatten()
-            .filter(|f| {
-                f.set_attribute(
-                    dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    seg_config.max_smem_bytes() as i32,
-                )
-                .is_ok()
-            });
-        let has_segments = segment_kernel.is_some();
-        if let Some(f) = segment_kernel {
-            functions.insert(seg_config.kernel(), f);
+        // Every segment kernel the configuration may launch (segment::Config::kernel_for), or none.
+        let seg_kernels: Vec<_> = seg_config
+            .kernels()
+            .into_iter()
+            .map(|k| {
+                (arch >= 90 && seg_config.max_smem_bytes(&k) <= smem_optin.max(0) as usize)
+                    .then(|| module.load_function(k.name).ok())
+                    .flatten()
+                    .filter(|f| {
+                        f.set_attribute(
+                            dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            seg_config.max_smem_bytes(&k) as i32,
+                        )
+                        .is_ok()
+                    })
+                    .map(|f| (k.name, f))
+            })
+            .collect();
+        let has_segments = seg_kernels.iter().all(Option::is_some);
+        if has_segments {
+            functions.extend(seg_kernels.into_iter().flatten());
         }
         let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas {
             context: "creating the handle".into(),
@@ -345,7 +352,7 @@ impl CudaDevice {
             .ctx
             .attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
             .ok()?;
-        seg.trace.report(khz as f64, seg.config.consumers)
+        seg.trace.report(khz as f64)
     }
 
     /// Whether decode steps can run their GEMV runs as segments (`LoadOptions::segments`), or why not.
@@ -358,9 +365,10 @@ impl CudaDevice {
                 Some(why) => Err(format!("turned off after a failed launch: {why}")),
                 None => {
                     let c = s.config;
+                    let names: Vec<&str> = c.kernels().iter().map(|k| k.name).collect();
                     Ok(format!(
-                        "{} ({} consumer warps, pages {})",
-                        c.kernel(),
+                        "{} ({} consumer warps without a register-held input, pages {})",
+                        names.join(" / "),
                         c.consumers,
                         c.page_bytes
                             .map_or("chosen per segment".into(), |b| format!("of {b} B"))

@@ -42,6 +42,7 @@ pub mod nvrtc;
 mod ops;
 mod profile;
 mod segment;
+mod segment_config;
 mod segment_trace;
 pub mod selftest;
 mod simulate;

@@ -8,6 +8,8 @@
 //! (see the kernel's doc), so whether a step runs segmented changes its speed only.
 //!
 //! Eligible: bf16 weights on the FMA GEMV, one input row of at most `MAX_IN` values, a multiple of 8.
+//! Each launch picks its kernel (`Config::kernel_for`): one that holds a stage's input in registers when
+//! a stage's rows allow it (`HELD_KERNELS`), else the 12-consumer kernel.
 //!
 //! Two hints from the step ride along: `prefetch_after` names buffers the kernels after a segment read
 //! first (prefetched into L2 as it ends), and `defer_gated_norm` leaves a GDN gated norm to the GEMV that
@@ -19,188 +21,14 @@ use std::sync::Mutex;
 use crate::buf::{launch_smem, launch_struct, Arg, DBuf};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
+pub(crate) use crate::segment_config::{Config, Ring, SegKernel, KERNELS};
 
-/// The kernel instantiations (segment.cu), for the kernel simulator's table.
-pub(crate) const KERNELS: [&str; 3] = [
-    "gemv_segment_c8p4",
-    "gemv_segment_c12p4",
-    "gemv_segment_r88_c12p4",
-];
 /// Stages of one segment launch (SEG_MAX_STAGES).
 pub(crate) const MAX_STAGES: usize = 8;
 /// Widest staged input row (SEG_MAX_IN floats).
 pub(crate) const MAX_IN: usize = 12288;
-/// Shared memory of a block's weight ring (the probe's best ring: 20 pages of 8 KB, run 48).
-const RING_BYTES: usize = 160 * 1024;
-/// Page sizes a segment may use (the one that wastes least of the ring on its rows is taken).
-const PAGE_SIZES: [usize; 5] = [4096, 5120, 6144, 8192, 10240];
-/// Most pages of a ring (the consumers keep one parity bit per page).
-const MAX_PAGES: usize = 32;
 /// Byte ranges a segment prefetches into L2 for the kernels after it (SEG_MAX_PREFETCH).
 pub(crate) const MAX_PREFETCH: usize = 4;
-
-/// A segment's weight ring: `pages` pages of `page_bytes` (a multiple of the 4 producer warps).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Ring {
-    pub page_bytes: usize,
-    pub pages: usize,
-}
-
-impl Ring {
-    fn of(page_bytes: usize) -> Ring {
-        Ring {
-            page_bytes,
-            pages: (RING_BYTES / page_bytes).min(MAX_PAGES) / 4 * 4,
-        }
-    }
-
-    /// Pieces a row of `cols` bf16 values is read in: the fewest equal ones of whole 16-byte vectors
-    /// that fit a page.
-    fn pieces(&self, cols: usize) -> Option<usize> {
-        (1..=cols / 8).find(|&p| {
-            cols.is_multiple_of(p)
-                && (cols / p).is_multiple_of(8)
-                && cols / p * 2 <= self.page_bytes
-        })
-    }
-
-    /// The ring for `stages`: of the page sizes that hold every stage's rows in pieces, the one whose
-    /// pages the streamed bytes fill best (a 2560-wide row fills a 5 KB page, a 4096-wide one 8 KB);
-    /// on a tie the larger page (fewer copies).
-    fn for_stages(stages: &[Stage]) -> Option<Ring> {
-        let mut best: Option<(f64, Ring)> = None;
-        for ring in PAGE_SIZES.map(Ring::of) {
-            let mut filled = 0.0;
-            let mut total = 0.0;
-            for s in stages {
-                let piece = s.cols / ring.pieces(s.cols)? * 2;
-                let bytes = (s.rows * s.cols * 2) as f64;
-                filled += bytes * piece as f64 / ring.page_bytes as f64;
-                total += bytes;
-            }
-            let fill = filled / total.max(1.0);
-            if best.is_none_or(|(f, _)| fill >= f - 1e-9) {
-                best = Some((fill, ring));
-            }
-        }
-        best.map(|(_, ring)| ring)
-    }
-
-    /// Dynamic shared memory of a block with `consumers` consumer warps and room for an input of
-    /// `xs_floats`: pages, the staged input, the empty barriers and each consumer's full barriers, norm
-    /// scratch. Only what the segment needs: the less a block holds, the sooner its neighbours in the
-    /// stream fit beside it (4B step, runs 68 / 70: 2.980 ms with a fixed 48 KB room, 2.970-2.975 with
-    /// the segment's own 36 KB).
-    fn smem_bytes(&self, consumers: usize, xs_floats: usize) -> usize {
-        self.pages * self.page_bytes + xs_floats * 4 + (1 + consumers) * self.pages * 8 + 32 * 8
-    }
-}
-
-/// How segments run: consumer warps per block (plus 4 producer warps) and knobs for measurements.
-/// Read once, from the environment.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Config {
-    pub consumers: usize,
-    /// A fixed page size instead of the per-segment choice (`TURBOSPARK_SEG_PAGE`).
-    pub page_bytes: Option<usize>,
-    /// Kernel flags (SegParams::flags): bit 0 an L2 evict-first hint on the weights; bits 1-5 for
-    /// measurements only (`TURBOSPARK_SEG_DEBUG`: skipped arithmetic, barrier or staging give wrong
-    /// sums; polling instead of try_wait).
-    pub flags: u32,
-    /// Launch with the cooperative attribute: the driver refuses a grid that cannot be resident at
-    /// once instead of letting its grid barrier wait forever (`TURBOSPARK_SEG_COOP=0`: without).
-    pub cooperative: bool,
-    /// Stages per launch (<= MAX_STAGES) and the most output rows a queued GEMV may have
-    /// (`TURBOSPARK_SEG_MAX` / `TURBOSPARK_SEG_MAX_ROWS`).
-    pub max_stages: usize,
-    pub max_rows: usize,
-    /// Launch a lone queued GEMV as a segment too (`TURBOSPARK_SEG_SINGLE=1`).
-    pub single: bool,
-    /// Run the trace kernels and keep their stamps (`TURBOSPARK_SEG_TRACE=1`, segment_trace.rs).
-    pub trace: bool,
-    /// 12 consumers with registers capped at 88, so a block fits beside two gdn_rec blocks
-    /// (`TURBOSPARK_SEG_REGCAP=1`, measurements).
-    pub regcap: bool,
-    /// Prefetch what `prefetch_after` names (`TURBOSPARK_SEG_PREFETCH=0`: not, for measurements).
-    pub prefetch: bool,
-    /// Take GDN gated norms into the staging (`defer_gated_norm`; `TURBOSPARK_SEG_GATED_NORM=0`: not).
-    pub gated_norm: bool,
-}
-
-impl Config {
-    /// 12 consumer warps: the fastest of the variants measured (see segment.cu);
-    /// `TURBOSPARK_SEG_CONSUMERS` (8 or 12), `_PAGE`, `_EVICT_FIRST` change them for measurements.
-    pub fn from_env() -> Self {
-        let get = |name: &str, default: usize| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(default)
-        };
-        Config {
-            consumers: if get("TURBOSPARK_SEG_CONSUMERS", 12) == 8 {
-                8
-            } else {
-                12
-            },
-            page_bytes: std::env::var("TURBOSPARK_SEG_PAGE")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .map(|b| (b / 16 * 16).clamp(1024, 10240)),
-            flags: (get("TURBOSPARK_SEG_EVICT_FIRST", 0) == 1) as u32
-                | ((get("TURBOSPARK_SEG_DEBUG", 0) as u32 & 31) << 1),
-            cooperative: get("TURBOSPARK_SEG_COOP", 1) != 0,
-            max_stages: get("TURBOSPARK_SEG_MAX", MAX_STAGES).clamp(1, MAX_STAGES),
-            max_rows: get("TURBOSPARK_SEG_MAX_ROWS", usize::MAX),
-            single: get("TURBOSPARK_SEG_SINGLE", 0) == 1,
-            trace: get("TURBOSPARK_SEG_TRACE", 0) == 1,
-            regcap: get("TURBOSPARK_SEG_REGCAP", 0) == 1,
-            prefetch: get("TURBOSPARK_SEG_PREFETCH", 1) != 0,
-            gated_norm: get("TURBOSPARK_SEG_GATED_NORM", 1) != 0,
-        }
-    }
-
-    /// The kernel's name (the instantiations in segment.cu).
-    pub fn kernel(&self) -> &'static str {
-        match (self.consumers == 8, self.trace, self.regcap) {
-            (true, false, _) => "gemv_segment_c8p4",
-            (true, true, _) => "gemv_segment_trace_c8p4",
-            (false, false, false) => "gemv_segment_c12p4",
-            (false, true, false) => "gemv_segment_trace_c12p4",
-            (false, false, true) => "gemv_segment_r88_c12p4",
-            (false, true, true) => "gemv_segment_trace_r88_c12p4",
-        }
-    }
-
-    /// Threads of a block: the consumer warps and 4 producer warps.
-    fn threads(&self) -> u32 {
-        ((self.consumers + 4) * 32) as u32
-    }
-
-    /// The most dynamic shared memory any segment's block takes (the kernel's opt-in).
-    pub fn max_smem_bytes(&self) -> usize {
-        PAGE_SIZES
-            .iter()
-            .chain(self.page_bytes.as_slice())
-            .map(|&b| Ring::of(b).smem_bytes(self.consumers, MAX_IN))
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// The ring for `stages`.
-    fn ring(&self, stages: &[Stage]) -> Option<Ring> {
-        match self.page_bytes {
-            Some(b) => {
-                let ring = Ring::of(b);
-                stages
-                    .iter()
-                    .all(|s| ring.pieces(s.cols).is_some())
-                    .then_some(ring)
-            }
-            None => Ring::for_stages(stages),
-        }
-    }
-}
 
 /// One queued GEMV: the kernel's SegStage fields plus what its ordinary launch needs.
 #[derive(Clone, Copy, Debug)]
@@ -392,14 +220,15 @@ fn launch_stages(
     };
     let words = params(stages, &ring, cfg.flags, seg.barrier.ptr, prefetch);
     let xs_floats = input_room(stages);
+    let kernel = cfg.kernel_for(stages, &ring);
     // One block per SM: the grid barrier needs every block resident.
     let sms = dev.info.sms.max(1) as u32;
     let launched = launch_struct(
         dev,
-        cfg.kernel(),
+        kernel.name,
         sms,
-        cfg.threads(),
-        ring.smem_bytes(cfg.consumers, xs_floats) as u32,
+        kernel.threads(),
+        ring.smem_bytes(kernel.consumers, xs_floats) as u32,
         &words,
         cfg.cooperative,
     );
@@ -410,7 +239,7 @@ fn launch_stages(
             seg.staged_norms.fetch_add(gated as u64, Ordering::Relaxed);
             if cfg.trace {
                 seg.trace
-                    .record(dev, seg.barrier.ptr + 16, sms as usize, stages)?;
+                    .record(dev, seg.barrier.ptr + 16, sms as usize, stages, &kernel)?;
             }
             Ok(())
         }
@@ -626,65 +455,34 @@ impl Drop for Scope<'_> {
     }
 }
 
+/// A one-row GEMV of `rows` x `cols` (unit tests).
+#[cfg(test)]
+pub(crate) fn test_gemv(cols: usize, rows: usize) -> Stage {
+    Stage {
+        w: 0x1000,
+        x: 0x2000,
+        y: 0x3000,
+        norm_w: 0x4000,
+        gate_z: 0,
+        gated_dv: 0,
+        cols,
+        rows,
+        accumulate: true,
+        wpr: 4,
+        inter: 0,
+        zero_centred: true,
+        eps: 1e-6,
+        blocks: 528,
+        stage: true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A one-row GEMV of `rows` x `cols`.
     fn gemv(cols: usize, rows: usize) -> Stage {
-        Stage {
-            w: 0x1000,
-            x: 0x2000,
-            y: 0x3000,
-            norm_w: 0x4000,
-            gate_z: 0,
-            gated_dv: 0,
-            cols,
-            rows,
-            accumulate: true,
-            wpr: 4,
-            inter: 0,
-            zero_centred: true,
-            eps: 1e-6,
-            blocks: 528,
-            stage: true,
-        }
-    }
-
-    #[test]
-    fn rows_split_into_the_fewest_equal_pieces_that_fit_a_page() {
-        let r = Ring::of(5120);
-        assert_eq!((r.pages, r.page_bytes), (32, 5120));
-        // The 4B shape's input widths: hidden 2560, GDN value 4096, intermediate 9216.
-        assert_eq!(r.pieces(2560), Some(1));
-        assert_eq!(r.pieces(4096), Some(2));
-        assert_eq!(r.pieces(9216), Some(4));
-        assert_eq!(r.pieces(8), Some(1));
-        // Pieces must be whole 16-byte vectors.
-        assert_eq!(r.pieces(12), None);
-        assert_eq!(Ring::of(8192).pages, 20);
-        let c = Config::from_env();
-        assert!(
-            c.max_smem_bytes() <= 227 * 1024,
-            "every ring must fit an H100/H200 block"
-        );
-    }
-
-    #[test]
-    fn each_segment_takes_the_page_its_rows_fill() {
-        // 4B-shaped layer: out 4096 -> 2560, gate_up 2560 -> 18432, down 9216 -> 2560, in_proj.
-        let four_b = [
-            gemv(4096, 2560),
-            gemv(2560, 18432),
-            gemv(9216, 2560),
-            gemv(2560, 12352),
-        ];
-        assert_eq!(Ring::for_stages(&four_b).map(|r| r.page_bytes), Some(5120));
-        // 8B-shaped: hidden 4096, intermediate 12288.
-        let eight_b = [gemv(4096, 4096), gemv(4096, 24576), gemv(12288, 4096)];
-        assert_eq!(Ring::for_stages(&eight_b).map(|r| r.page_bytes), Some(8192));
-        // A row no page size divides into whole vectors: no segment.
-        assert_eq!(Ring::for_stages(&[gemv(12, 4)]), None);
+        test_gemv(cols, rows)
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use crate::buf::{dtoh, htod};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
-use crate::segment::Stage;
+use crate::segment::{SegKernel, Stage};
 
 /// Words per block (SEG_TR_WORDS) and where the stages' six words start (SEG_TR_STAGE).
 pub(crate) const WORDS: usize = 64;
@@ -22,6 +22,8 @@ const KEEP: usize = 4096;
 
 struct Launch {
     kind: String,
+    /// Consumer and producer warps of the kernel that ran it.
+    warps: (usize, usize),
     /// Bytes of weights per stage.
     bytes: Vec<f64>,
     /// [blocks][WORDS]
@@ -56,6 +58,7 @@ impl Trace {
         region: u64,
         blocks: usize,
         stages: &[Stage],
+        kernel: &SegKernel,
     ) -> Result<(), CudaError> {
         if capturing(dev) {
             return Ok(());
@@ -76,13 +79,19 @@ impl Trace {
             })
             .collect::<Vec<_>>()
             .join(", ");
+        let kind = format!("{kind}] on [{}", kernel.name);
         let bytes = stages
             .iter()
             .map(|s| (s.rows * s.cols * 2) as f64)
             .collect();
         if let Ok(mut l) = self.launches.lock() {
             if l.len() < KEEP {
-                l.push(Launch { kind, bytes, words });
+                l.push(Launch {
+                    kind,
+                    warps: (kernel.consumers, kernel.producers),
+                    bytes,
+                    words,
+                });
             }
         }
         Ok(())
@@ -93,7 +102,7 @@ impl Trace {
     /// block's rows time, the stage's bytes over the median rows time, and the share of the rows time
     /// the consumer warps waited for pages and the producers for free pages. `clock_khz`: the SM clock
     /// that converts cycles (the kernel's own cycles per globaltimer ns are printed beside it).
-    pub(crate) fn report(&self, clock_khz: f64, consumers: usize) -> Option<String> {
+    pub(crate) fn report(&self, clock_khz: f64) -> Option<String> {
         let launches = self.launches.lock().ok()?;
         if launches.is_empty() {
             return None;
@@ -106,6 +115,7 @@ impl Trace {
         let mut out = String::new();
         for (kind, ls) in kinds {
             let n = ls[0].bytes.len();
+            let (consumers, producers) = ls[0].warps;
             let mut kernel_ns = Vec::new();
             let mut ghz = Vec::new();
             let mut first_copy = Vec::new();
@@ -139,7 +149,7 @@ impl Trace {
                         blocks
                             .iter()
                             .zip(&rows)
-                            .map(|(b, r)| w(b, 5) / (4.0 * r.max(1.0))),
+                            .map(|(b, r)| w(b, 5) / (producers as f64 * r.max(1.0))),
                     ));
                 }
             }
@@ -219,11 +229,12 @@ mod tests {
         .concat();
         t.launches.lock().unwrap().push(Launch {
             kind: "2560x4096, 18432x2560 swiglu".into(),
+            warps: (2, 4),
             bytes: vec![2e7, 9e7],
             words,
         });
         // 1 GHz: a cycle is a ns.
-        let r = t.report(1e6, 2).unwrap();
+        let r = t.report(1e6).unwrap();
         assert!(r.contains("1 launches, kernel 12.0 us"), "{r}");
         // Stage 0: staging 500 cycles, rows 2000 / 3000 (median of two: the upper), slowest 3000.
         assert!(

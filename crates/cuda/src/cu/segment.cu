@@ -8,6 +8,8 @@
 // the segment (segment.rs prefetch_after: a GDN layer's state, read by the recurrence next).
 // A stage may first apply a GDN layer's gated RMSNorm to its staged input (gate_z): the norm gdn_rec
 // would otherwise end with after a fence and a counter (4B step 2.783 ms against 2.830, run 91).
+// Rows summed by one warp in one piece may read their input from registers instead of the staged copy
+// (seg_row_held, kernels of 8 consumers: the 4B step 2.728 ms against 2.756, run 97).
 // Probe: tools/device/probes/ring_chain.cu (run 48): 128 GEMVs in 2.10 ms against 2.335 as launches.
 //
 // Exactness: a row's sum is formed as linear.cu forms it for one row (linear_rows<bf16, 1>): lane l of
@@ -217,8 +219,7 @@ __device__ __forceinline__ float seg_rms_inv(const float* xr, int width, float e
     return 1.0f / sqrtf(variance + eps);
 }
 
-__device__ __forceinline__ float seg_dot8(uint4 u, const float4* lo, const float4* hi, int v, float s) {
-    const float4 a = lo[v], b = hi[v];
+__device__ __forceinline__ float seg_dot8(uint4 u, float4 a, float4 b, float s) {
     s = fmaf(bf16_lo(u.x), a.x, s);
     s = fmaf(bf16_hi(u.x), a.y, s);
     s = fmaf(bf16_lo(u.y), a.z, s);
@@ -243,6 +244,17 @@ struct SegRing {
     unsigned long long waited;  // trace kernels: cycles spent waiting for pages
 };
 
+// The page of unit `seq` once its bytes have landed (this consumer's next phase of it).
+template <bool TRACE>
+__device__ __forceinline__ int seg_page_take(SegRing& r, unsigned seq) {
+    const int k = (int)(seq % (unsigned)r.pages_n);
+    const unsigned long long w0 = TRACE ? SEG_CLOCK() : 0ull;
+    seg_mbar_wait(&r.full[k], (r.parity >> k) & 1u, r.spin);
+    if (TRACE) r.waited += SEG_CLOCK() - w0;
+    r.parity ^= 1u << k;
+    return k;
+}
+
 // One weight row of `in` values, read from units seq, seq + 1, ... (`pieces` of them): the row's sum
 // in linear.cu's order for `WPR` parts.
 template <int WPR, bool TRACE>
@@ -253,11 +265,7 @@ __device__ __forceinline__ float seg_row(SegRing& r, unsigned seq, const float* 
     for (int q = 0; q < WPR; ++q) acc[q] = 0.0f;
     const int pv = in / 8 / pieces;  // vectors per piece
     for (int pc = 0; pc < pieces; ++pc, ++seq) {
-        const int k = (int)(seq % (unsigned)r.pages_n);
-        const unsigned long long w0 = TRACE ? SEG_CLOCK() : 0ull;
-        seg_mbar_wait(&r.full[k], (r.parity >> k) & 1u, r.spin);
-        if (TRACE) r.waited += SEG_CLOCK() - w0;
-        r.parity ^= 1u << k;
+        const int k = seg_page_take<TRACE>(r, seq);
         const uint4* wv = reinterpret_cast<const uint4*>(r.pages + (size_t)k * r.page_bytes);
         const float4* xlo = reinterpret_cast<const float4*>(xs);
         const float4* xhi = reinterpret_cast<const float4*>(xs + (in >> 1));
@@ -270,7 +278,7 @@ __device__ __forceinline__ float seg_row(SegRing& r, unsigned seq, const float* 
 #pragma unroll
             for (int q = 0; q < WPR; ++q) {
                 const int v = b + q * 32 + lane;
-                if (v >= v0 && v < v1) acc[q] = seg_dot8(wv[v - v0], xlo, xhi, v, acc[q]);
+                if (v >= v0 && v < v1) acc[q] = seg_dot8(wv[v - v0], xlo[v], xhi[v], acc[q]);
             }
         }
         __syncwarp();
@@ -280,6 +288,39 @@ __device__ __forceinline__ float seg_row(SegRing& r, unsigned seq, const float* 
 #pragma unroll
     for (int q = 1; q < WPR; ++q) t += warp_sum(acc[q]);
     return t;
+}
+
+// A held input (seg_row_held): rows of 8 * 32 * NV values in one piece, summed by one warp (WPR 1). Lane
+// l's vectors l + 32 j (j < NV) are the same for every row of the stage, so the lane holds the first NR of
+// them in registers (the two planes) and reads only the rest and its weights from shared memory: for
+// NR = NV, 4 wavefronts per warp step instead of 12. Vector 32 j + lane is the lane's j-th: seg_row<1>'s
+// order, so the same bits. (Also holding the out projection's input (4 warps per row, in pieces): 4B
+// step 2.752 ms against 2.729, 9B 4.700 against 4.557, run 98: its stage ran faster, the rest slower.)
+template <int NV_, int NR_>
+struct SegHeld {
+    static constexpr int NV = NV_, NR = NR_;
+    static_assert(NR <= NV, "held vectors of the row");
+    __device__ __forceinline__ static bool fits(const SegStage& st) {
+        return st.pieces == 1 && st.wpr == 1 && st.in == 8 * 32 * NV;
+    }
+};
+using SegHeldNone = SegHeld<0, 0>;
+
+template <class H, bool TRACE>
+__device__ __forceinline__ float seg_row_held(SegRing& r, unsigned seq, const float4 (&xl)[H::NR],
+                                              const float4 (&xh)[H::NR], const float* xs, int lane) {
+    const int k = seg_page_take<TRACE>(r, seq);
+    const uint4* wv = reinterpret_cast<const uint4*>(r.pages + (size_t)k * r.page_bytes);
+    const float4* x4 = reinterpret_cast<const float4*>(xs);
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < H::NV; ++j) {
+        const int v = 32 * j + lane;
+        acc = j < H::NR ? seg_dot8(wv[v], xl[j], xh[j], acc) : seg_dot8(wv[v], x4[v], x4[32 * H::NV + v], acc);
+    }
+    __syncwarp();
+    if (lane == 0) seg_mbar_arrive(&r.empty[k]);
+    return warp_sum(acc);
 }
 
 template <bool TRACE>
@@ -316,7 +357,43 @@ __device__ __forceinline__ void seg_prefetch_after(const SegParams& p, int who, 
     }
 }
 
-template <int C, int PRODUCERS, bool TRACE>
+// A consumer warp's rows of a stage (its jobs i0, i0 + C, ... of the block's `owned`), each summed by
+// `row(first unit)`, with the stage's epilogue (SwiGLU, residual).
+template <int C, class Row>
+__device__ __forceinline__ void seg_stage_rows(const SegStage& st, int b, int g, int owned, int i0, unsigned seq0,
+                                               unsigned units, int lane, Row row) {
+    for (int i = i0; i < owned; i += C) {
+        const int j = b + i * g;
+        const unsigned seq = seq0 + (unsigned)i * units;
+        // The residual this row adds to, fetched before the row so its L2 latency hides behind it.
+        const float prev = st.accumulate && lane == 0 ? __ldcg(st.y + j) : 0.0f;
+        const float t = row(seq);
+        if (st.swiglu_inter) {
+            const float u = row(seq + st.pieces);
+            if (lane == 0) st.y[j] = silu_f(t) * u;
+        } else if (lane == 0) {
+            st.y[j] = st.accumulate ? prev + t : t;
+        }
+    }
+}
+
+// seg_stage_rows with the stage's input held in registers (seg_row_held), loaded from the staged planes.
+template <int C, class H, bool TRACE>
+__device__ __forceinline__ void seg_stage_rows_held(const SegStage& st, SegRing& ring, const float* xs, int b, int g,
+                                                    int owned, int i0, unsigned seq0, unsigned units, int lane) {
+    float4 xl[H::NR], xh[H::NR];
+    const float4* x4 = reinterpret_cast<const float4*>(xs);
+#pragma unroll
+    for (int j = 0; j < H::NR; ++j) {
+        xl[j] = x4[32 * j + lane];
+        xh[j] = x4[32 * H::NV + 32 * j + lane];
+    }
+    seg_stage_rows<C>(st, b, g, owned, i0, seq0, units, lane,
+                      [&](unsigned seq) { return seg_row_held<H, TRACE>(ring, seq, xl, xh, xs, lane); });
+}
+
+// Stages that fit HELD (SegHeld) hold their input in registers.
+template <int C, int PRODUCERS, bool TRACE, class HELD>
 __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     const int pages = p.pages;  // a multiple of PRODUCERS, at most 32 (the consumers' parity bits)
     unsigned char* smem = DYN_SMEM(unsigned char);
@@ -489,18 +566,16 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         if (TRACE && threadIdx.x == 0) ts[1] = SEG_CLOCK();
         const int owned = seg_owned(seg_jobs(st), b, g);
         const unsigned units = (unsigned)(st.swiglu_inter ? 2 * st.pieces : st.pieces);
-        for (int i = (warp - k % C + C) % C; i < owned; i += C) {
-            const int j = b + i * g;
-            const unsigned seq = seq0 + (unsigned)i * units;
-            // The residual this row adds to, fetched before the row so its L2 latency hides behind it.
-            const float prev = st.accumulate && lane == 0 ? __ldcg(st.y + j) : 0.0f;
-            const float t = seg_row_any<TRACE>(ring, seq, xs, st.in, st.pieces, st.wpr, lane, skip_math);
-            if (st.swiglu_inter) {
-                const float u = seg_row_any<TRACE>(ring, seq + st.pieces, xs, st.in, st.pieces, st.wpr, lane, skip_math);
-                if (lane == 0) st.y[j] = silu_f(t) * u;
-            } else if (lane == 0) {
-                st.y[j] = st.accumulate ? prev + t : t;
-            }
+        const int i0 = (warp - k % C + C) % C;
+        bool held = false;
+        if constexpr (HELD::NV > 0) {
+            held = !skip_math && HELD::fits(st);
+            if (held) seg_stage_rows_held<C, HELD, TRACE>(st, ring, xs, b, g, owned, i0, seq0, units, lane);
+        }
+        if (!held) {
+            seg_stage_rows<C>(st, b, g, owned, i0, seq0, units, lane, [&](unsigned seq) {
+                return seg_row_any<TRACE>(ring, seq, xs, st.in, st.pieces, st.wpr, lane, skip_math);
+            });
         }
         k += owned;
         seq0 += (unsigned)owned * units;
@@ -525,25 +600,32 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
 // C consumer and P producer warps. 4B-shaped decode step on the H200 (runs 58-63): 8 / 12 / 16 consumers
 // 3.066 / 2.947 / 2.981 ms (per-GEMV launches 3.040); 8 producers instead of 4: 3.091; registers capped
 // so that a block fits beside two gdn_rec blocks: no gain (88) or spills (80).
-#define SEG_KERNEL(C, P)                                                                               \
-    extern "C" __global__ void __launch_bounds__(((C) + (P)) * 32, 1) gemv_segment_c##C##p##P(const SegParams p) { \
-        gemv_segment_body<C, P, false>(p);                                                             \
-    }                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(((C) + (P)) * 32, 1)                                  \
-        gemv_segment_trace_c##C##p##P(const SegParams p) {                                             \
-        gemv_segment_body<C, P, true>(p);                                                              \
+// Held inputs need ~160 registers, so 12 warps at most: 16 x 128 registers fill the SM, and 14 x 144 do
+// not fit its four register files (run 95). One kernel per held width (segment.rs HELD_KERNELS): a kernel
+// carrying both widths' code ran the 4B step 0.06 ms slower (run 96). Held vectors: as many as fit 168
+// registers without spills (ptxas, sm_90).
+#define SEG_KERNEL(C, P, HELD, NAME)                                                                           \
+    extern "C" __global__ void __launch_bounds__(((C) + (P)) * 32, 1) gemv_segment_##NAME(const SegParams p) {  \
+        gemv_segment_body<C, P, false, HELD>(p);                                                              \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(((C) + (P)) * 32, 1) gemv_segment_trace_##NAME(const SegParams p) { \
+        gemv_segment_body<C, P, true, HELD>(p);                                                               \
     }
-SEG_KERNEL(8, 4)
-SEG_KERNEL(12, 4)
+using SegHeld10 = SegHeld<10, 10>;
+using SegHeld16 = SegHeld<16, 12>;
+SEG_KERNEL(8, 4, SegHeldNone, c8p4)
+SEG_KERNEL(12, 4, SegHeldNone, c12p4)
+SEG_KERNEL(8, 4, SegHeld10, c8p4_x10)
+SEG_KERNEL(8, 4, SegHeld16, c8p4_x16)
 // Registers capped (`TURBOSPARK_SEG_REGCAP=1`, measurements): 512 x 88 registers leave room for two
 // 128-thread gdn_rec blocks of 64 on the same SM. Resident beside them only with every kernel's
 // carveout at 100% and no cooperative launch (TURBOSPARK_CARVEOUT=100, TURBOSPARK_SEG_COOP=0: the
 // producers start 4.5-5.7 us before the consumers, stage 0 rows 7.3 -> 4.9 us), yet the step is not
 // faster: 2.838-2.850 ms against 2.815 (runs 86-87; the recurrence's reads wait behind the stream).
 extern "C" __global__ void __maxnreg__(88) gemv_segment_r88_c12p4(const SegParams p) {
-    gemv_segment_body<12, 4, false>(p);
+    gemv_segment_body<12, 4, false, SegHeldNone>(p);
 }
 extern "C" __global__ void __maxnreg__(88) gemv_segment_trace_r88_c12p4(const SegParams p) {
-    gemv_segment_body<12, 4, true>(p);
+    gemv_segment_body<12, 4, true, SegHeldNone>(p);
 }
 #endif

@@ -1,0 +1,347 @@
+//! How segments run (segment.rs): the weight ring a launch takes (`Ring`: page size and pieces per row),
+//! the configuration read from the environment (`Config`), and which kernel a launch runs
+//! (`Config::kernel_for`: one holding a stage's input in registers when its rows allow, `HELD_KERNELS`).
+
+use crate::segment::{Stage, MAX_IN, MAX_STAGES};
+
+/// The kernel instantiations (segment.cu), for the kernel simulator's table.
+pub(crate) const KERNELS: [&str; 5] = [
+    "gemv_segment_c8p4",
+    "gemv_segment_c12p4",
+    "gemv_segment_c8p4_x10",
+    "gemv_segment_c8p4_x16",
+    "gemv_segment_r88_c12p4",
+];
+/// The kernels that hold a stage's input in registers (segment.cu SEG_KERNEL / SegHeld), 8 consumers
+/// each, and the input width they hold: of stages with one warp and one piece per row.
+struct HeldKernel {
+    name: &'static str,
+    trace: &'static str,
+    width: usize,
+}
+const HELD_KERNELS: [HeldKernel; 2] = [
+    HeldKernel {
+        name: "gemv_segment_c8p4_x10",
+        trace: "gemv_segment_trace_c8p4_x10",
+        width: 2560,
+    },
+    HeldKernel {
+        name: "gemv_segment_c8p4_x16",
+        trace: "gemv_segment_trace_c8p4_x16",
+        width: 4096,
+    },
+];
+/// Shared memory of a block's weight ring (the probe's best ring: 20 pages of 8 KB, run 48).
+const RING_BYTES: usize = 160 * 1024;
+/// Page sizes a segment may use (the one that wastes least of the ring on its rows is taken).
+const PAGE_SIZES: [usize; 5] = [4096, 5120, 6144, 8192, 10240];
+/// Most pages of a ring (the consumers keep one parity bit per page).
+const MAX_PAGES: usize = 32;
+/// A segment's weight ring: `pages` pages of `page_bytes` (a multiple of the 4 producer warps).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Ring {
+    pub page_bytes: usize,
+    pub pages: usize,
+}
+
+impl Ring {
+    pub(crate) fn of(page_bytes: usize) -> Ring {
+        Ring {
+            page_bytes,
+            pages: (RING_BYTES / page_bytes).min(MAX_PAGES) / 4 * 4,
+        }
+    }
+
+    /// Pieces a row of `cols` bf16 values is read in: the fewest equal ones of whole 16-byte vectors
+    /// that fit a page.
+    pub(crate) fn pieces(&self, cols: usize) -> Option<usize> {
+        (1..=cols / 8).find(|&p| {
+            cols.is_multiple_of(p)
+                && (cols / p).is_multiple_of(8)
+                && cols / p * 2 <= self.page_bytes
+        })
+    }
+
+    /// The ring for `stages`: of the page sizes that hold every stage's rows in pieces, the one whose
+    /// pages the streamed bytes fill best (a 2560-wide row fills a 5 KB page, a 4096-wide one 8 KB);
+    /// on a tie the larger page (fewer copies).
+    fn for_stages(stages: &[Stage]) -> Option<Ring> {
+        let mut best: Option<(f64, Ring)> = None;
+        for ring in PAGE_SIZES.map(Ring::of) {
+            let mut filled = 0.0;
+            let mut total = 0.0;
+            for s in stages {
+                let piece = s.cols / ring.pieces(s.cols)? * 2;
+                let bytes = (s.rows * s.cols * 2) as f64;
+                filled += bytes * piece as f64 / ring.page_bytes as f64;
+                total += bytes;
+            }
+            let fill = filled / total.max(1.0);
+            if best.is_none_or(|(f, _)| fill >= f - 1e-9) {
+                best = Some((fill, ring));
+            }
+        }
+        best.map(|(_, ring)| ring)
+    }
+
+    /// Dynamic shared memory of a block with `consumers` consumer warps and room for an input of
+    /// `xs_floats`: pages, the staged input, the empty barriers and each consumer's full barriers, norm
+    /// scratch. Only what the segment needs: the less a block holds, the sooner its neighbours in the
+    /// stream fit beside it (4B step, runs 68 / 70: 2.980 ms with a fixed 48 KB room, 2.970-2.975 with
+    /// the segment's own 36 KB).
+    pub(crate) fn smem_bytes(&self, consumers: usize, xs_floats: usize) -> usize {
+        self.pages * self.page_bytes + xs_floats * 4 + (1 + consumers) * self.pages * 8 + 32 * 8
+    }
+}
+
+/// How segments run: consumer warps per block (plus 4 producer warps) and knobs for measurements.
+/// Read once, from the environment.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Config {
+    /// Consumer warps of a block (plus 4 producers) of the kernel without a register-held input: 12, or
+    /// 8 (measurements; then every segment runs that kernel).
+    pub consumers: usize,
+    /// A fixed page size instead of the per-segment choice (`TURBOSPARK_SEG_PAGE`).
+    pub page_bytes: Option<usize>,
+    /// Kernel flags (SegParams::flags): bit 0 an L2 evict-first hint on the weights; bits 1-5 for
+    /// measurements only (`TURBOSPARK_SEG_DEBUG`: skipped arithmetic, barrier or staging give wrong
+    /// sums; polling instead of try_wait).
+    pub flags: u32,
+    /// Launch with the cooperative attribute: the driver refuses a grid that cannot be resident at
+    /// once instead of letting its grid barrier wait forever (`TURBOSPARK_SEG_COOP=0`: without).
+    pub cooperative: bool,
+    /// Stages per launch (<= MAX_STAGES) and the most output rows a queued GEMV may have
+    /// (`TURBOSPARK_SEG_MAX` / `TURBOSPARK_SEG_MAX_ROWS`).
+    pub max_stages: usize,
+    pub max_rows: usize,
+    /// Launch a lone queued GEMV as a segment too (`TURBOSPARK_SEG_SINGLE=1`).
+    pub single: bool,
+    /// Run the trace kernels and keep their stamps (`TURBOSPARK_SEG_TRACE=1`, segment_trace.rs).
+    pub trace: bool,
+    /// 12 consumers with registers capped at 88, so a block fits beside two gdn_rec blocks
+    /// (`TURBOSPARK_SEG_REGCAP=1`, measurements).
+    pub regcap: bool,
+    /// Prefetch what `prefetch_after` names (`TURBOSPARK_SEG_PREFETCH=0`: not, for measurements).
+    pub prefetch: bool,
+    /// Take GDN gated norms into the staging (`defer_gated_norm`; `TURBOSPARK_SEG_GATED_NORM=0`: not).
+    pub gated_norm: bool,
+    /// Run segments with a stage whose input fits a lane's registers on the 8-consumer kernel that holds
+    /// it there (`SegKernel`; `TURBOSPARK_SEG_XREG=0`: every segment on `kernel()`).
+    pub xreg: bool,
+}
+
+/// The kernel one segment launches, and its warps.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SegKernel {
+    pub name: &'static str,
+    pub consumers: usize,
+    pub producers: usize,
+}
+
+impl SegKernel {
+    /// Threads of a block: the consumer and producer warps.
+    pub(crate) fn threads(&self) -> u32 {
+        ((self.consumers + self.producers) * 32) as u32
+    }
+}
+
+impl Config {
+    /// 12 consumer warps: the fastest of the variants measured (see segment.cu);
+    /// `TURBOSPARK_SEG_CONSUMERS` (8 or 12), `_PAGE`, `_EVICT_FIRST` change them for measurements; `TURBOSPARK_SEG_XREG=0` keeps every stage's input
+    /// in shared memory.
+    pub fn from_env() -> Self {
+        let get = |name: &str, default: usize| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
+        Config {
+            consumers: if get("TURBOSPARK_SEG_CONSUMERS", 12) == 8 {
+                8
+            } else {
+                12
+            },
+            page_bytes: std::env::var("TURBOSPARK_SEG_PAGE")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .map(|b| (b / 16 * 16).clamp(1024, 10240)),
+            flags: (get("TURBOSPARK_SEG_EVICT_FIRST", 0) == 1) as u32
+                | ((get("TURBOSPARK_SEG_DEBUG", 0) as u32 & 31) << 1),
+            cooperative: get("TURBOSPARK_SEG_COOP", 1) != 0,
+            max_stages: get("TURBOSPARK_SEG_MAX", MAX_STAGES).clamp(1, MAX_STAGES),
+            max_rows: get("TURBOSPARK_SEG_MAX_ROWS", usize::MAX),
+            single: get("TURBOSPARK_SEG_SINGLE", 0) == 1,
+            trace: get("TURBOSPARK_SEG_TRACE", 0) == 1,
+            regcap: get("TURBOSPARK_SEG_REGCAP", 0) == 1,
+            prefetch: get("TURBOSPARK_SEG_PREFETCH", 1) != 0,
+            gated_norm: get("TURBOSPARK_SEG_GATED_NORM", 1) != 0,
+            xreg: get("TURBOSPARK_SEG_XREG", 1) != 0,
+        }
+    }
+
+    /// The kernel of segments without a register-held input (the instantiations in segment.cu).
+    pub fn base_kernel(&self) -> SegKernel {
+        let name = match (self.consumers, self.trace, self.regcap) {
+            (8, false, _) => "gemv_segment_c8p4",
+            (8, true, _) => "gemv_segment_trace_c8p4",
+            (_, false, false) => "gemv_segment_c12p4",
+            (_, true, false) => "gemv_segment_trace_c12p4",
+            (_, false, true) => "gemv_segment_r88_c12p4",
+            (_, true, true) => "gemv_segment_trace_r88_c12p4",
+        };
+        SegKernel {
+            name,
+            consumers: self.consumers,
+            producers: 4,
+        }
+    }
+
+    fn held_kernel(&self, k: &HeldKernel) -> SegKernel {
+        SegKernel {
+            name: if self.trace { k.trace } else { k.name },
+            consumers: 8,
+            producers: 4,
+        }
+    }
+
+    /// Every kernel segments may launch under this configuration.
+    pub fn kernels(&self) -> Vec<SegKernel> {
+        let mut k = vec![self.base_kernel()];
+        if self.xreg_allowed() {
+            k.extend(HELD_KERNELS.iter().map(|h| self.held_kernel(h)));
+        }
+        k
+    }
+
+    fn xreg_allowed(&self) -> bool {
+        self.xreg && self.consumers == 12 && !self.regcap
+    }
+
+    /// The kernel for `stages` on `ring`: of the HELD_KERNELS, the one whose held stages carry the most
+    /// weight bytes (the ~160 registers a held input takes leave room for 8 consumer warps: 4B step
+    /// 2.728 ms against 2.756 on 12 without, 9B 4.556 against 4.650, run 97); else the base kernel.
+    pub(crate) fn kernel_for(&self, stages: &[Stage], ring: &Ring) -> SegKernel {
+        if !self.xreg_allowed() {
+            return self.base_kernel();
+        }
+        let held_bytes = |k: &HeldKernel| -> usize {
+            stages
+                .iter()
+                .filter(|s| s.cols == k.width && s.wpr == 1 && ring.pieces(s.cols) == Some(1))
+                .map(|s| s.rows * s.cols)
+                .sum()
+        };
+        HELD_KERNELS
+            .iter()
+            .map(|k| (held_bytes(k), k))
+            .filter(|&(b, _)| b > 0)
+            .max_by_key(|&(b, _)| b)
+            .map_or_else(|| self.base_kernel(), |(_, k)| self.held_kernel(k))
+    }
+
+    /// The most dynamic shared memory a block of `kernel` takes (its opt-in).
+    pub fn max_smem_bytes(&self, kernel: &SegKernel) -> usize {
+        PAGE_SIZES
+            .iter()
+            .chain(self.page_bytes.as_slice())
+            .map(|&b| Ring::of(b).smem_bytes(kernel.consumers, MAX_IN))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The ring for `stages`.
+    pub(crate) fn ring(&self, stages: &[Stage]) -> Option<Ring> {
+        match self.page_bytes {
+            Some(b) => {
+                let ring = Ring::of(b);
+                stages
+                    .iter()
+                    .all(|s| ring.pieces(s.cols).is_some())
+                    .then_some(ring)
+            }
+            None => Ring::for_stages(stages),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::segment::test_gemv as gemv;
+
+    #[test]
+    fn rows_split_into_the_fewest_equal_pieces_that_fit_a_page() {
+        let r = Ring::of(5120);
+        assert_eq!((r.pages, r.page_bytes), (32, 5120));
+        // The 4B shape's input widths: hidden 2560, GDN value 4096, intermediate 9216.
+        assert_eq!(r.pieces(2560), Some(1));
+        assert_eq!(r.pieces(4096), Some(2));
+        assert_eq!(r.pieces(9216), Some(4));
+        assert_eq!(r.pieces(8), Some(1));
+        // Pieces must be whole 16-byte vectors.
+        assert_eq!(r.pieces(12), None);
+        assert_eq!(Ring::of(8192).pages, 20);
+        let c = Config::from_env();
+        for k in c.kernels() {
+            assert!(
+                c.max_smem_bytes(&k) <= 227 * 1024,
+                "every ring of {} must fit an H100/H200 block",
+                k.name
+            );
+        }
+    }
+
+    #[test]
+    fn segments_with_a_stage_one_warp_per_row_of_a_held_width_take_the_register_kernel() {
+        let c = Config {
+            xreg: true,
+            consumers: 12,
+            regcap: false,
+            trace: false,
+            ..Config::from_env()
+        };
+        let one_warp = |cols, rows| Stage {
+            wpr: 1,
+            ..gemv(cols, rows)
+        };
+        // 4B layer: gate_up and in_proj (2560 wide, one piece of a 5 KB page) qualify; out does not (wpr 4).
+        let four_b = [
+            gemv(4096, 2560),
+            one_warp(2560, 18432),
+            gemv(9216, 2560),
+            one_warp(2560, 12352),
+        ];
+        let ring = Ring::for_stages(&four_b).unwrap();
+        assert_eq!(c.kernel_for(&four_b, &ring).name, "gemv_segment_c8p4_x10");
+        assert_eq!(c.kernel_for(&four_b, &ring).consumers, 8);
+        // Rows of several warps do not, nor one-warp rows in pieces.
+        let other = [gemv(2560, 12352), one_warp(4096, 18432)];
+        assert_eq!(c.kernel_for(&other, &ring).name, "gemv_segment_c12p4");
+        // 8B layer on 8 KB pages: 4096 wide in one piece.
+        let eight_b = [one_warp(4096, 24576), gemv(12288, 4096)];
+        let ring8 = Ring::for_stages(&eight_b).unwrap();
+        assert_eq!(c.kernel_for(&eight_b, &ring8).name, "gemv_segment_c8p4_x16");
+        // Turned off: the base kernel.
+        let off = Config { xreg: false, ..c };
+        assert_eq!(off.kernel_for(&four_b, &ring).name, "gemv_segment_c12p4");
+    }
+
+    #[test]
+    fn each_segment_takes_the_page_its_rows_fill() {
+        // 4B-shaped layer: out 4096 -> 2560, gate_up 2560 -> 18432, down 9216 -> 2560, in_proj.
+        let four_b = [
+            gemv(4096, 2560),
+            gemv(2560, 18432),
+            gemv(9216, 2560),
+            gemv(2560, 12352),
+        ];
+        assert_eq!(Ring::for_stages(&four_b).map(|r| r.page_bytes), Some(5120));
+        // 8B-shaped: hidden 4096, intermediate 12288.
+        let eight_b = [gemv(4096, 4096), gemv(4096, 24576), gemv(12288, 4096)];
+        assert_eq!(Ring::for_stages(&eight_b).map(|r| r.page_bytes), Some(8192));
+        // A row no page size divides into whole vectors: no segment.
+        assert_eq!(Ring::for_stages(&[gemv(12, 4)]), None);
+    }
+}
