@@ -255,7 +255,7 @@ fn launch_stages(
 }
 
 /// The kernel's SegParams (segment.cu) as 8-byte words: 8 SegStage of 80 bytes (w, x, y, norm_w,
-/// gate_z, then in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces, gated_dv, eps, pad as
+/// gate_z, then in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces, gated_dv, eps, norm_staged as
 /// 4-byte fields), then n, page_bytes, pages, flags, xs_floats, pad, the barrier's address and
 /// MAX_PREFETCH ranges (address, bytes): 736 bytes.
 fn params(
@@ -278,7 +278,7 @@ fn params(
             pieces as u32,
             s.gated_dv as u32,
             s.eps.to_bits(),
-            0,
+            norm_staged(s) as u32,
         ];
         let at = i * 10;
         words[at..at + 5].copy_from_slice(&[s.w, s.x, s.y, s.norm_w, s.gate_z]);
@@ -322,15 +322,27 @@ fn prefetch_ranges(ranges: &[(u64, usize)]) -> Vec<(u64, usize)> {
         .collect()
 }
 
-/// Floats of staged input a segment needs: its widest input (twice a gated norm's: x, then z), rounded
-/// up to whole 16-byte vectors.
+/// Floats of staged input a segment needs: its widest input (twice a gated norm's: x, then z; twice a staged
+/// RMSNorm's: x, then its weights), rounded up to whole 16-byte vectors.
 fn input_room(stages: &[Stage]) -> usize {
     stages
         .iter()
-        .map(|s| if s.gate_z != 0 { 2 * s.cols } else { s.cols })
+        .map(|s| {
+            if s.gate_z != 0 || norm_staged(s) {
+                2 * s.cols
+            } else {
+                s.cols
+            }
+        })
         .max()
         .unwrap_or(0)
         .next_multiple_of(4)
+}
+
+/// Whether a stage's RMSNorm weights are staged with its input (SegStage::norm_staged): when both fit
+/// the room every segment kernel is opted in for (MAX_IN floats).
+fn norm_staged(s: &Stage) -> bool {
+    s.norm_w != 0 && s.gate_z == 0 && 2 * s.cols <= MAX_IN
 }
 
 /// Whether `defer_gated_norm` would take a norm: a decode step is open and segments stage norms.
@@ -493,7 +505,15 @@ mod tests {
             gated_dv: 128,
             ..st
         };
-        let words = params(&[st, gated], &Ring::of(5120), 1, 0xbeef, &[(0x5000, 4096)]);
+        // A normed stage whose x and weights fit MAX_IN stages its weights with x (norm_staged).
+        let narrow = gemv(2560, 9216);
+        let words = params(
+            &[st, gated, narrow],
+            &Ring::of(5120),
+            1,
+            0xbeef,
+            &[(0x5000, 4096)],
+        );
         assert_eq!(words.len() * 8, 736);
         assert_eq!(&words[10..15], &[0x1000, 0x2000, 0x3000, 0x4000, 0x6000]);
         assert_eq!(words[15], 9216 | 2560 << 32);
@@ -501,8 +521,14 @@ mod tests {
         assert_eq!(words[17], 1 << 32);
         assert_eq!(words[18], 4 | 128 << 32);
         assert_eq!(words[19], 1e-6f32.to_bits() as u64);
+        assert_eq!(
+            words[9],
+            1e-6f32.to_bits() as u64,
+            "18432 floats: weights not staged"
+        );
+        assert_eq!(words[29], 1e-6f32.to_bits() as u64 | 1 << 32);
         assert_eq!(words[4], 0, "no gate: a null pointer");
-        assert_eq!(words[80], 2 | 5120 << 32);
+        assert_eq!(words[80], 3 | 5120 << 32);
         assert_eq!(words[81], 32 | 1 << 32);
         assert_eq!(words[82], 2 * 9216, "room for x and the gated stage's z");
         assert_eq!(words[83], 0xbeef);

@@ -40,7 +40,7 @@ struct SegStage {
     const float* gate_z;   // or null: x first gets a GDN layer's gated RMSNorm, per group of gated_dv values
     int in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces, gated_dv;
     float eps;
-    int pad;
+    int norm_staged;  // RMSNorm weights staged after x (xs[in ..]) with it, not read as they are applied
 };
 #define SEG_MAX_PREFETCH 4
 struct SegPrefetch {
@@ -51,7 +51,8 @@ struct SegParams {
     SegStage st[SEG_MAX_STAGES];
     // flags bit 0: weights stream with an L2 evict-first hint; bits 1-3 (measurements only, wrong
     // sums): consumers skip the arithmetic / the grid barrier / staging the input; bits 4-5: consumers /
-    // producers poll their barriers (test_wait) instead of try_wait
+    // producers poll their barriers (test_wait) instead of try_wait; bit 6: no stage stages its
+    // RMSNorm's weights (measurements)
     int n, page_bytes, pages, flags;
     int xs_floats, pad;  // the staged input's room: the widest stage input (<= SEG_MAX_IN), a multiple of 4
     unsigned long long* barrier;  // arrivals at the grid barrier: zero at allocation, then only grows
@@ -481,6 +482,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         if (TRACE && threadIdx.x == 0) ts[0] = SEG_CLOCK();
         // The input was written by every block in the previous stage: L2 only (L1 may hold an old copy).
         float gw[4];  // a gated norm's weights w[lane + 32 k] (gated_dv <= 128)
+        const bool norm_staged = st.norm_staged && !(p.flags & 64);
         if (!skip_stage || s == 0) {
             // x, then a gated norm's z (plainly, after x), loaded together, and the norm's weights of
             // this lane: one round trip (run 90: 6.8 us of staging with them loaded in the norm's loop).
@@ -490,10 +492,11 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                     const int i = lane + 32 * k;
                     gw[k] = i < st.gated_dv ? __ldg(st.norm_w + i) : 0.0f;
                 }
+            // (An RMSNorm's weights likewise, when they fit: one round trip instead of two, run 100.)
             const float4* x4 = reinterpret_cast<const float4*>(st.x);
-            const float4* z4 = reinterpret_cast<const float4*>(st.gate_z);
+            const float4* z4 = reinterpret_cast<const float4*>(st.gate_z ? st.gate_z : st.norm_w);
             float4* d4 = reinterpret_cast<float4*>(xs);
-            const int n4 = st.in >> 2, all4 = st.gate_z ? 2 * n4 : n4, step = C * 32;
+            const int n4 = st.in >> 2, all4 = st.gate_z || norm_staged ? 2 * n4 : n4, step = C * 32;
             for (int i0 = threadIdx.x; i0 < all4; i0 += 8 * step) {
                 float4 v[8];
 #pragma unroll
@@ -553,8 +556,9 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             const float inv = seg_rms_inv<C>(xs, st.in, st.eps, scratch);
             const float4* w4 = reinterpret_cast<const float4*>(st.norm_w);
             float4* x4 = reinterpret_cast<float4*>(xs);
+            const float4* sw4 = norm_staged ? reinterpret_cast<const float4*>(xs + st.in) : w4;
             for (int i = threadIdx.x; i < (st.in >> 2); i += C * 32) {
-                const float4 sw = w4[i];
+                const float4 sw = sw4[i];
                 float4& v = x4[(i & 1) * (st.in >> 3) + (i >> 1)];
                 v.x = (v.x * inv) * (st.zero_centred ? 1.0f + sw.x : sw.x);
                 v.y = (v.y * inv) * (st.zero_centred ? 1.0f + sw.y : sw.y);
@@ -612,7 +616,8 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         gemv_segment_body<C, P, true, HELD>(p);                                                               \
     }
 using SegHeld10 = SegHeld<10, 10>;
-using SegHeld16 = SegHeld<16, 12>;
+// x16 holds 11: with 12 it spilled 8 bytes once norm weights were staged (9B 4.611 vs 4.551 ms, runs 100-101).
+using SegHeld16 = SegHeld<16, 11>;
 SEG_KERNEL(8, 4, SegHeldNone, c8p4)
 SEG_KERNEL(12, 4, SegHeldNone, c12p4)
 SEG_KERNEL(8, 4, SegHeld10, c8p4_x10)
