@@ -254,7 +254,7 @@ impl CudaDevice {
             functions.insert(name, f);
         }
         // The segment kernel (sm_90 only: bulk copies, mbarriers) with the opt-in shared memory of its ring.
-        let seg_config = crate::segment::Config::from_env();
+        let mut seg_config = crate::segment::Config::from_env();
         let smem_optin = ctx
             .attribute(
                 dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -278,7 +278,11 @@ impl CudaDevice {
                     .map(|f| (k.name, f))
             })
             .collect();
-        let has_segments = seg_kernels.iter().all(Option::is_some);
+        // The base kernel (first) is needed; without every held kernel, segments run on the base kernel.
+        let has_segments = seg_kernels.first().is_some_and(Option::is_some);
+        if !seg_kernels.iter().all(Option::is_some) {
+            seg_config.xreg = false;
+        }
         if has_segments {
             functions.extend(seg_kernels.into_iter().flatten());
         }

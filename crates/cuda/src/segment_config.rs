@@ -207,7 +207,7 @@ impl Config {
         }
     }
 
-    /// Every kernel segments may launch under this configuration.
+    /// Every kernel segments may launch under this configuration, the base kernel first.
     pub fn kernels(&self) -> Vec<SegKernel> {
         let mut k = vec![self.base_kernel()];
         if self.xreg_allowed() {
