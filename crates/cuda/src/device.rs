@@ -281,7 +281,7 @@ impl CudaDevice {
         // The base kernel (first) is needed; without every held kernel, segments run on the base kernel.
         let has_segments = seg_kernels.first().is_some_and(Option::is_some);
         if !seg_kernels.iter().all(Option::is_some) {
-            seg_config.xreg = false;
+            seg_config.held_inputs = false;
         }
         if has_segments {
             functions.extend(seg_kernels.into_iter().flatten());

@@ -127,8 +127,8 @@ pub(crate) struct Config {
     /// Take GDN gated norms into the staging (`defer_gated_norm`; `TURBOSPARK_SEG_GATED_NORM=0`: not).
     pub gated_norm: bool,
     /// Run segments with a stage whose input fits a lane's registers on the 8-consumer kernel that holds
-    /// it there (`SegKernel`; `TURBOSPARK_SEG_XREG=0`: every segment on `kernel()`).
-    pub xreg: bool,
+    /// it there (`HELD_KERNELS`; `TURBOSPARK_SEG_XREG=0`: every segment on `base_kernel()`).
+    pub held_inputs: bool,
 }
 
 /// The kernel one segment launches, and its warps.
@@ -147,9 +147,9 @@ impl SegKernel {
 }
 
 impl Config {
-    /// 12 consumer warps: the fastest of the variants measured (see segment.cu);
-    /// `TURBOSPARK_SEG_CONSUMERS` (8 or 12), `_PAGE`, `_EVICT_FIRST` change them for measurements; `TURBOSPARK_SEG_XREG=0` keeps every stage's input
-    /// in shared memory.
+    /// 12 consumer warps without held inputs: the fastest of the variants measured (see segment.cu);
+    /// `TURBOSPARK_SEG_CONSUMERS` (8 or 12), `_PAGE`, `_EVICT_FIRST` change them for measurements;
+    /// `TURBOSPARK_SEG_XREG=0` keeps every stage's input in shared memory.
     pub fn from_env() -> Self {
         let get = |name: &str, default: usize| {
             std::env::var(name)
@@ -178,7 +178,7 @@ impl Config {
             regcap: get("TURBOSPARK_SEG_REGCAP", 0) == 1,
             prefetch: get("TURBOSPARK_SEG_PREFETCH", 1) != 0,
             gated_norm: get("TURBOSPARK_SEG_GATED_NORM", 1) != 0,
-            xreg: get("TURBOSPARK_SEG_XREG", 1) != 0,
+            held_inputs: get("TURBOSPARK_SEG_XREG", 1) != 0,
         }
     }
 
@@ -210,21 +210,21 @@ impl Config {
     /// Every kernel segments may launch under this configuration, the base kernel first.
     pub fn kernels(&self) -> Vec<SegKernel> {
         let mut k = vec![self.base_kernel()];
-        if self.xreg_allowed() {
+        if self.holds_inputs() {
             k.extend(HELD_KERNELS.iter().map(|h| self.held_kernel(h)));
         }
         k
     }
 
-    fn xreg_allowed(&self) -> bool {
-        self.xreg && self.consumers == 12 && !self.regcap
+    fn holds_inputs(&self) -> bool {
+        self.held_inputs && self.consumers == 12 && !self.regcap
     }
 
     /// The kernel for `stages` on `ring`: of the HELD_KERNELS, the one whose held stages carry the most
     /// weight bytes (the ~160 registers a held input takes leave room for 8 consumer warps: 4B step
     /// 2.728 ms against 2.756 on 12 without, 9B 4.556 against 4.650, run 97); else the base kernel.
     pub(crate) fn kernel_for(&self, stages: &[Stage], ring: &Ring) -> SegKernel {
-        if !self.xreg_allowed() {
+        if !self.holds_inputs() {
             return self.base_kernel();
         }
         let held_bytes = |k: &HeldKernel| -> usize {
@@ -298,7 +298,7 @@ mod tests {
     #[test]
     fn segments_with_a_stage_one_warp_per_row_of_a_held_width_take_the_register_kernel() {
         let c = Config {
-            xreg: true,
+            held_inputs: true,
             consumers: 12,
             regcap: false,
             trace: false,
@@ -326,7 +326,10 @@ mod tests {
         let ring8 = Ring::for_stages(&eight_b).unwrap();
         assert_eq!(c.kernel_for(&eight_b, &ring8).name, "gemv_segment_c8p4_x16");
         // Turned off: the base kernel.
-        let off = Config { xreg: false, ..c };
+        let off = Config {
+            held_inputs: false,
+            ..c
+        };
         assert_eq!(off.kernel_for(&four_b, &ring).name, "gemv_segment_c12p4");
     }
 
