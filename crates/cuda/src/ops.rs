@@ -42,6 +42,8 @@ fn gemv_rows_per_warp(n: usize) -> usize {
 const LIN_STAGE_BYTES: usize = 40 * 1024;
 /// Resident GEMV blocks per SM aimed for (grid of a staged, grid-stride launch; wpr choice).
 const LIN_BLOCKS_PER_SM: usize = 4;
+/// Head dims per attn_combine block (ATT_COMBINE_DIMS).
+const ATT_COMBINE_DIMS: usize = 64;
 /// Largest head_dim the attention kernels hold per lane (ATT_MAX_D).
 pub(crate) const ATT_MAX_D: usize = 256;
 /// Key chunks per row for passes of at most `gemv_max_rows` rows (decode, verify): enough blocks for a
@@ -666,8 +668,8 @@ pub(crate) fn attn_run_core(
     launch(
         dev,
         "attn_combine",
-        (s.hq as u32, r, 1),
-        128,
+        (s.hq as u32, r, s.d.div_ceil(ATT_COMBINE_DIMS) as u32),
+        ATT_COMBINE_DIMS as u32,
         &[
             Arg::P(b.part_m),
             Arg::P(b.part_l),

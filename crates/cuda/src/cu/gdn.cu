@@ -138,7 +138,6 @@ extern "C" __global__ void __launch_bounds__(1024)
             float* __restrict__ window, float* __restrict__ state, float* __restrict__ out,
             const float* __restrict__ norm_w, float eps, int n, int hk, int hv, int dk, int dv, int kernel,
             int* __restrict__ head_done) {
-    PDL_ENTER();
     // [buffer][q planes 0..P-1, k planes 0..P-1][j]
     __shared__ __align__(16) float qk[2][2 * GDN_P][GDN_PLANE];
     const int h = blockIdx.x, kh = h / (hv / hk);
@@ -149,7 +148,6 @@ extern "C" __global__ void __launch_bounds__(1024)
     const bool col_ok = col < dv;
     const int cd = 2 * hk * dk + hv * dv;
     const int nqk = 2 * dk;
-    gdn_window_advance(window, proj, ldp, n, cd, kernel);
     // Element i of [q ; k] (2 dk values): its column in a prep row, and its shared-memory slot.
     auto qk_index = [&](int i) { return i < dk ? kh * dk + i : hk * dk + kh * dk + (i - dk); };
     auto qk_slot = [&](float* buf, int i) -> float* {
@@ -159,11 +157,16 @@ extern "C" __global__ void __launch_bounds__(1024)
     const int rpt = (dk + GDN_P - 1) / GDN_P;
     float* sh = state + (size_t)h * dk * dv;
     float s[GDN_RPT];
+    // The state is read before waiting for gdn_conv_prep: no kernel since this layer's last recurrence
+    // writes it, so its loads overlap conv_prep's tail under programmatic launch. The conv window waits:
+    // conv_prep reads it.
 #pragma unroll
     for (int j = 0; j < GDN_RPT; ++j) {
         const int i = GDN_P * j + part;
         s[j] = (j < rpt && i < dk && col_ok) ? sh[(size_t)i * dv + col] : 0.0f;
     }
+    PDL_ENTER();
+    gdn_window_advance(window, proj, ldp, n, cd, kernel);
     for (int i = tid; i < nqk; i += blockDim.x) *qk_slot(&qk[0][0][0], i) = prep[qk_index(i)];
     float v_c = col_ok ? prep[2 * hk * dk + (size_t)h * dv + col] : 0.0f;
     float beta_c = prep[cd + h], decay_c = prep[cd + hv + h];
