@@ -47,6 +47,7 @@ def main():
         open(p, "wb").write(ptx.value)
         out = subprocess.run([f"{X}/cuda_nvcc/bin/ptxas", "-arch=sm_90", "-v", p, "-o", os.path.join(d, "m.cubin")],
                              capture_output=True, text=True)
+        sizes = text_sizes(os.path.join(d, "m.cubin")) if out.returncode == 0 else {}
     part = sys.argv[1] if len(sys.argv) > 1 else ""
     name = None
     for line in out.stderr.splitlines():
@@ -55,10 +56,28 @@ def main():
             name = m.group(1)
             continue
         if name and part in name and ("registers" in line or "spill" in line):
-            print(f"{name:40s} {line.split('info    :')[-1].strip()}")
+            code = f", {sizes[name]} bytes of code" if "registers" in line and name in sizes else ""
+            print(f"{name:40s} {line.split('info    :')[-1].strip()}{code}")
     if out.returncode:
         print(out.stderr[-2000:])
         sys.exit(1)
+
+
+def text_sizes(cubin):
+    """Bytes of SASS per kernel: the sizes of the cubin's .text.NAME sections (ELF64). A kernel that
+    runs once per layer starts with a cold instruction cache, so its code size shows in its latency."""
+    import struct
+    b = open(cubin, "rb").read()
+    shoff, = struct.unpack_from("<Q", b, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", b, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", b, shoff + i * shentsize) for i in range(shnum)]
+    names_off = secs[shstrndx][4]
+    out = {}
+    for sec in secs:
+        nm = b[names_off + sec[0]:b.index(b"\0", names_off + sec[0])].decode()
+        if nm.startswith(".text."):
+            out[nm[len(".text."):]] = sec[5]
+    return out
 
 
 if __name__ == "__main__":

@@ -78,6 +78,7 @@ pub const KERNELS: &[&str] = &[
     "attn_tc_combine",
     "gdn_conv_prep",
     "gdn_rec",
+    "gdn_step",
     "gdn_chunk_prep",
     "gdn_chunk_state",
 ];
@@ -223,6 +224,10 @@ impl CudaDevice {
                 crate::mma::MMA_STAGE_BYTES
             } else if name.starts_with("attn_tc_") && name != "attn_tc_combine" {
                 crate::ops::ATT_TC_MAX_SMEM
+            } else if name == "gdn_step" {
+                crate::gdn::GDN_STEP_MAX_SMEM
+            } else if name == "gdn_chunk_state" {
+                crate::gdn_chunk::STATE_SMEM_BYTES
             } else {
                 0
             };
@@ -241,15 +246,6 @@ impl CudaDevice {
                     c,
                 )
                 .map_err(CudaError::driver(format!("setting {name}'s carveout")))?;
-            }
-            if name == "gdn_chunk_state" {
-                f.set_attribute(
-                    dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    crate::gdn_chunk::STATE_SMEM_BYTES as i32,
-                )
-                .map_err(CudaError::driver(format!(
-                    "opting {name} in to its shared memory"
-                )))?;
             }
             functions.insert(name, f);
         }

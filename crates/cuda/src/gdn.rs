@@ -1,16 +1,23 @@
 //! Launchers of the Gated DeltaNet step form (gdn.cu): `gdn_conv_prep` (conv, SiLU, q/k L2 norm, beta and
 //! decay for every row in parallel), then `gdn_rec` (the recurrence, rows in order, state in registers),
-//! with the gated output norm in gdn_rec's blocks or the `gated_rmsnorm` kernel. Decode, verify blocks and
-//! the tape replay all run this form, so a row's bits do not depend on how many rows a launch carries;
+//! with the gated output norm in gdn_rec's blocks or the `gated_rmsnorm` kernel; a decode row runs both in
+//! one launch (`gdn_step`, the same arithmetic). Decode, verify blocks and the tape replay all run this
+//! form, so a row's bits do not depend on how many rows a launch carries;
 //! prefill passes over `gemv_max_rows` rows take the chunked form instead (`gdn_chunk.rs`).
 
-use crate::buf::{launch, Arg};
+use crate::buf::{launch, launch_smem, Arg};
 use crate::device::CudaDevice;
 use crate::emu;
 use crate::error::CudaError;
 
 /// Largest key head dim of the GDN kernels (GDN_MAX_DK).
 pub(crate) const GDN_MAX_DK: usize = 128;
+/// Shared memory a gdn_step block reserves without using it, and the most device.rs opts it in to. Launched
+/// early (programmatic launch), its blocks take the SMs the segment before it frees first: with none
+/// reserved up to 7 land on one SM; 110 KB leaves two per SM, spread over the GPU (4B decode step
+/// 2.610 ms against 2.696, run 106). `TURBOSPARK_GDN_STEP_SMEM_KB=N` overrides it (measurements).
+const GDN_STEP_SMEM: usize = 110 * 1024;
+pub(crate) const GDN_STEP_MAX_SMEM: usize = 112 * 1024;
 /// Threads per value column of gdn_rec (GDN_P).
 const GDN_P: usize = 8;
 /// Largest value head dim of gdn_rec (GDN_P threads per column in one block of at most 1024).
@@ -88,7 +95,6 @@ pub(crate) fn gdn_recurrence(
         )?;
         return emu::gated_norm(s, o, proj, g.norm_w, g.eps, rows);
     }
-    conv_prep(dev, s, g, proj, window, prep, rows)?;
     let (ldp, ldq) = (s.proj_width() as i32, s.prep_width() as i32);
     // Column blocks per head: GDN_P (8) threads per column, 4 columns per warp, at least 16 columns
     // (128 threads) per block, so each thread stages at most 2 of the next row's 2 dk <= 256 q/k values.
@@ -106,6 +112,34 @@ pub(crate) fn gdn_recurrence(
     // (segment::defer_gated_norm): no fence, counter or extra pass at the end of gdn_rec.
     // (cb == 1: gdn_rec norms its head itself.)
     let defer = rows == 1 && cb > 1 && done.is_some() && crate::segment::takes_gated_norms(dev);
+    let threads = GDN_P * s.dv / cb;
+    if let (Some(counter), true) = (done, rows == 1 && cb > 1 && step_fused(s, threads)) {
+        // A decode row: conv and recurrence in one launch (gdn_step), the counter as kh_done.
+        launch_smem(
+            dev,
+            "gdn_step",
+            (s.hv as u32, cb as u32, 1),
+            threads as u32,
+            step_smem(),
+            &[
+                Arg::P(proj),
+                Arg::I(ldp),
+                Arg::P(g.conv_w),
+                Arg::P(window),
+                Arg::P(g.a_log),
+                Arg::P(g.dt_bias),
+                Arg::P(state),
+                Arg::P(o),
+                Arg::I(s.hk as i32),
+                Arg::I(s.hv as i32),
+                Arg::I(s.dk as i32),
+                Arg::I(s.dv as i32),
+                Arg::P(counter),
+            ],
+        )?;
+        return finish_gated_norm(dev, s, g, proj, o, rows, defer);
+    }
+    conv_prep(dev, s, g, proj, window, prep, rows)?;
     let done = if defer { None } else { done };
     launch(
         dev,
@@ -132,23 +166,60 @@ pub(crate) fn gdn_recurrence(
         ],
     )?;
     if defer {
-        let (z, w, eps) = (proj + (s.conv_dim() * 4) as u64, g.norm_w, g.eps);
-        let (dv, heads) = (s.dv, s.hv);
+        return finish_gated_norm(dev, s, g, proj, o, rows, true);
+    }
+    if cb == 1 || done.is_some() {
+        return Ok(());
+    }
+    gated_norm(dev, s, g, proj, o, rows)
+}
+
+/// Whether a decode row runs gdn_step (conv kernel 4, blocks of `threads`: 4 to 16 whole warps) instead
+/// of gdn_conv_prep + gdn_rec; `TURBOSPARK_GDN_STEP=0` keeps the two launches (A/B measurements).
+fn step_fused(s: GdnShape, threads: usize) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    s.kernel == 4
+        && threads.is_multiple_of(32)
+        && (128..=512).contains(&threads)
+        && *ON.get_or_init(|| std::env::var("TURBOSPARK_GDN_STEP").map_or(true, |v| v != "0"))
+}
+
+/// The dynamic shared memory of a gdn_step launch ([`GDN_STEP_SMEM`]).
+fn step_smem() -> u32 {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let bytes = *BYTES.get_or_init(|| {
+        std::env::var("TURBOSPARK_GDN_STEP_SMEM_KB")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(GDN_STEP_SMEM, |kb| kb * 1024)
+    });
+    bytes.min(GDN_STEP_MAX_SMEM) as u32
+}
+
+/// The gated norm of outputs `o` whose kernel did not apply it: deferred into the next segment's
+/// staging when `defer` and the segment takes it, else the gated_rmsnorm kernel.
+#[allow(clippy::too_many_arguments)]
+fn finish_gated_norm(
+    dev: &CudaDevice,
+    s: GdnShape,
+    g: &GdnArgs,
+    proj: u64,
+    o: u64,
+    rows: usize,
+    defer: bool,
+) -> Result<(), CudaError> {
+    if defer {
         let norm = crate::segment::GatedNorm {
             o,
-            z,
-            w,
-            eps,
-            dv,
-            heads,
+            z: proj + (s.conv_dim() * 4) as u64,
+            w: g.norm_w,
+            eps: g.eps,
+            dv: s.dv,
+            heads: s.hv,
         };
         if crate::segment::defer_gated_norm(dev, norm)? {
             return Ok(());
         }
-        return gated_norm(dev, s, g, proj, o, rows);
-    }
-    if cb == 1 || done.is_some() {
-        return Ok(());
     }
     gated_norm(dev, s, g, proj, o, rows)
 }

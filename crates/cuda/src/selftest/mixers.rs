@@ -196,6 +196,9 @@ fn attention_check(
     Ok(())
 }
 
+/// (outputs, final state, final window) of rows run one launch each.
+type RowByRow = (Vec<f32>, Vec<f32>, Vec<f32>);
+
 /// The outputs of one GDN run: (o normed, final state, window, prep rows).
 type GdnOut = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
 
@@ -369,15 +372,31 @@ fn gdn_check(
         ),
         same && left.iter().all(|&c| c == 0),
     ));
+    // One launch per row, carrying state and window: (outputs, final state, final window).
+    let row_by_row = |cols: GdnCols| -> Result<RowByRow, CudaError> {
+        let (mut st, mut win) = (s0.clone(), window0.clone());
+        let mut o_rows = Vec::new();
+        for r in 0..n {
+            let row = &proj[r * pw..(r + 1) * pw];
+            let (o1, s1, w1, _) = run_gdn(dev, s, pr, row, &st, &win, 1, cols)?;
+            o_rows.extend(o1);
+            (st, win) = (s1, w1);
+        }
+        Ok((o_rows, st, win))
+    };
+    // Decode launches, one row each on one counter buffer: gdn_step where the shape takes it (whole
+    // warps, split columns), conv_prep + gdn_rec otherwise; the same bits, the counter back to zero.
+    let (o_rows, st, win) = row_by_row(split)?;
+    crate::buf::dtoh(dev, &mut left, done.ptr)?;
+    out.push(bitwise_row(
+        format!("gdn decode rows (gdn_step) == {n} rows per launch (bits) ({tag})"),
+        same_bits(&o_rows, &o_got)
+            && same_bits(&st, &s_got)
+            && same_bits(&win, &w_got)
+            && left.iter().all(|&c| c == 0),
+    ));
     // One launch per row, carrying state and window: the same bits.
-    let (mut st, mut win) = (s0.clone(), window0.clone());
-    let mut o_rows = Vec::new();
-    for r in 0..n {
-        let row = &proj[r * pw..(r + 1) * pw];
-        let (o1, s1, w1, _) = run_gdn(dev, s, pr, row, &st, &win, 1, per_head)?;
-        o_rows.extend(o1);
-        (st, win) = (s1, w1);
-    }
+    let (o_rows, st, win) = row_by_row(per_head)?;
     out.push(bitwise_row(
         format!("gdn {n} rows == one row per launch (bits) ({tag})"),
         same_bits(&o_rows, &o_got) && same_bits(&st, &s_got) && same_bits(&win, &w_got),
