@@ -15,7 +15,7 @@ pub(crate) const GDN_MAX_DK: usize = 128;
 /// Shared memory a gdn_step block reserves without using it, and the most device.rs opts it in to. Launched
 /// early (programmatic launch), its blocks take the SMs the segment before it frees first: with none
 /// reserved up to 7 land on one SM; 110 KB leaves two per SM, spread over the GPU (4B decode step
-/// 2.610 ms against 2.696, run 106). `TURBOSPARK_GDN_STEP_SMEM_KB=N` overrides it (measurements).
+/// 2.610 ms against 2.696, run 107). `TURBOSPARK_GDN_STEP_SMEM_KB=N` overrides it (measurements).
 const GDN_STEP_SMEM: usize = 110 * 1024;
 pub(crate) const GDN_STEP_MAX_SMEM: usize = 112 * 1024;
 /// Threads per value column of gdn_rec (GDN_P).

@@ -328,7 +328,7 @@ struct GdnConv4 {
 // forward (stores of taps already in registers) once its readers are done: v channels by their one
 // block, a key head's q / k channels by the last of the head group's blocks to count itself in
 // kh_done[kh] (zero between launches: that block resets it).
-// Measured (4B decode step, run 103-106): the first form, 88 KB of code (both conv forms, 8 groups per
+// Measured (4B decode step, runs 104-107): the first form, 88 KB of code (both conv forms, 8 groups per
 // thread: a once-a-layer kernel starts with a cold instruction cache), 2.799 ms against 2.659 for the two
 // launches; 30 KB 2.743; reads before the wait 2.713 against 2.676; with gdn.rs's shared-memory
 // reservation spreading the blocks two per SM, 2.610 against 2.664.
