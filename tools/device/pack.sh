@@ -61,7 +61,7 @@ case "${1:-}" in
     git status --short -- models fixtures
     ;;
   size)
-    du -sh --exclude=.git --exclude=target --exclude=.carry --exclude="$STASH" --exclude=target-gdn .
+    du -sh --exclude=.git --exclude=target --exclude=.carry --exclude="$STASH" --exclude=target-gdn --exclude=target-variants .
     ;;
   *)
     sed -n '2,13p' "${BASH_SOURCE[0]}"
