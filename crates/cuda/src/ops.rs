@@ -52,10 +52,18 @@ pub(crate) const ATT_SPLITS_FINE: usize = 64;
 /// Key chunks per row for larger (prefill) passes, whose rows already fill the GPU; bounds the partials.
 pub(crate) const ATT_SPLITS_COARSE: usize = 8;
 
-/// Chunks per attention row for a pass of `rows` rows (the kernels' s_max).
+/// Chunks per attention row for a pass of `rows` rows (the kernels' s_max). Decode and verify rows
+/// share one value, so a row's chunking (and bits) does not depend on its pass; `TURBOSPARK_ATT_SPLITS=N`
+/// (1..=64) lowers it for every such pass (measurements: fewer, longer chunks, a smaller combine).
 pub(crate) fn att_splits(rows: usize, gemv_max_rows: usize) -> usize {
+    static FINE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     if rows <= gemv_max_rows {
-        ATT_SPLITS_FINE
+        *FINE.get_or_init(|| {
+            std::env::var("TURBOSPARK_ATT_SPLITS")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .map_or(ATT_SPLITS_FINE, |n| n.clamp(1, ATT_SPLITS_FINE))
+        })
     } else {
         ATT_SPLITS_COARSE
     }
