@@ -219,8 +219,9 @@ pub(crate) fn launch(
     launch_smem(dev, name, grid, block, 0, args)
 }
 
-/// Kernels named in `TURBOSPARK_SKIP_KERNELS` (comma-separated) are not launched: a what-if for
-/// measurements only (what a kernel costs inside the decode graph); every result after one is wrong.
+/// Kernels named in `TURBOSPARK_SKIP_KERNELS` (comma-separated) are not launched by [`launch_smem`] (the
+/// segment kernels have their own launch: `TURBOSPARK_SEG_DEBUG` instead): a what-if for measurements
+/// only (what a kernel costs inside the decode graph, run 103); every result after one is wrong.
 fn skipped_for_measurement(name: &str) -> bool {
     static SKIP: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     SKIP.get_or_init(|| {
