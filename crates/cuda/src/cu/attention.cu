@@ -27,56 +27,70 @@ __device__ __forceinline__ int att_chunk(int len, int s_max) {
     return c < ATT_MIN_CHUNK ? ATT_MIN_CHUNK : c;
 }
 
-extern "C" __global__ void attn_prep(const float* __restrict__ qkv, const float* __restrict__ q_norm,
-                                     const float* __restrict__ k_norm, const float* __restrict__ inv_freq,
-                                     const int* __restrict__ start_p, float* __restrict__ q_out,
-                                     float* __restrict__ gate_out, float* __restrict__ k_cache,
-                                     float* __restrict__ v_cache, int hq, int hkv, int d, int rot_half,
-                                     int gated, float eps, int zero_centred) {
-    PDL_ENTER();
+#define ATT_PREP_THREADS 128  // ops.rs attn_prep's launch
+#define ATT_PREP_PER (ATT_MAX_D / ATT_PREP_THREADS)
+extern "C" __global__ void __launch_bounds__(ATT_PREP_THREADS)
+    attn_prep(const float* __restrict__ qkv, const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+              const float* __restrict__ inv_freq, const int* __restrict__ start_p, float* __restrict__ q_out,
+              float* __restrict__ gate_out, float* __restrict__ k_cache, float* __restrict__ v_cache, int hq, int hkv,
+              int d, int rot_half, int gated, float eps, int zero_centred) {
     __shared__ double scratch[32];
     __shared__ float vals[ATT_MAX_D];
     const int head = blockIdx.x, row = blockIdx.y;
+    // Before the wait: what no kernel of this step writes (the position, set before the graph runs; the
+    // norm weights; inv_freq): the thread's norm scales and its RoPE cos / sin (f64), off the wait's path.
     const int pos = *start_p + row;
+    const float* nw = head < hq ? q_norm : k_norm;
+    const float fpos = (float)pos;
+    float scale[ATT_PREP_PER], rc[ATT_PREP_PER], rs[ATT_PREP_PER];
+#pragma unroll
+    for (int k = 0; k < ATT_PREP_PER; ++k) {
+        const int i = threadIdx.x + k * ATT_PREP_THREADS;
+        scale[k] = i < d ? (zero_centred ? 1.0f + nw[i] : nw[i]) : 0.0f;
+        rc[k] = 1.0f, rs[k] = 0.0f;
+        if (i < 2 * rot_half) {
+            const int j = i < rot_half ? i : i - rot_half;
+            const float angle = fpos * inv_freq[j];
+            rc[k] = (float)cos((double)angle), rs[k] = (float)sin((double)angle);
+        }
+    }
+    PDL_ENTER();
     const int qw = hq * d * (gated ? 2 : 1);
     const float* rowp = qkv + (size_t)row * (qw + 2 * hkv * d);
     const float* src;
-    const float* nw;
     float* dst;
     if (head < hq) {
         src = rowp + (size_t)head * d * (gated ? 2 : 1);
-        nw = q_norm;
         dst = q_out + ((size_t)row * hq + head) * d;
         if (gated)
-            for (int i = threadIdx.x; i < d; i += blockDim.x)
+            for (int i = threadIdx.x; i < d; i += ATT_PREP_THREADS)
                 gate_out[((size_t)row * hq + head) * d + i] = src[d + i];
     } else {
         const int kh = head - hq;
         src = rowp + qw + (size_t)kh * d;
-        nw = k_norm;
         dst = k_cache + ((size_t)pos * hkv + kh) * d;
         const float* vsrc = rowp + qw + (size_t)hkv * d + (size_t)kh * d;
         float* vdst = v_cache + ((size_t)pos * hkv + kh) * d;
-        for (int i = threadIdx.x; i < d; i += blockDim.x) vdst[i] = vsrc[i];
+        for (int i = threadIdx.x; i < d; i += ATT_PREP_THREADS) vdst[i] = vsrc[i];
     }
     double ss = 0.0;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += (double)src[i] * (double)src[i];
+    for (int i = threadIdx.x; i < d; i += ATT_PREP_THREADS) ss += (double)src[i] * (double)src[i];
     ss = block_sum_d(ss, scratch);
     float inv = 1.0f / sqrtf((float)(ss / (double)d) + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float scale = zero_centred ? 1.0f + nw[i] : nw[i];
-        vals[i] = (src[i] * inv) * scale;
+#pragma unroll
+    for (int k = 0; k < ATT_PREP_PER; ++k) {
+        const int i = threadIdx.x + k * ATT_PREP_THREADS;
+        if (i < d) vals[i] = (src[i] * inv) * scale[k];
     }
     __syncthreads();
-    const float fpos = (float)pos;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+#pragma unroll
+    for (int k = 0; k < ATT_PREP_PER; ++k) {
+        const int i = threadIdx.x + k * ATT_PREP_THREADS;
+        if (i >= d) continue;
         float out = vals[i];
         if (i < 2 * rot_half) {
-            const int j = i < rot_half ? i : i - rot_half;
-            const float angle = fpos * inv_freq[j];
-            const float c = (float)cos((double)angle), s = (float)sin((double)angle);
-            if (i < rot_half) out = vals[i] * c - vals[i + rot_half] * s;
-            else out = vals[i] * c + vals[i - rot_half] * s;
+            if (i < rot_half) out = vals[i] * rc[k] - vals[i + rot_half] * rs[k];
+            else out = vals[i] * rc[k] + vals[i - rot_half] * rs[k];
         }
         dst[i] = out;
     }
@@ -90,16 +104,27 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
                                                 float scale) {
     __shared__ float sm[ATT_WARPS][GQ], sl[ATT_WARPS][GQ];
     __shared__ float sacc[ATT_WARPS][GQ][ATT_MAX_D];
-    PDL_ENTER();
     const int split = blockIdx.x, row = blockIdx.z;
     const int group = hq / hkv, blocks_per_kv = group / GQ;
     const int kvh = blockIdx.y / blocks_per_kv;
     const int h0 = kvh * group + (blockIdx.y % blocks_per_kv) * GQ;
-    const int len = *start_p + row + 1;
+    const int len = *start_p + row + 1;  // (the position is set before the graph runs)
     const int chunk = att_chunk(len, s_max);
     const int k0 = split * chunk;
-    if (k0 >= len) return;  // uniform over the block
     const int k1 = min(len, k0 + chunk);
+    // Before the wait, the chunk's K / V rows into L2 (128-byte lines; the cache lives in DRAM between
+    // steps): the loads after the wait then find them there. attn_prep writes this pass's rows meanwhile;
+    // L2 is where those writes land, so a prefetched line is never stale.
+    {
+        const int lines = (d * 4 + 127) / 128, per_key = 2 * lines;
+        for (int e = threadIdx.x; e < (k1 - k0) * per_key; e += blockDim.x) {
+            const int t = k0 + e / per_key, r = e % per_key;
+            const float* base = (r < lines ? k_cache : v_cache) + ((size_t)t * hkv + kvh) * d;
+            PREFETCH_L2(base + (r % lines) * 32);
+        }
+    }
+    PDL_ENTER();
+    if (k0 >= len) return;  // uniform over the block
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float qv[GQ][ATT_PER_LANE], acc[GQ][ATT_PER_LANE], m[GQ], l[GQ];
 #pragma unroll
