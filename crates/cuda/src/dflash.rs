@@ -572,7 +572,6 @@ fn attn_bufs(sc: &Scratch, k: &DBuf, v: &DBuf) -> AttnBufs {
         part_l: sc.part_l.ptr,
         part_acc: sc.part_acc.ptr,
         out: sc.mid.ptr,
-        done: sc.att_done.ptr,
     }
 }
 

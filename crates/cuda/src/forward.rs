@@ -385,7 +385,6 @@ impl CudaModel {
                     part_l: sc.part_l.ptr,
                     part_acc: sc.part_acc.ptr,
                     out: sc.mid.ptr,
-                    done: sc.att_done.ptr,
                 };
                 ops::attention(
                     dev,

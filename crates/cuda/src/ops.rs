@@ -69,13 +69,6 @@ pub(crate) fn att_splits(rows: usize, gemv_max_rows: usize) -> usize {
     }
 }
 
-/// Whether split-K attention merges its splits in the last split block (when the caller gave counters)
-/// rather than in an attn_combine launch; `TURBOSPARK_ATTN_MERGE=0` keeps the launch (A/B, same bits).
-fn merge_in_split() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TURBOSPARK_ATTN_MERGE").map_or(true, |v| v != "0"))
-}
-
 /// Warps per output row of a GEMV over a matrix with `out` rows: the fewest (1, 2, 4 or 8) that give
 /// at least 2 * LIN_BLOCKS_PER_SM blocks per SM. A function of the shape and the device only, so that
 /// every row count sums a row in the same order. SwiGLU needs two row slots per block (<= 4).
@@ -526,9 +519,6 @@ pub(crate) struct AttnBufs {
     pub part_l: u64,
     pub part_acc: u64,
     pub out: u64,
-    /// i32 [rows, hq] zeros, or 0: the split blocks' arrival counters. With them a row's last split
-    /// block merges the splits (attn_merge_last), without them attn_combine does (the same bits).
-    pub done: u64,
 }
 
 /// Warps per attn_tc block (ATC_WARPS), each over 16 query rows of one head.
@@ -663,7 +653,6 @@ pub(crate) fn attn_run_core(
         AttnCore::TensorCores { splits } => return attention_tc(dev, s, b, rows, splits, scale),
     };
     let (group, gq) = (s.hq / s.hkv, att_gq(s));
-    let done = if merge_in_split() { b.done } else { 0 };
     launch(
         dev,
         &format!("attn_split_{gq}"),
@@ -682,15 +671,8 @@ pub(crate) fn attn_run_core(
             Arg::I(s.d as i32),
             Arg::I(s_max as i32),
             Arg::F(scale),
-            Arg::P(done),
-            Arg::P(b.gate),
-            Arg::P(b.out),
-            Arg::I(s.gated as i32),
         ],
     )?;
-    if done != 0 {
-        return Ok(());
-    }
     launch(
         dev,
         "attn_combine",

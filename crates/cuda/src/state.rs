@@ -102,7 +102,6 @@ pub(crate) struct Scratch {
     pub xb: DBuf,       // bf16 [rows, widest input] for cuBLAS
     pub logits: DBuf,   // [min(rows, LOGIT_ROWS), vocab]
     pub argmax: DBuf,   // i32 [min(rows, LOGIT_ROWS), 2]: each logits row's [argmax, refused]
-    pub att_done: DBuf, // i32 [rows, heads]: split-K attention's arrivals per (row, head group)
     pub gdn_done: DBuf, // i32 [>= hv]: gdn_rec's finished column blocks per head (ops::GdnCols)
     pub moe_ids: DBuf,  // i32 [rows, moe_k]: routed experts per slot
     pub moe_wts: DBuf,  // [rows, moe_k + 1]: their weights, then the shared expert's gate
@@ -161,7 +160,6 @@ impl Scratch {
             xb: DBuf::zeros(dev, rows * w.max_in * 2)?,
             logits: DBuf::f32s(dev, rows.min(LOGIT_ROWS) * w.vocab)?,
             argmax: DBuf::zeros(dev, crate::argmax::pair_bytes(rows.min(LOGIT_ROWS)))?,
-            att_done: DBuf::zeros(dev, (rows * w.heads).max(1) * 4)?,
             // hv <= hv * dv = the widest GDN output row.
             gdn_done: DBuf::zeros(dev, w.o.max(1) * 4)?,
             moe_ids,

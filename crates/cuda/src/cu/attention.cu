@@ -10,9 +10,8 @@
 // chunks). Block (split, kv head group, r) folds one chunk for GQ query heads that share a KV head, so
 // each K/V row is loaded once for the group: 4 warps take 4 consecutive keys at a time (loads of 4 keys
 // in flight), online softmax per query head (running max m, sum l, acc = sum exp(s - m) v), warps merged
-// in shared memory. The (row, group)'s last block to finish (attn_merge_last), or with no counters the
-// attn_combine kernel, merges the chunks in order: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s,
-// then out *= sigmoid(gate) for gated attention (the two give the same bits).
+// in shared memory. attn_combine merges the chunks in order: out = sum_s e^(m_s - M) acc_s /
+// sum_s e^(m_s - M) l_s, then out *= sigmoid(gate) for gated attention.
 // Batch invariance: a row's chunking depends only on its own len and s_max, and every merge runs in a
 // fixed order, so a verify row equals the same row decoded alone when both use the same s_max.
 #define ATT_WARPS 4
@@ -97,71 +96,12 @@ extern "C" __global__ void __launch_bounds__(ATT_PREP_THREADS)
     }
 }
 
-// Splits of a row holding keys (att_chunk's chunks of len keys within s_max).
-__device__ __forceinline__ int att_used(int len, int s_max) {
-    const int chunk = att_chunk(len, s_max);
-    return (len + chunk - 1) / chunk;
-}
-
-// The (row, KV head group)'s last split block to finish merges all `used` splits of its GQ heads with
-// attn_combine's arithmetic in its order (maximum over the splits, weights e^(m_s - M), their l-sum in
-// split order, acc sums in split order, times 1 / total, then the gate): the same bits, one launch fewer
-// per attention layer. Every block's partials are fenced before it is counted; the counter is zero
-// between launches (the last block resets it), so captured graphs replay it. Partials of other blocks
-// are read from L2 (__ldcg: this SM's L1 may hold an earlier launch's lines).
-template <int GQ>
-__device__ __forceinline__ void attn_merge_last(const float* part_m, const float* part_l, const float* part_acc,
-                                                const float* __restrict__ gate, float* __restrict__ out,
-                                                int* counter, int row, int h0, int used, int hq, int d, int s_max,
-                                                int gated) {
-    static_assert(GQ <= ATT_WARPS, "one warp per head's weights");
-    static_assert(ATT_MAX_SPLITS <= 64, "two splits per lane");
-    __shared__ int last;
-    __shared__ float weight[GQ][ATT_MAX_SPLITS], inv_total[GQ];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1) == used - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (threadIdx.x == 0) *counter = 0;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp < GQ) {
-        const size_t base = ((size_t)row * hq + h0 + warp) * s_max;
-        const float m0 = lane < used ? __ldcg(part_m + base + lane) : NEG_INF;
-        const float m1 = lane + 32 < used ? __ldcg(part_m + base + lane + 32) : NEG_INF;
-        float mx = fmaxf(m0, m1);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        if (lane < used) weight[warp][lane] = expf(m0 - mx);
-        if (lane + 32 < used) weight[warp][lane + 32] = expf(m1 - mx);
-        __syncwarp();
-        if (lane == 0) {
-            float tl = 0.0f;
-            for (int s = 0; s < used; ++s) tl += __ldcg(part_l + base + s) * weight[warp][s];
-            inv_total[warp] = 1.0f / tl;
-        }
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < GQ * d; e += blockDim.x) {
-        const int g = e / d, i = e - g * d;
-        const size_t base = ((size_t)row * hq + h0 + g) * s_max;
-        float a = 0.0f;
-        for (int s = 0; s < used; ++s) a += __ldcg(part_acc + (base + s) * d + i) * weight[g][s];
-        float o = a * inv_total[g];
-        const size_t at = ((size_t)row * hq + h0 + g) * d + i;
-        if (gated) o *= sigmoid_f(gate[at]);
-        out[at] = o;
-    }
-}
-
 template <int GQ>
 __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, const float* __restrict__ k_cache,
                                                 const float* __restrict__ v_cache, const int* __restrict__ start_p,
                                                 float* __restrict__ part_m, float* __restrict__ part_l,
                                                 float* __restrict__ part_acc, int hq, int hkv, int d, int s_max,
-                                                float scale, int* __restrict__ done, const float* __restrict__ gate,
-                                                float* __restrict__ out, int gated) {
+                                                float scale) {
     __shared__ float sm[ATT_WARPS][GQ], sl[ATT_WARPS][GQ];
     __shared__ float sacc[ATT_WARPS][GQ][ATT_MAX_D];
     const int split = blockIdx.x, row = blockIdx.z;
@@ -279,17 +219,14 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
             part_l[slot] = tl;
         }
     }
-    if (done) attn_merge_last<GQ>(part_m, part_l, part_acc, gate, out, done + row * gridDim.y + blockIdx.y, row,
-                                  h0, att_used(len, s_max), hq, d, s_max, gated);
 }
 
 #define ATTN_SPLIT_KERNEL(NAME, GQ)                                                                       \
     extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                          \
         NAME(const float* q, const float* k_cache, const float* v_cache, const int* start_p, float* part_m, \
-             float* part_l, float* part_acc, int hq, int hkv, int d, int s_max, float scale, int* done,     \
-             const float* gate, float* out, int gated) {                                                   \
+             float* part_l, float* part_acc, int hq, int hkv, int d, int s_max, float scale) {             \
         attn_split_body<GQ>(q, k_cache, v_cache, start_p, part_m, part_l, part_acc, hq, hkv, d, s_max,     \
-                            scale, done, gate, out, gated);                                                \
+                            scale);                                                                        \
     }
 ATTN_SPLIT_KERNEL(attn_split_1, 1)
 ATTN_SPLIT_KERNEL(attn_split_2, 2)

@@ -72,9 +72,9 @@ fn tc_check(
     let split_k = AttnCore::SplitK {
         s_max: ATT_SPLITS_COARSE,
     };
-    let (want, kc_want, _) = run_attention(dev, s, &qkv, nr, &kc, &vc, start, n, split_k, true)?;
+    let (want, kc_want, _) = run_attention(dev, s, &qkv, nr, &kc, &vc, start, n, split_k)?;
     let tc = AttnCore::TensorCores { splits };
-    let (got, kc_got, _) = run_attention(dev, s, &qkv, nr, &kc, &vc, start, n, tc, true)?;
+    let (got, kc_got, _) = run_attention(dev, s, &qkv, nr, &kc, &vc, start, n, tc)?;
     let tag = format!(
         "hq {hq} hkv {hkv} d {d}, start {start}, {n} rows, {splits} splits{}",
         if s.gated { ", gated" } else { "" }

@@ -74,7 +74,6 @@ pub(super) fn run_attention(
     start: usize,
     n: usize,
     core: AttnCore,
-    merged: bool,
 ) -> Result<AttnOut, CudaError> {
     let (hq, d) = (s.hq, s.d);
     let s_max = match core {
@@ -92,7 +91,6 @@ pub(super) fn run_attention(
         DBuf::f32s(dev, n * hq * s_max)?,
         DBuf::f32s(dev, n * hq * s_max * d)?,
         DBuf::f32s(dev, n * hq * d)?,
-        DBuf::zeros(dev, n * hq * 4)?,
     ];
     let b = AttnBufs {
         qkv: bufs[0].ptr,
@@ -105,8 +103,6 @@ pub(super) fn run_attention(
         part_l: bufs[7].ptr,
         part_acc: bufs[8].ptr,
         out: bufs[9].ptr,
-        // Split-K: merged by the last split block, or (0) by attn_combine.
-        done: if merged { bufs[10].ptr } else { 0 },
     };
     ops::attention(dev, s, &b, norms.0.ptr, norms.1.ptr, norms.2.ptr, n, core)?;
     Ok((
@@ -143,7 +139,7 @@ fn attention_check(
         DBuf::from_host(dev, &inv_freq)?,
     );
     let nr = (&norms.0, &norms.1, &norms.2);
-    let (got, kc_got, vc_got) = run_attention(dev, s, &qkv, nr, &kc, &vc, start, n, split_k, true)?;
+    let (got, kc_got, vc_got) = run_attention(dev, s, &qkv, nr, &kc, &vc, start, n, split_k)?;
     // Host reference with the CPU engine's kernels.
     let (mut q, mut gate) = (vec![0.0; n * hq * d], vec![0.0; n * hq * d]);
     let (mut k, mut v) = (vec![0.0; n * hkv * d], vec![0.0; n * hkv * d]);
@@ -186,28 +182,11 @@ fn attention_check(
         error: rel_err(&kc_got, &kc),
         bound: 1e-6,
     });
-    // The attn_combine launch merges the same splits into the same bits.
-    let (launched, _, _) = run_attention(dev, s, &qkv, nr, &kc, &vc, start, n, split_k, false)?;
-    out.push(bitwise_row(
-        format!("attention merged by the last split block == by attn_combine (bits) ({tag})"),
-        same_bits(&got, &launched),
-    ));
     // Each row alone at its own position (the cache as the block left it) gives the same bits.
     let mut alone = Vec::with_capacity(got.len());
     for r in 0..n {
         let row = &qkv[r * width..(r + 1) * width];
-        let (o, _, _) = run_attention(
-            dev,
-            s,
-            row,
-            nr,
-            &kc_got,
-            &vc_got,
-            start + r,
-            1,
-            split_k,
-            true,
-        )?;
+        let (o, _, _) = run_attention(dev, s, row, nr, &kc_got, &vc_got, start + r, 1, split_k)?;
         alone.extend(o);
     }
     out.push(bitwise_row(
