@@ -14,9 +14,11 @@ use crate::device::CudaDevice;
 use crate::error::CudaError;
 use crate::segment::{SegKernel, Stage};
 
-/// Words per block (SEG_TR_WORDS) and where the stages' six words start (SEG_TR_STAGE).
+/// Words per block (SEG_TR_WORDS), where the stages' six words start (SEG_TR_STAGE) and where their
+/// staging-loads-returned stamps are (SEG_TR_LOADED: after 8 stages' six words).
 pub(crate) const WORDS: usize = 64;
 const STAGE: usize = 8;
+const LOADED: usize = STAGE + 6 * 8;
 /// Launches kept (a bench's un-graphed decode runs ~4 per layer and step).
 const KEEP: usize = 4096;
 
@@ -120,7 +122,7 @@ impl Trace {
             let mut ghz = Vec::new();
             let mut first_copy = Vec::new();
             // [stage][metric] -> per-launch values
-            let mut m: Vec<[Vec<f64>; 6]> = (0..n).map(|_| Default::default()).collect();
+            let mut m: Vec<[Vec<f64>; 7]> = (0..n).map(|_| Default::default()).collect();
             for l in &ls {
                 let blocks: Vec<&[u64]> = l.words.chunks_exact(WORDS).collect();
                 let entry = blocks.iter().map(|b| b[2]).filter(|&t| t > 0).min();
@@ -151,11 +153,31 @@ impl Trace {
                             .zip(&rows)
                             .map(|(b, r)| w(b, 5) / (producers as f64 * r.max(1.0))),
                     ));
+                    ms[6].push(median(
+                        blocks
+                            .iter()
+                            .filter(|b| b[LOADED + s] > 0)
+                            .map(|b| b[LOADED + s] as f64 - w(b, 0)),
+                    ));
                 }
             }
+            // Stage 0 with fewer than 5 stages: thread 0 past the consumers' barrier after the loads, and
+            // done with its part of a gated norm (words LOADED + 4 and + 5).
+            let stamp = |k: usize| {
+                us(median(ls.iter().map(|l| {
+                    median(
+                        l.words
+                            .chunks_exact(WORDS)
+                            .filter(|b| b[LOADED + k] > 0)
+                            .map(|b| b[LOADED + k] as f64 - b[STAGE] as f64),
+                    )
+                })))
+            };
+            let (synced, normed) = (stamp(4), stamp(5));
             out += &format!(
                 "segment trace [{kind}]: {} launches, kernel {:.1} us (globaltimer), SM clock {:.2} cycles/ns, \
-                 first copy {:.2} us after the consumers' entry\n",
+                 first copy {:.2} us after the consumers' entry; stage 0 loads synced {synced:.2} us, gated \
+                 norm done {normed:.2} us after its start\n",
                 ls.len(),
                 median(kernel_ns.into_iter()) / 1e3,
                 median(ghz.into_iter()),
@@ -165,9 +187,10 @@ impl Trace {
                 let med = |k: usize| median(ms[k].iter().copied());
                 let rows_us = us(med(1));
                 out += &format!(
-                    "  stage {s}: staging {:5.2} us, rows {:6.2} us (slowest block {:6.2}), barrier {:5.2} us, \
-                     {:5.0} GB/s over the median rows time; consumers waited {:3.0}%, producers {:3.0}%\n",
+                    "  stage {s}: staging {:5.2} us (loads {:5.2}), rows {:6.2} us (slowest block {:6.2}), barrier \
+                     {:5.2} us, {:5.0} GB/s over the median rows time; consumers waited {:3.0}%, producers {:3.0}%\n",
                     us(med(0)),
+                    us(med(6)),
                     rows_us,
                     us(med(2)),
                     us(med(3)),
@@ -215,6 +238,7 @@ mod tests {
                 2 * r,
                 0,
             ]);
+            w[LOADED + s] = base + 300;
         }
         w
     }
@@ -238,12 +262,14 @@ mod tests {
         assert!(r.contains("1 launches, kernel 12.0 us"), "{r}");
         // Stage 0: staging 500 cycles, rows 2000 / 3000 (median of two: the upper), slowest 3000.
         assert!(
-            r.contains("stage 0: staging  0.50 us, rows   3.00 us (slowest block   3.00)"),
+            r.contains(
+                "stage 0: staging  0.50 us (loads  0.30), rows   3.00 us (slowest block   3.00)"
+            ),
             "{r}"
         );
         // Consumers waited 2 r cycles over 2 warps x r cycles: 100%.
         assert!(
-            r.contains("stage 1: staging  0.50 us, rows   4.00 us"),
+            r.contains("stage 1: staging  0.50 us (loads  0.30), rows   4.00 us"),
             "{r}"
         );
         assert!(r.contains("consumers waited 100%"), "{r}");

@@ -52,7 +52,7 @@ struct SegParams {
     // flags bit 0: weights stream with an L2 evict-first hint; bits 1-3 (measurements only, wrong
     // sums): consumers skip the arithmetic / the grid barrier / staging the input; bits 4-5: consumers /
     // producers poll their barriers (test_wait) instead of try_wait; bit 6: no stage stages its
-    // RMSNorm's weights (measurements)
+    // RMSNorm's weights (measurements); bit 7: a gated norm's weights read as 1 (measurements, wrong sums)
     int n, page_bytes, pages, flags;
     int xs_floats, pad;  // the staged input's room: the widest stage input (<= SEG_MAX_IN), a multiple of 4
     unsigned long long* barrier;  // arrivals at the grid barrier: zero at allocation, then only grows
@@ -162,9 +162,10 @@ __device__ __forceinline__ unsigned long long seg_globaltimer() {
 // 64 words after the grid barrier's: SM clocks at kernel entry / end, globaltimer at entry / end, the
 // producers' first / last copy, and per stage s (words SEG_TR_STAGE + 6 s ..): stage start, input staged,
 // rows done, grid barrier passed, cycles the consumer warps waited for pages, cycles producers waited for
-// free pages.
+// free pages; and (words SEG_TR_LOADED + s) when thread 0's staging loads of stage s had returned.
 #define SEG_TR_WORDS 64
 #define SEG_TR_STAGE 8
+#define SEG_TR_LOADED (SEG_TR_STAGE + 6 * SEG_MAX_STAGES)
 enum { SEG_TR_ENTRY = 0, SEG_TR_END = 1, SEG_TR_GT_ENTRY = 2, SEG_TR_GT_END = 3, SEG_TR_P_FIRST = 4, SEG_TR_P_LAST = 5 };
 // Barrier 1 over the C consumer warps only (the producers are elsewhere).
 template <int C>
@@ -497,7 +498,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
                     const int i = lane + 32 * k;
-                    gw[k] = i < st.gated_dv ? __ldg(st.norm_w + i) : 0.0f;
+                    gw[k] = i < st.gated_dv ? ((p.flags & 128) ? 1.0f : __ldg(st.norm_w + i)) : 0.0f;
                 }
             // (An RMSNorm's weights likewise, when they fit: one round trip instead of two, run 100.)
             const float4* x4 = reinterpret_cast<const float4*>(st.x);
@@ -517,8 +518,10 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                     if (i4 < all4) d4[i4 < n4 ? (i4 & 1) * (n4 >> 1) + (i4 >> 1) : i4] = v[q];
                 }
             }
+            if (TRACE && threadIdx.x == 0) tr[SEG_TR_LOADED + s] = SEG_CLOCK();
         }
         seg_consumers_sync<C>();
+        if (TRACE && threadIdx.x == 0 && s == 0) tr[SEG_TR_LOADED + SEG_MAX_STAGES - 4] = SEG_CLOCK();
         if (st.gate_z && (!skip_stage || s == 0)) {
             // gated_norm_warp's arithmetic (misc.cu) per group, one warp per group: the same bits as
             // gdn_rec's own norm or the gated_rmsnorm kernel, without their fence, counter and pass.
@@ -558,6 +561,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                     }
                 }
             }
+            if (TRACE && threadIdx.x == 0 && s == 0) tr[SEG_TR_LOADED + SEG_MAX_STAGES - 3] = SEG_CLOCK();
             seg_consumers_sync<C>();
         } else if (st.norm_w && (!skip_stage || s == 0)) {
             const float inv = seg_rms_inv<C>(xs, st.in, st.eps, scratch);
