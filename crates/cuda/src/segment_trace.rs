@@ -16,9 +16,11 @@ use crate::segment::{SegKernel, Stage};
 
 /// Words per block (SEG_TR_WORDS), where the stages' six words start (SEG_TR_STAGE) and where their
 /// staging-loads-returned stamps are (SEG_TR_LOADED: after 8 stages' six words).
-pub(crate) const WORDS: usize = 64;
+pub(crate) const WORDS: usize = 128;
 const STAGE: usize = 8;
 const LOADED: usize = STAGE + 6 * 8;
+/// Consumer warp w's end of its rows of stage s (< 4): word WARPS + 16 s + w (SEG_TR_WARPS).
+const WARPS: usize = 64;
 /// Launches kept (a bench's un-graphed decode runs ~4 per layer and step).
 const KEEP: usize = 4096;
 
@@ -101,7 +103,8 @@ impl Trace {
 
     /// Per kind of segment: launches, kernel time (globaltimer, first entry to last end), and per stage
     /// the medians over launches of the blocks' median staging / rows / barrier times, the slowest
-    /// block's rows time, the stage's bytes over the median rows time, and the share of the rows time
+    /// block's rows time, how far apart a block's consumer warps end their rows (the median block; stages
+    /// 0-3), the stage's bytes over the median rows time, and the share of the rows time
     /// the consumer warps waited for pages and the producers for free pages. `clock_khz`: the SM clock
     /// that converts cycles (the kernel's own cycles per globaltimer ns are printed beside it).
     pub(crate) fn report(&self, clock_khz: f64) -> Option<String> {
@@ -122,7 +125,7 @@ impl Trace {
             let mut ghz = Vec::new();
             let mut first_copy = Vec::new();
             // [stage][metric] -> per-launch values
-            let mut m: Vec<[Vec<f64>; 7]> = (0..n).map(|_| Default::default()).collect();
+            let mut m: Vec<[Vec<f64>; 8]> = (0..n).map(|_| Default::default()).collect();
             for l in &ls {
                 let blocks: Vec<&[u64]> = l.words.chunks_exact(WORDS).collect();
                 let entry = blocks.iter().map(|b| b[2]).filter(|&t| t > 0).min();
@@ -159,6 +162,15 @@ impl Trace {
                             .filter(|b| b[LOADED + s] > 0)
                             .map(|b| b[LOADED + s] as f64 - w(b, 0)),
                     ));
+                    // The block's first and last consumer warp to finish its rows, apart.
+                    ms[7].push(median(blocks.iter().filter(|_| s < 4).map(|b| {
+                        let ends: Vec<f64> = (0..consumers.min(16))
+                            .map(|k| b[WARPS + 16 * s + k] as f64)
+                            .filter(|&t| t > 0.0)
+                            .collect();
+                        ends.iter().copied().fold(f64::MIN, f64::max)
+                            - ends.iter().copied().fold(f64::MAX, f64::min)
+                    })));
                 }
             }
             // Stage 0 with fewer than 5 stages: thread 0 past the consumers' barrier after the loads, and
@@ -187,12 +199,14 @@ impl Trace {
                 let med = |k: usize| median(ms[k].iter().copied());
                 let rows_us = us(med(1));
                 out += &format!(
-                    "  stage {s}: staging {:5.2} us (loads {:5.2}), rows {:6.2} us (slowest block {:6.2}), barrier \
-                     {:5.2} us, {:5.0} GB/s over the median rows time; consumers waited {:3.0}%, producers {:3.0}%\n",
+                    "  stage {s}: staging {:5.2} us (loads {:5.2}), rows {:6.2} us (slowest block {:6.2}; a block's \
+                     warps end {:4.2} apart), barrier {:5.2} us, {:5.0} GB/s over the median rows time; consumers waited \
+                     {:3.0}%, producers {:3.0}%\n",
                     us(med(0)),
                     us(med(6)),
                     rows_us,
                     us(med(2)),
+                    us(med(7)),
                     us(med(3)),
                     ls[0].bytes[s] / (rows_us * 1e3),
                     100.0 * med(4),
@@ -239,6 +253,8 @@ mod tests {
                 0,
             ]);
             w[LOADED + s] = base + 300;
+            w[WARPS + 16 * s] = base + 400 + r;
+            w[WARPS + 16 * s + 1] = base + 500 + r;
         }
         w
     }
@@ -260,10 +276,11 @@ mod tests {
         // 1 GHz: a cycle is a ns.
         let r = t.report(1e6).unwrap();
         assert!(r.contains("1 launches, kernel 12.0 us"), "{r}");
-        // Stage 0: staging 500 cycles, rows 2000 / 3000 (median of two: the upper), slowest 3000.
+        // Stage 0: staging 500 cycles, rows 2000 / 3000 (median of two: the upper), slowest 3000; the two
+        // warps end 100 cycles apart.
         assert!(
             r.contains(
-                "stage 0: staging  0.50 us (loads  0.30), rows   3.00 us (slowest block   3.00)"
+                "stage 0: staging  0.50 us (loads  0.30), rows   3.00 us (slowest block   3.00; a block's warps end 0.10 apart)"
             ),
             "{r}"
         );

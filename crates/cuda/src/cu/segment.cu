@@ -162,10 +162,12 @@ __device__ __forceinline__ unsigned long long seg_globaltimer() {
 // 64 words after the grid barrier's: SM clocks at kernel entry / end, globaltimer at entry / end, the
 // producers' first / last copy, and per stage s (words SEG_TR_STAGE + 6 s ..): stage start, input staged,
 // rows done, grid barrier passed, cycles the consumer warps waited for pages, cycles producers waited for
-// free pages; and (words SEG_TR_LOADED + s) when thread 0's staging loads of stage s had returned.
-#define SEG_TR_WORDS 64
+// free pages; (words SEG_TR_LOADED + s) when thread 0's staging loads of stage s had returned; and each
+// consumer warp's end of its rows (SEG_TR_WARPS).
+#define SEG_TR_WORDS 128
 #define SEG_TR_STAGE 8
 #define SEG_TR_LOADED (SEG_TR_STAGE + 6 * SEG_MAX_STAGES)
+#define SEG_TR_WARPS 64  // + 16 s + w: consumer warp w (< 16) done with its rows of stage s (< 4)
 enum { SEG_TR_ENTRY = 0, SEG_TR_END = 1, SEG_TR_GT_ENTRY = 2, SEG_TR_GT_END = 3, SEG_TR_P_FIRST = 4, SEG_TR_P_LAST = 5 };
 // Barrier 1 over the C consumer warps only (the producers are elsewhere).
 template <int C>
@@ -596,6 +598,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         seq0 += (unsigned)owned * units;
         if (TRACE) {
             if (lane == 0) atomicAdd(&ts[4], ring.waited);
+            if (lane == 0 && s < 4 && warp < 16) tr[SEG_TR_WARPS + 16 * s + warp] = SEG_CLOCK();
             ring.waited = 0;
         }
         if (s + 1 < p.n && !skip_barrier) {
