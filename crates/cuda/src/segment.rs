@@ -288,7 +288,7 @@ fn params(
     }
     words[80] = stages.len().min(MAX_STAGES) as u64 | (ring.page_bytes as u64) << 32;
     words[81] = ring.pages as u64 | (flags as u64) << 32;
-    words[82] = input_room(stages) as u64;
+    words[82] = input_room(stages) as u64 | (ring_magic(ring.pages) as u64) << 32;
     words[83] = barrier;
     for (i, &(p, bytes)) in prefetch.iter().take(MAX_PREFETCH).enumerate() {
         words[84 + 2 * i] = p;
@@ -320,6 +320,12 @@ fn prefetch_ranges(ranges: &[(u64, usize)]) -> Vec<(u64, usize)> {
         .map(|&(p, n)| (p, n / 16 * 16))
         .take(MAX_PREFETCH)
         .collect()
+}
+
+/// SegParams::pages_m: ceil(2^32 / pages), for the kernel's n / pages as a multiply-high (segment.cu seg_div;
+/// pages is 4..=32).
+fn ring_magic(pages: usize) -> u32 {
+    (u32::MAX / pages.max(1) as u32).wrapping_add(1)
 }
 
 /// Floats of staged input a segment needs: its widest input (twice a gated norm's: x, then z; twice a staged
@@ -530,9 +536,24 @@ mod tests {
         assert_eq!(words[4], 0, "no gate: a null pointer");
         assert_eq!(words[80], 3 | 5120 << 32);
         assert_eq!(words[81], 32 | 1 << 32);
-        assert_eq!(words[82], 2 * 9216, "room for x and the gated stage's z");
+        assert_eq!(
+            words[82] & 0xffff_ffff,
+            2 * 9216,
+            "room for x and the gated stage's z"
+        );
         assert_eq!(words[83], 0xbeef);
         assert_eq!(&words[84..88], &[0x5000, 4096, 0, 0]);
+    }
+
+    #[test]
+    fn ring_magic_divides_exactly_over_a_launchs_units() {
+        // The kernel's seg_div: umulhi(n, m). Units per block and launch stay far below 2^20.
+        for pages in 4..=32usize {
+            let m = ring_magic(pages) as u64;
+            for n in 0u64..1 << 20 {
+                assert_eq!((n * m) >> 32, n / pages as u64, "n {n} pages {pages}");
+            }
+        }
     }
 
     #[test]

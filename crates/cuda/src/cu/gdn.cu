@@ -363,6 +363,8 @@ extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS)
     const int v_chan = 2 * hk * dk + h * dv + col;
     if (col_ok) v_conv.load(conv_w, window, cd, v_chan);
     const float a_h = a_log[h], dt_h = dt_bias[h];
+    // What needs no input row, before the wait: the decay's exp(A) and the q scale.
+    const float exp_a = expf(a_h), q_scale = 1.0f / sqrtf((float)dk);
     PDL_ENTER();
     const float* pr = proj + cd + hv * dv;
     const float b_in = pr[h], a_in = pr[hv + h];
@@ -379,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS)
         }
     }
     const float beta_c = sigmoid_f(b_in);
-    const float decay_c = expf(-expf(a_h) * softplus_f(a_in + dt_h));
+    const float decay_c = expf(-exp_a * softplus_f(a_in + dt_h));
     __syncthreads();  // every window value of the block read, the sums complete
     int ticket = 0;
     if (tid == 0) ticket = atomicAdd(kh_done + kh, 1);  // awaited only after the row
@@ -390,7 +392,7 @@ extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS)
         const int g = warp + r * warps, i = 32 * (g & 3) + lane;
         if (chan[r] >= 0)
             *gdn_qk_slot(&qk[0][0], g >= 4 ? dk + i : i, dk) =
-                g >= 4 ? cv[r] * inv_k : (cv[r] * inv_q) * (1.0f / sqrtf((float)dk));
+                g >= 4 ? cv[r] * inv_k : (cv[r] * inv_q) * q_scale;
     }
     if (part == 0 && col_ok) v_conv.advance(window, cd, v_chan);
     __syncthreads();

@@ -54,7 +54,8 @@ struct SegParams {
     // producers poll their barriers (test_wait) instead of try_wait; bit 6: no stage stages its
     // RMSNorm's weights (measurements); bit 7: a gated norm's weights read as 1 (measurements, wrong sums)
     int n, page_bytes, pages, flags;
-    int xs_floats, pad;  // the staged input's room: the widest stage input (<= SEG_MAX_IN), a multiple of 4
+    int xs_floats;  // the staged input's room: the widest stage input (<= SEG_MAX_IN), a multiple of 4
+    unsigned pages_m;  // seg_magic(pages), from the host (a kernel parameter costs no register)
     unsigned long long* barrier;  // arrivals at the grid barrier: zero at allocation, then only grows
     // Buffers the kernels after this launch read first (a GDN layer's recurrent state), prefetched into
     // L2 once the block's producers have issued their last copy (seg_prefetch_after); 0 bytes: none.
@@ -201,6 +202,22 @@ __device__ __forceinline__ void seg_grid_sync(unsigned long long* count, unsigne
 // are consecutive across the warp's lanes in each plane: 4 shared-memory wavefronts per plane and
 // warp step instead of 8 for two loads 32 bytes apart (trace run 76: the consumers' shared-memory
 // traffic bounded the gate_up and in_proj stages).
+// 1.0f / y as the IEEE division computes it (round to nearest), without its branch: the division's own
+// fast path (MUFU.RCP, then one fma correction: the SASS of `1.0f / y`, run 112's listing) for y whose
+// exponent field is 1..252, the range the division's check sends there; `slow` is set for any other y,
+// whose result the caller must take from the division itself. The simulator divides.
+__device__ __forceinline__ float seg_rcp_fast(float y, bool& slow) {
+    slow |= ((__float_as_uint(y) + 0x1800000u) & 0x7f800000u) <= 0x1ffffffu;
+#ifdef KERNEL_SIM
+    return 1.0f / y;
+#else
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
+    const float e = fmaf(y, r, -1.0f);
+    return fmaf(r, -e, r);
+#endif
+}
+
 __device__ __forceinline__ int seg_x_at(int i, int in) { return ((i >> 2) & 1) * (in >> 1) + ((i >> 3) << 2) + (i & 3); }
 
 // block_sum_d's arithmetic for 256 threads (the first 8 consumer warps), on the consumers' barrier.
@@ -238,11 +255,17 @@ __device__ __forceinline__ float seg_dot8(uint4 u, float4 a, float4 b, float s) 
 // A block's ring as one consumer warp sees it: `pages` pages in unit order (unit u in page u % pages),
 // this warp's own `full` barriers, everyone's `empty` ones, and the parity of each page's next use by
 // this warp (bit p).
+// n / d for the ring's counts (n < 2^26, 4 <= d <= 64) by a multiply-high with m = ceil(2^32 / d) (segment.rs
+// ring_magic): exact there (n (m d - 2^32) < 2^32), three instructions instead of a runtime division's ~20
+// (run 112's SASS: MUFU.RCP and I2F in every piece's page lookup and every producer copy).
+__device__ __forceinline__ unsigned seg_div(unsigned n, unsigned m) { return __umulhi(n, m); }
+
 struct SegRing {
     unsigned char* pages;
     unsigned long long* full;   // [pages], this consumer's
     unsigned long long* empty;  // [pages]
     int pages_n, page_bytes;
+    unsigned pages_m;  // SegParams::pages_m
     unsigned parity;
     bool spin;
     unsigned long long waited;  // trace kernels: cycles spent waiting for pages
@@ -251,7 +274,7 @@ struct SegRing {
 // The page of unit `seq` once its bytes have landed (this consumer's next phase of it).
 template <bool TRACE>
 __device__ __forceinline__ int seg_page_take(SegRing& r, unsigned seq) {
-    const int k = (int)(seq % (unsigned)r.pages_n);
+    const int k = (int)(seq - seg_div(seq, r.pages_m) * (unsigned)r.pages_n);
     const unsigned long long w0 = TRACE ? SEG_CLOCK() : 0ull;
     seg_mbar_wait(&r.full[k], (r.parity >> k) & 1u, r.spin);
     if (TRACE) r.waited += SEG_CLOCK() - w0;
@@ -442,8 +465,8 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                 const int j = b + i * g;
                 const int row = half ? inter + j : j;
                 const unsigned seq = seq0 + (unsigned)u;
-                const int page = (int)(seq % (unsigned)pages);
-                const unsigned use = seq / (unsigned)pages;
+                const unsigned use = seg_div(seq, p.pages_m);
+                const int page = (int)(seq - use * (unsigned)pages);
                 const unsigned long long w0 = TRACE ? SEG_CLOCK() : 0ull;
                 if (use > 0) seg_mbar_wait(&empty[page], (use - 1) & 1u, p.flags & 32);
                 if (TRACE) {
@@ -477,6 +500,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     ring.full = full + warp * pages;
     ring.empty = empty;
     ring.pages_n = pages;
+    ring.pages_m = p.pages_m;
     ring.page_bytes = p.page_bytes;
     ring.parity = 0;
     ring.spin = p.flags & 16;
@@ -530,7 +554,18 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             // A warp takes 4 heads at a time, their sums and reductions interleaved (independent chains):
             // 2.774 ms against 2.784 one head at a time (run 94).
             const int dv = st.gated_dv, heads = st.in / dv;
+            // ss / dv as ss * (1 / dv) when dv is a power of two: the same bits without the double
+            // division's branchy sequence.
+            const bool dv_pow2 = (dv & (dv - 1)) == 0;
+            const double inv_dv = 1.0 / (double)dv;
             for (int h0 = warp; h0 < heads; h0 += 4 * C) {
+                // The branch-free work for all 16 values of the lane first (loads, sums of squares, the
+                // gates' denominators 1 + expf(-z)), so their latencies overlap; then the divisions, whose
+                // range checks branch. One value at a time, each chain in its own basic block, the warp's
+                // share took 3.66 us (run 116: 1260 instructions of dependent latency). The denominator is
+                // formed in one expression, as in sigmoid_f, so it contracts alike (the SASS fuses expf's last
+                // multiply with the + 1).
+                float xv[4][4], den[4][4];  // (z is read again where it gates: fewer live registers)
                 double ss[4];
 #pragma unroll
                 for (int r = 0; r < 4; ++r) {
@@ -539,10 +574,11 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {
                         const int i = lane + 32 * k;
-                        if (h < heads && i < dv) {
-                            const float v = xs[seg_x_at(h * dv + i, st.in)];
-                            ss[r] += (double)v * (double)v;
-                        }
+                        const bool ok = h < heads && i < dv;
+                        xv[r][k] = ok ? xs[seg_x_at(h * dv + i, st.in)] : 0.0f;
+                        const float zz = ok ? xs[st.in + h * dv + i] : 0.0f;
+                        if (ok) ss[r] += (double)xv[r][k] * (double)xv[r][k];
+                        den[r][k] = 1.0f + expf(-zz);
                     }
                 }
 #pragma unroll
@@ -551,15 +587,24 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                 for (int r = 0; r < 4; ++r) {
                     const int h = h0 + r * C;
                     if (h >= heads) break;
-                    const float inv = 1.0f / sqrtf((float)(ss[r] / (double)dv) + st.eps);
+                    const double mean = dv_pow2 ? ss[r] * inv_dv : ss[r] / (double)dv;
+                    const float inv = 1.0f / sqrtf((float)mean + st.eps);
+                    // The head's 4 gates' 1 / den without a branch each (seg_rcp_fast), again through the
+                    // division in the rare case one is outside the fast path's range.
+                    float sig[4];
+                    bool slow = false;
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) sig[k] = seg_rcp_fast(den[r][k], slow);
+                    if (slow)
+#pragma unroll
+                        for (int k = 0; k < 4; ++k) sig[k] = 1.0f / den[r][k];
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {
                         const int i = lane + 32 * k;
-                        if (i < dv) {
-                            const float zz = xs[st.in + h * dv + i];
-                            float& v = xs[seg_x_at(h * dv + i, st.in)];
-                            v = ((v * inv) * gw[k]) * (zz * sigmoid_f(zz));
-                        }
+                        // sigmoid_f(zz) = 1 / (1 + expf(-zz)), its denominator formed above.
+                        if (i < dv)
+                            xs[seg_x_at(h * dv + i, st.in)] =
+                                ((xv[r][k] * inv) * gw[k]) * (xs[st.in + h * dv + i] * sig[k]);
                     }
                 }
             }
