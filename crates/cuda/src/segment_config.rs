@@ -31,8 +31,19 @@ const HELD_KERNELS: [HeldKernel; 2] = [
         width: 4096,
     },
 ];
-/// Shared memory of a block's weight ring (the probe's best ring: 20 pages of 8 KB, run 48).
+/// Shared memory of a block's weight ring (the probe's best ring: 20 pages of 8 KB, run 48);
+/// `TURBOSPARK_SEG_RING_KB` (32..=160) sets another for measurements: the ring bounds the bytes a
+/// block has in flight, hence the memory system's queues that the stage boundaries' round trips wait in.
 const RING_BYTES: usize = 160 * 1024;
+fn ring_bytes() -> usize {
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        std::env::var("TURBOSPARK_SEG_RING_KB")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(RING_BYTES, |kb| kb.clamp(32, 160) * 1024)
+    })
+}
 /// Page sizes a segment may use (the one that wastes least of the ring on its rows is taken).
 const PAGE_SIZES: [usize; 5] = [4096, 5120, 6144, 8192, 10240];
 /// Most pages of a ring (the consumers keep one parity bit per page).
@@ -48,7 +59,7 @@ impl Ring {
     pub(crate) fn of(page_bytes: usize) -> Ring {
         Ring {
             page_bytes,
-            pages: (RING_BYTES / page_bytes).min(MAX_PAGES) / 4 * 4,
+            pages: (ring_bytes() / page_bytes).clamp(4, MAX_PAGES) / 4 * 4,
         }
     }
 
