@@ -79,11 +79,8 @@ pub(crate) struct GatedNorm {
 /// The device's segment state: configuration, grid barrier, and the queue while a step is open.
 pub(crate) struct Segments {
     pub config: Config,
-    /// Arrivals at the grid barrier (a u64 that only grows), then the tagged outputs' launch epoch:
-    /// allocated once, never moved (graphs hold its address).
+    /// Arrivals at the grid barrier (a u64 that only grows): allocated once, never moved (graphs hold its address).
     barrier: DBuf,
-    /// Tagged stage outputs (`tagged_inputs`): MAX_STAGES slots of MAX_IN u64, when the config tags.
-    tagged: Option<DBuf>,
     queue: Mutex<Option<Queued>>,
     /// Why segments were turned off after a failed launch (then every GEMV launches on its own).
     failure: Mutex<Option<String>>,
@@ -96,19 +93,15 @@ impl Segments {
     pub fn new(dev: &CudaDevice, config: Config) -> Result<Self, CudaError> {
         Ok(Segments {
             config,
-            // The trace kernels' words follow the barrier's and the epoch's (16 bytes).
+            // The trace kernels' words follow the barrier's (16 bytes).
             barrier: DBuf::zeros(
                 dev,
                 if config.trace {
                     16 + crate::segment_trace::region_bytes(dev.info.sms.max(1) as usize)
                 } else {
-                    16
+                    8
                 },
             )?,
-            tagged: match config.tags {
-                true => Some(DBuf::zeros(dev, MAX_STAGES * MAX_IN * 8)?),
-                false => None,
-            },
             queue: Mutex::new(None),
             failure: Mutex::new(None),
             launches: AtomicU64::new(0),
@@ -225,19 +218,11 @@ fn launch_stages(
         Some(ring) if stages.len() > 1 || cfg.single => ring,
         _ => return stages.iter().try_for_each(|s| launch_one(dev, s)),
     };
-    let sms = dev.info.sms.max(1) as u32;
-    let tagged = seg.tagged.as_ref().map_or(0, |t| t.ptr);
-    let words = params(
-        stages,
-        &ring,
-        cfg.flags,
-        (seg.barrier.ptr, tagged),
-        sms as usize,
-        prefetch,
-    );
+    let words = params(stages, &ring, cfg.flags, seg.barrier.ptr, prefetch);
     let xs_floats = input_room(stages);
     let kernel = cfg.kernel_for(stages, &ring);
     // One block per SM: the grid barrier needs every block resident.
+    let sms = dev.info.sms.max(1) as u32;
     let launched = launch_struct(
         dev,
         kernel.name,
@@ -269,21 +254,18 @@ fn launch_stages(
     }
 }
 
-/// The kernel's SegParams (segment.cu) as 8-byte words: 8 SegStage of 88 bytes (w, x, y, norm_w,
-/// gate_z, tagged, then in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces, gated_dv, eps, staging
-/// as 4-byte fields), then n, page_bytes, pages, flags, xs_floats, pages_m, the barrier's address and
-/// MAX_PREFETCH ranges (address, bytes): 800 bytes. `buffers`: the barrier's and the tagged outputs'
-/// slots' addresses (tagged 0: none; stage i's slot at tagged + 8 i MAX_IN).
+/// The kernel's SegParams (segment.cu) as 8-byte words: 8 SegStage of 80 bytes (w, x, y, norm_w,
+/// gate_z, then in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces, gated_dv, eps, norm_staged as
+/// 4-byte fields), then n, page_bytes, pages, flags, xs_floats, pad, the barrier's address and
+/// MAX_PREFETCH ranges (address, bytes): 736 bytes.
 fn params(
     stages: &[Stage],
     ring: &Ring,
     flags: u32,
-    buffers: (u64, u64),
-    grid: usize,
+    barrier: u64,
     prefetch: &[(u64, usize)],
 ) -> Vec<u64> {
-    let (barrier, tagged) = buffers;
-    let mut words = vec![0u64; 92 + 2 * MAX_PREFETCH];
+    let mut words = vec![0u64; 84 + 2 * MAX_PREFETCH];
     for (i, s) in stages.iter().take(MAX_STAGES).enumerate() {
         let pieces = ring.pieces(s.cols).unwrap_or(1);
         let fields = [
@@ -296,49 +278,23 @@ fn params(
             pieces as u32,
             s.gated_dv as u32,
             s.eps.to_bits(),
-            norm_staged(s) as u32 | ((tagged != 0 && tagged_input(stages, i, grid)) as u32) << 1,
+            norm_staged(s) as u32,
         ];
-        let at = i * 11;
-        let next_tagged = tagged != 0 && i + 1 < stages.len() && tagged_input(stages, i + 1, grid);
-        let slot = if next_tagged {
-            tagged + (8 * i * MAX_IN) as u64
-        } else {
-            0
-        };
-        words[at..at + 6].copy_from_slice(&[s.w, s.x, s.y, s.norm_w, s.gate_z, slot]);
+        let at = i * 10;
+        words[at..at + 5].copy_from_slice(&[s.w, s.x, s.y, s.norm_w, s.gate_z]);
         for (k, pair) in fields.chunks_exact(2).enumerate() {
-            words[at + 6 + k] = pair[0] as u64 | (pair[1] as u64) << 32;
+            words[at + 5 + k] = pair[0] as u64 | (pair[1] as u64) << 32;
         }
     }
-    words[88] = stages.len().min(MAX_STAGES) as u64 | (ring.page_bytes as u64) << 32;
-    words[89] = ring.pages as u64 | (flags as u64) << 32;
-    words[90] = input_room(stages) as u64 | (ring_magic(ring.pages) as u64) << 32;
-    words[91] = barrier;
+    words[80] = stages.len().min(MAX_STAGES) as u64 | (ring.page_bytes as u64) << 32;
+    words[81] = ring.pages as u64 | (flags as u64) << 32;
+    words[82] = input_room(stages) as u64 | (ring_magic(ring.pages) as u64) << 32;
+    words[83] = barrier;
     for (i, &(p, bytes)) in prefetch.iter().take(MAX_PREFETCH).enumerate() {
-        words[92 + 2 * i] = p;
-        words[93 + 2 * i] = bytes as u64;
+        words[84 + 2 * i] = p;
+        words[85 + 2 * i] = bytes as u64;
     }
     words
-}
-
-/// Whether stage `i` stages its input from the previous stage's tagged outputs instead of after a grid
-/// barrier (segment.cu seg_stage_tagged): its x is that stage's whole output, and that output has a row
-/// for every block, so that every block has entered (and read the launch's epoch) once it is staged.
-/// What a grid barrier also ordered holds without it: a stage's other reads of this launch's writes are
-/// of the residual rows it adds to, written by the same block (row j belongs to block j % grid in every
-/// stage), and its writes cannot race earlier stages' reads, which every block finished before the
-/// previous stage's rows.
-fn tagged_input(stages: &[Stage], i: usize, grid: usize) -> bool {
-    let Some(prev) = i.checked_sub(1).map(|p| &stages[p]) else {
-        return false;
-    };
-    let s = &stages[i];
-    let outputs = if prev.inter > 0 {
-        prev.inter
-    } else {
-        prev.rows
-    };
-    s.x == prev.y && s.gate_z == 0 && s.cols == outputs && outputs >= grid && outputs <= MAX_IN
 }
 
 /// Names buffers the kernels after the GEMVs queued so far read first (a mixer core's state), for the
@@ -561,85 +517,32 @@ mod tests {
             &[st, gated, narrow],
             &Ring::of(5120),
             1,
-            (0xbeef, 0),
-            132,
+            0xbeef,
             &[(0x5000, 4096)],
         );
-        assert_eq!(words.len() * 8, 800);
-        assert_eq!(&words[11..17], &[0x1000, 0x2000, 0x3000, 0x4000, 0x6000, 0]);
-        assert_eq!(words[17], 9216 | 2560 << 32);
-        assert_eq!(words[18], 1 | 4 << 32);
-        assert_eq!(words[19], 1 << 32);
-        assert_eq!(words[20], 4 | 128 << 32);
-        assert_eq!(words[21], 1e-6f32.to_bits() as u64);
+        assert_eq!(words.len() * 8, 736);
+        assert_eq!(&words[10..15], &[0x1000, 0x2000, 0x3000, 0x4000, 0x6000]);
+        assert_eq!(words[15], 9216 | 2560 << 32);
+        assert_eq!(words[16], 1 | 4 << 32);
+        assert_eq!(words[17], 1 << 32);
+        assert_eq!(words[18], 4 | 128 << 32);
+        assert_eq!(words[19], 1e-6f32.to_bits() as u64);
         assert_eq!(
-            words[10],
+            words[9],
             1e-6f32.to_bits() as u64,
             "18432 floats: weights not staged"
         );
-        assert_eq!(words[32], 1e-6f32.to_bits() as u64 | 1 << 32);
+        assert_eq!(words[29], 1e-6f32.to_bits() as u64 | 1 << 32);
         assert_eq!(words[4], 0, "no gate: a null pointer");
-        assert_eq!(words[88], 3 | 5120 << 32);
-        assert_eq!(words[89], 32 | 1 << 32);
+        assert_eq!(words[80], 3 | 5120 << 32);
+        assert_eq!(words[81], 32 | 1 << 32);
         assert_eq!(
-            words[90] & 0xffff_ffff,
+            words[82] & 0xffff_ffff,
             2 * 9216,
             "room for x and the gated stage's z"
         );
-        assert_eq!(words[91], 0xbeef);
-        assert_eq!(&words[92..96], &[0x5000, 4096, 0, 0]);
-    }
-
-    #[test]
-    fn a_stage_stages_tagged_outputs_only_of_the_stage_before_when_every_block_has_rows() {
-        // A GDN layer's segment: out_proj (+=) -> gate_up (normed, SwiGLU) -> down (+=) -> next in_proj.
-        let h = 0x10_0000;
-        let act = 0x20_0000;
-        let out = Stage {
-            x: 0x30_0000,
-            y: h,
-            ..gemv(4096, 2560)
-        };
-        let gate_up = Stage {
-            x: h,
-            y: act,
-            inter: 9216,
-            ..gemv(2560, 18432)
-        };
-        let down = Stage {
-            x: act,
-            y: h,
-            ..gemv(9216, 2560)
-        };
-        let in_proj = Stage {
-            x: h,
-            y: 0x40_0000,
-            ..gemv(2560, 10240)
-        };
-        let chain = [out, gate_up, down, in_proj];
-        // (each stage's staging bit, and the slot its outputs also go to tagged)
-        let bits = |tagged: u64, grid: usize| {
-            let w = params(&chain, &Ring::of(5120), 0, (0xbeef, tagged), grid, &[]);
-            (0..4)
-                .map(|i| ((w[11 * i + 10] >> 33) & 1, w[11 * i + 5]))
-                .collect::<Vec<_>>()
-        };
-        let slot = |i: usize| 0x9000 + (8 * i * MAX_IN) as u64;
-        assert_eq!(
-            bits(0x9000, 132),
-            [(0, slot(0)), (1, slot(1)), (1, slot(2)), (1, 0)]
-        );
-        assert_eq!(bits(0, 132), [(0, 0); 4], "no tagged buffer: grid barriers");
-        // Outputs with fewer rows than blocks leave some block unseen: a barrier.
-        assert_eq!(bits(0x9000, 3000), [(0, 0), (0, slot(1)), (1, 0), (0, 0)]);
-        // An input that is not the previous stage's output (q / k / v of one x): a barrier.
-        let k = Stage {
-            x: 0x30_0000,
-            y: 0x50_0000,
-            ..gemv(4096, 512)
-        };
-        let w = params(&[out, k], &Ring::of(5120), 0, (0xbeef, 0x9000), 132, &[]);
-        assert_eq!(((w[21] >> 33) & 1, w[5]), (0, 0));
+        assert_eq!(words[83], 0xbeef);
+        assert_eq!(&words[84..88], &[0x5000, 4096, 0, 0]);
     }
 
     #[test]

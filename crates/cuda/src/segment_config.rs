@@ -141,9 +141,6 @@ pub(crate) struct Config {
     /// Run segments with a stage whose input fits a lane's registers on the 8-consumer kernel that holds
     /// it there (`HELD_KERNELS`; `TURBOSPARK_SEG_XREG=0`: every segment on `base_kernel()`).
     pub held_inputs: bool,
-    /// Stage a stage's input from the previous stage's tagged outputs instead of after a grid barrier
-    /// (`TURBOSPARK_SEG_TAGS=1`, segment.rs tagged_input).
-    pub tags: bool,
 }
 
 /// The kernel one segment launches, and its warps.
@@ -195,7 +192,6 @@ impl Config {
             prefetch: get("TURBOSPARK_SEG_PREFETCH", 1) != 0,
             gated_norm: get("TURBOSPARK_SEG_GATED_NORM", 1) != 0,
             held_inputs: get("TURBOSPARK_SEG_XREG", 1) != 0,
-            tags: get("TURBOSPARK_SEG_TAGS", 0) == 1,
         }
     }
 

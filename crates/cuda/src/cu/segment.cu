@@ -38,14 +38,9 @@ struct SegStage {
     float* y;              // [out] (SwiGLU: [swiglu_inter])
     const float* norm_w;   // RMSNorm of x first, or null; with gate_z: the gated norm's weights [gated_dv]
     const float* gate_z;   // or null: x first gets a GDN layer's gated RMSNorm, per group of gated_dv values
-    // or null: the outputs also go here tagged, (epoch << 32 | their bits), for a next stage that stages
-    // them without a grid barrier (seg_stage_tagged); a slot of SEG_MAX_IN values
-    unsigned long long* tagged;
     int in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces, gated_dv;
     float eps;
-    // bit 0: RMSNorm weights staged after x (xs[in ..]) with it, not read as they are applied; bit 1: x
-    // is the previous stage's output, staged from its tagged copy without a grid barrier (seg_stage_tagged)
-    int staging;
+    int norm_staged;  // RMSNorm weights staged after x (xs[in ..]) with it, not read as they are applied
 };
 #define SEG_MAX_PREFETCH 4
 struct SegPrefetch {
@@ -61,14 +56,13 @@ struct SegParams {
     int n, page_bytes, pages, flags;
     int xs_floats;  // the staged input's room: the widest stage input (<= SEG_MAX_IN), a multiple of 4
     unsigned pages_m;  // seg_magic(pages), from the host (a kernel parameter costs no register)
-    unsigned long long* barrier;  // arrivals at the grid barrier: zero at allocation, then only grows;
-                                  // barrier[1]: the launch epoch of the tagged outputs (seg_stage_tagged)
+    unsigned long long* barrier;  // arrivals at the grid barrier: zero at allocation, then only grows
     // Buffers the kernels after this launch read first (a GDN layer's recurrent state), prefetched into
     // L2 once the block's producers have issued their last copy (seg_prefetch_after); 0 bytes: none.
     SegPrefetch pf[SEG_MAX_PREFETCH];
 };
-static_assert(sizeof(SegStage) == 88, "SegStage layout is mirrored by segment.rs");
-static_assert(sizeof(SegParams) == 800, "SegParams layout is mirrored by segment.rs");
+static_assert(sizeof(SegStage) == 80, "SegStage layout is mirrored by segment.rs");
+static_assert(sizeof(SegParams) == 736, "SegParams layout is mirrored by segment.rs");
 
 #ifdef KERNEL_SIM
 __device__ __forceinline__ void seg_mbar_init(unsigned long long* b, unsigned count) { sim_mbar_init(b, count); }
@@ -83,9 +77,6 @@ __device__ __forceinline__ void seg_bulk_load(void* dst, const void* src, unsign
 }
 __device__ __forceinline__ unsigned long long seg_ld_acquire(const unsigned long long* p) {
     return sim_ld_acquire_spin_u64(p);
-}
-__device__ __forceinline__ ulonglong2 seg_ld_tagged(const ulonglong2* p) {
-    return {sim_ld_acquire_spin_u64(&p->x), sim_ld_acquire_spin_u64(&p->y)};
 }
 __device__ __forceinline__ unsigned long long seg_arrive(unsigned long long* p) { return atomicAdd(p, 1ull); }
 __device__ __forceinline__ void seg_prefetch_l2(const void*, unsigned) {}
@@ -144,12 +135,6 @@ __device__ __forceinline__ void seg_bulk_load(void* dst, const void* src, unsign
 __device__ __forceinline__ unsigned long long seg_ld_acquire(const unsigned long long* p) {
     unsigned long long v;
     asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-// Two tagged values from L2 (each 8-byte half is read whole: a value never pairs with another's tag).
-__device__ __forceinline__ ulonglong2 seg_ld_tagged(const ulonglong2* p) {
-    ulonglong2 v;
-    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
     return v;
 }
 // One arrival at the grid barrier: releases the block's writes (ordered before it by the consumers'
@@ -234,49 +219,6 @@ __device__ __forceinline__ float seg_rcp_fast(float y, bool& slow) {
 }
 
 __device__ __forceinline__ int seg_x_at(int i, int in) { return ((i >> 2) & 1) * (in >> 1) + ((i >> 3) << 2) + (i & 3); }
-
-// Stages x from the previous stage's tagged outputs (`src`: in values as (epoch << 32 | bits)) into the
-// planes of seg_x_at, each float4 once its 4 values carry this launch's tag: the wait for the rows other
-// blocks are still writing replaces the grid barrier (no fence, no atomic: a value and its tag are one
-// 8-byte store). Batches of 4 float4 per thread: the registers of the plain staging's 8 (8 spilled 88-480
-// bytes, ptxas 12.9).
-template <int C>
-__device__ __forceinline__ void seg_stage_tagged(const unsigned long long* src, unsigned epoch, float4* d4, int n4) {
-    const ulonglong2* s2 = reinterpret_cast<const ulonglong2*>(src);
-    const int step = C * 32;
-    constexpr int B = C >= 12 ? 3 : 4;  // float4 per thread in flight (c12p4 spilled with 4)
-    auto ok = [&](const ulonglong2& v) { return (unsigned)(v.x >> 32) == epoch && (unsigned)(v.y >> 32) == epoch; };
-    for (int i0 = threadIdx.x; i0 < n4; i0 += B * step) {
-        ulonglong2 v[B][2];
-#pragma unroll
-        for (int q = 0; q < B; ++q) {
-            const int i4 = min(i0 + q * step, n4 - 1);  // (a repeat read past the end)
-            v[q][0] = __ldcg(s2 + 2 * i4);
-            v[q][1] = __ldcg(s2 + 2 * i4 + 1);
-        }
-        // Rows another block has not written yet: read again (volatile loads: each a new read).
-        for (;;) {
-            bool all = true;
-#pragma unroll
-            for (int q = 0; q < B; ++q) all &= ok(v[q][0]) & ok(v[q][1]);
-            if (all) break;
-#pragma unroll
-            for (int q = 0; q < B; ++q) {
-                const int i4 = min(i0 + q * step, n4 - 1);
-                if (!ok(v[q][0])) v[q][0] = seg_ld_tagged(s2 + 2 * i4);
-                if (!ok(v[q][1])) v[q][1] = seg_ld_tagged(s2 + 2 * i4 + 1);
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < B; ++q) {
-            const int i4 = i0 + q * step;
-            if (i4 < n4)
-                d4[(i4 & 1) * (n4 >> 1) + (i4 >> 1)] =
-                    make_float4(__uint_as_float((unsigned)v[q][0].x), __uint_as_float((unsigned)v[q][0].y),
-                                __uint_as_float((unsigned)v[q][1].x), __uint_as_float((unsigned)v[q][1].y));
-        }
-    }
-}
 
 // block_sum_d's arithmetic for 256 threads (the first 8 consumer warps), on the consumers' barrier.
 template <int C>
@@ -444,16 +386,9 @@ __device__ __forceinline__ void seg_prefetch_after(const SegParams& p, int who, 
 
 // A consumer warp's rows of a stage (its jobs i0, i0 + C, ... of the block's `owned`), each summed by
 // `row(first unit)`, with the stage's epilogue (SwiGLU, residual).
-// An output, and its tagged copy when the next stage stages it so (the pointer is a kernel parameter: no
-// register for it in the rows' loop).
-__device__ __forceinline__ void seg_put(const SegStage& st, unsigned epoch, int j, float v) {
-    st.y[j] = v;
-    if (st.tagged) __stcg(st.tagged + j, (unsigned long long)epoch << 32 | __float_as_uint(v));
-}
-
 template <int C, class Row>
-__device__ __forceinline__ void seg_stage_rows(const SegStage& st, unsigned epoch, int b, int g, int owned, int i0,
-                                               unsigned seq0, unsigned units, int lane, Row row) {
+__device__ __forceinline__ void seg_stage_rows(const SegStage& st, int b, int g, int owned, int i0, unsigned seq0,
+                                               unsigned units, int lane, Row row) {
     for (int i = i0; i < owned; i += C) {
         const int j = b + i * g;
         const unsigned seq = seq0 + (unsigned)i * units;
@@ -469,18 +404,17 @@ __device__ __forceinline__ void seg_stage_rows(const SegStage& st, unsigned epoc
             else u = r;
         }
         if (st.swiglu_inter) {
-            if (lane == 0) seg_put(st, epoch, j, silu_f(t) * u);
+            if (lane == 0) st.y[j] = silu_f(t) * u;
         } else if (lane == 0) {
-            seg_put(st, epoch, j, st.accumulate ? prev + t : t);
+            st.y[j] = st.accumulate ? prev + t : t;
         }
     }
 }
 
 // seg_stage_rows with the stage's input held in registers (seg_row_held), loaded from the staged planes.
 template <int C, class H, bool TRACE>
-__device__ __forceinline__ void seg_stage_rows_held(const SegStage& st, unsigned epoch, SegRing& ring, const float* xs,
-                                                    int b, int g, int owned, int i0, unsigned seq0, unsigned units,
-                                                    int lane) {
+__device__ __forceinline__ void seg_stage_rows_held(const SegStage& st, SegRing& ring, const float* xs, int b, int g,
+                                                    int owned, int i0, unsigned seq0, unsigned units, int lane) {
     float4 xl[H::NR], xh[H::NR];
     const float4* x4 = reinterpret_cast<const float4*>(xs);
 #pragma unroll
@@ -488,7 +422,7 @@ __device__ __forceinline__ void seg_stage_rows_held(const SegStage& st, unsigned
         xl[j] = x4[32 * j + lane];
         xh[j] = x4[32 * H::NV + 32 * j + lane];
     }
-    seg_stage_rows<C>(st, epoch, b, g, owned, i0, seq0, units, lane,
+    seg_stage_rows<C>(st, b, g, owned, i0, seq0, units, lane,
                       [&](unsigned seq) { return seg_row_held<H, TRACE>(ring, seq, xl, xh, xs, lane); });
 }
 
@@ -557,11 +491,6 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         return;
     }
     PDL_WAIT();
-    // This launch's tag: the epoch the last launch with tagged outputs left, plus one (L2: written by an
-    // earlier kernel; a relaxed read, so the staging loads need not wait for it).
-    bool any_tagged = false;
-    for (int s = 0; s < p.n; ++s) any_tagged |= p.st[s].tagged != nullptr;
-    const unsigned epoch = any_tagged ? (unsigned)__ldcg(p.barrier + 1) + 1u : 0u;
     if (TRACE && threadIdx.x == 0) {
         tr[SEG_TR_ENTRY] = SEG_CLOCK();
         tr[SEG_TR_GT_ENTRY] = SEG_GLOBALTIMER();
@@ -587,8 +516,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         if (TRACE && threadIdx.x == 0) ts[0] = SEG_CLOCK();
         // The input was written by every block in the previous stage: L2 only (L1 may hold an old copy).
         float gw[4];  // a gated norm's weights w[lane + 32 k] (gated_dv <= 128)
-        const bool norm_staged = (st.staging & 1) && !(p.flags & 64);
-        const bool tagged_in = st.staging & 2;
+        const bool norm_staged = st.norm_staged && !(p.flags & 64);
         if (!skip_stage || s == 0) {
             // x, then a gated norm's z (plainly, after x), loaded together, and the norm's weights of
             // this lane: one round trip (run 90: 6.8 us of staging with them loaded in the norm's loop).
@@ -603,8 +531,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             const float4* z4 = reinterpret_cast<const float4*>(st.gate_z ? st.gate_z : st.norm_w);
             float4* d4 = reinterpret_cast<float4*>(xs);
             const int n4 = st.in >> 2, all4 = st.gate_z || norm_staged ? 2 * n4 : n4, step = C * 32;
-            // A tagged input: the plain loop takes only what follows x (the norm's weights), issued first.
-            for (int i0 = threadIdx.x + (tagged_in ? n4 : 0); i0 < all4; i0 += 8 * step) {
+            for (int i0 = threadIdx.x; i0 < all4; i0 += 8 * step) {
                 float4 v[8];
 #pragma unroll
                 for (int q = 0; q < 8; ++q) {
@@ -617,7 +544,6 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                     if (i4 < all4) d4[i4 < n4 ? (i4 & 1) * (n4 >> 1) + (i4 >> 1) : i4] = v[q];
                 }
             }
-            if (tagged_in) seg_stage_tagged<C>(p.st[s - 1].tagged, epoch, d4, n4);
             if (TRACE && threadIdx.x == 0) tr[SEG_TR_LOADED + s] = SEG_CLOCK();
         }
         seg_consumers_sync<C>();
@@ -701,16 +627,15 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         }
         if (TRACE && threadIdx.x == 0) ts[1] = SEG_CLOCK();
         const int owned = seg_owned(seg_jobs(st), b, g);
-        const bool tag_out = st.tagged != nullptr;
         const unsigned units = (unsigned)(st.swiglu_inter ? 2 * st.pieces : st.pieces);
         const int i0 = (warp - k % C + C) % C;
         bool held = false;
         if constexpr (HELD::NV > 0) {
             held = !skip_math && HELD::fits(st);
-            if (held) seg_stage_rows_held<C, HELD, TRACE>(st, epoch, ring, xs, b, g, owned, i0, seq0, units, lane);
+            if (held) seg_stage_rows_held<C, HELD, TRACE>(st, ring, xs, b, g, owned, i0, seq0, units, lane);
         }
         if (!held) {
-            seg_stage_rows<C>(st, epoch, b, g, owned, i0, seq0, units, lane, [&](unsigned seq) {
+            seg_stage_rows<C>(st, b, g, owned, i0, seq0, units, lane, [&](unsigned seq) {
                 return seg_row_any<TRACE>(ring, seq, xs, st.in, st.pieces, st.wpr, lane, skip_math);
             });
         }
@@ -721,21 +646,17 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             if (lane == 0 && s < 4 && warp < 16) tr[SEG_TR_WARPS + 16 * s + warp] = SEG_CLOCK();
             ring.waited = 0;
         }
-        if (s + 1 < p.n && !skip_barrier && !tag_out) {
+        if (s + 1 < p.n && !skip_barrier) {
             seg_grid_sync<C, TRACE>(p.barrier, ts);
-        } else if (TRACE || tag_out) {
-            // (A tagged next stage needs no grid barrier, only this block's rows done with xs.)
+        } else if (TRACE) {
             seg_consumers_sync<C>();
-            if (TRACE && threadIdx.x == 0) ts[2] = ts[3] = SEG_CLOCK();
+            if (threadIdx.x == 0) ts[2] = ts[3] = SEG_CLOCK();
         }
     }
     if (TRACE && threadIdx.x == 0) {
         tr[SEG_TR_END] = SEG_CLOCK();
         tr[SEG_TR_GT_END] = SEG_GLOBALTIMER();
     }
-    // The next launch's epoch. Every block has read this one: each wrote (with its tag) rows of a stage
-    // whose tagged outputs this block has staged (segment.rs tags only outputs of at least a row per block).
-    if (b == 0 && threadIdx.x == 0 && any_tagged) p.barrier[1] = epoch;
     __syncthreads();
 }
 

@@ -37,7 +37,6 @@ struct uint2 { unsigned x, y; };
 struct int4 { int x, y, z, w; };
 struct float4 { float x, y, z, w; };
 struct float2 { float x, y; };
-struct alignas(16) ulonglong2 { unsigned long long x, y; };
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 inline float2 make_float2(float x, float y) { return float2{x, y}; }
