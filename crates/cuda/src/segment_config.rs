@@ -118,7 +118,8 @@ pub(crate) struct Config {
     /// measurements only (`TURBOSPARK_SEG_DEBUG`: skipped arithmetic, barrier or staging give wrong
     /// sums; polling instead of try_wait); bit 6 keeps RMSNorm weights out of the staging
     /// (`TURBOSPARK_SEG_NORM_STAGED=0`); bit 7 reads a gated norm's weights as 1 (timing only, wrong
-    /// sums: `TURBOSPARK_SEG_GATED_W1=1`).
+    /// sums: `TURBOSPARK_SEG_GATED_W1=1`); bit 8 runs a gated norm twice, the second pass with its code
+    /// and data hot (timing only, wrong sums: `TURBOSPARK_SEG_GATED_TWICE=1`; the trace stamps both).
     pub flags: u32,
     /// Launch with the cooperative attribute: the driver refuses a grid that cannot be resident at
     /// once instead of letting its grid barrier wait forever (`TURBOSPARK_SEG_COOP=0`: without).
@@ -182,7 +183,8 @@ impl Config {
             flags: (get("TURBOSPARK_SEG_EVICT_FIRST", 0) == 1) as u32
                 | ((get("TURBOSPARK_SEG_DEBUG", 0) as u32 & 31) << 1)
                 | ((get("TURBOSPARK_SEG_NORM_STAGED", 1) == 0) as u32) << 6
-                | ((get("TURBOSPARK_SEG_GATED_W1", 0) == 1) as u32) << 7,
+                | ((get("TURBOSPARK_SEG_GATED_W1", 0) == 1) as u32) << 7
+                | ((get("TURBOSPARK_SEG_GATED_TWICE", 0) == 1) as u32) << 8,
             cooperative: get("TURBOSPARK_SEG_COOP", 1) != 0,
             max_stages: get("TURBOSPARK_SEG_MAX", MAX_STAGES).clamp(1, MAX_STAGES),
             max_rows: get("TURBOSPARK_SEG_MAX_ROWS", usize::MAX),

@@ -174,7 +174,8 @@ impl Trace {
                 }
             }
             // Stage 0 with fewer than 5 stages: thread 0 past the consumers' barrier after the loads, and
-            // done with its part of a gated norm (words LOADED + 4 and + 5).
+            // done with its part of a gated norm (words LOADED + 4 and + 5; + 6: its second pass, with
+            // TURBOSPARK_SEG_GATED_TWICE=1).
             let stamp = |k: usize| {
                 us(median(ls.iter().map(|l| {
                     median(
@@ -185,11 +186,19 @@ impl Trace {
                     )
                 })))
             };
-            let (synced, normed) = (stamp(4), stamp(5));
+            let (synced, normed, again) = (stamp(4), stamp(5), stamp(6));
+            let again = if again > normed {
+                format!(
+                    " (a second pass with its code hot: {:.2} us)",
+                    again - normed
+                )
+            } else {
+                String::new()
+            };
             out += &format!(
                 "segment trace [{kind}]: {} launches, kernel {:.1} us (globaltimer), SM clock {:.2} cycles/ns, \
                  first copy {:.2} us after the consumers' entry; stage 0 loads synced {synced:.2} us, gated \
-                 norm done {normed:.2} us after its start\n",
+                 norm done {normed:.2} us after its start{again}\n",
                 ls.len(),
                 median(kernel_ns.into_iter()) / 1e3,
                 median(ghz.into_iter()),

@@ -52,7 +52,8 @@ struct SegParams {
     // flags bit 0: weights stream with an L2 evict-first hint; bits 1-3 (measurements only, wrong
     // sums): consumers skip the arithmetic / the grid barrier / staging the input; bits 4-5: consumers /
     // producers poll their barriers (test_wait) instead of try_wait; bit 6: no stage stages its
-    // RMSNorm's weights (measurements); bit 7: a gated norm's weights read as 1 (measurements, wrong sums)
+    // RMSNorm's weights (measurements); bit 7: a gated norm's weights read as 1 (measurements, wrong sums);
+    // bit 8: the trace kernels run a gated norm twice, the second time with its code and data hot (wrong sums)
     int n, page_bytes, pages, flags;
     int xs_floats;  // the staged input's room: the widest stage input (<= SEG_MAX_IN), a multiple of 4
     unsigned pages_m;  // seg_magic(pages), from the host (a kernel parameter costs no register)
@@ -558,6 +559,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             // division's branchy sequence.
             const bool dv_pow2 = (dv & (dv - 1)) == 0;
             const double inv_dv = 1.0 / (double)dv;
+            for (int pass = 0; pass < ((TRACE && (p.flags & 256)) ? 2 : 1); ++pass) {
             for (int h0 = warp; h0 < heads; h0 += 4 * C) {
                 // The branch-free work for all 16 values of the lane first (loads, sums of squares, the
                 // gates' denominators 1 + expf(-z)), so their latencies overlap; then the divisions, whose
@@ -608,7 +610,8 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                     }
                 }
             }
-            if (TRACE && threadIdx.x == 0 && s == 0) tr[SEG_TR_LOADED + SEG_MAX_STAGES - 3] = SEG_CLOCK();
+            if (TRACE && threadIdx.x == 0 && s == 0) tr[SEG_TR_LOADED + SEG_MAX_STAGES - 3 + pass] = SEG_CLOCK();
+            }
             seg_consumers_sync<C>();
         } else if (st.norm_w && (!skip_stage || s == 0)) {
             const float inv = seg_rms_inv<C>(xs, st.in, st.eps, scratch);
