@@ -21,6 +21,8 @@ const STAGE: usize = 8;
 const LOADED: usize = STAGE + 6 * 8;
 /// Consumer warp w's end of its rows of stage s (< 4): word WARPS + 16 s + w (SEG_TR_WARPS).
 const WARPS: usize = 64;
+/// The block's SM id + 1 (SEG_TR_SM).
+const SM: usize = 6;
 /// Launches kept (a bench's un-graphed decode runs ~4 per layer and step).
 const KEEP: usize = 4096;
 
@@ -30,6 +32,8 @@ struct Launch {
     warps: (usize, usize),
     /// Bytes of weights per stage.
     bytes: Vec<f64>,
+    /// Jobs per stage (output rows, SwiGLU pairs).
+    jobs: Vec<usize>,
     /// [blocks][WORDS]
     words: Vec<u64>,
 }
@@ -88,12 +92,17 @@ impl Trace {
             .iter()
             .map(|s| (s.rows * s.cols * 2) as f64)
             .collect();
+        let jobs = stages
+            .iter()
+            .map(|s| if s.inter > 0 { s.inter } else { s.rows })
+            .collect();
         if let Ok(mut l) = self.launches.lock() {
             if l.len() < KEEP {
                 l.push(Launch {
                     kind,
                     warps: (kernel.consumers, kernel.producers),
                     bytes,
+                    jobs,
                     words,
                 });
             }
@@ -126,6 +135,8 @@ impl Trace {
             let mut first_copy = Vec::new();
             // [stage][metric] -> per-launch values
             let mut m: Vec<[Vec<f64>; 8]> = (0..n).map(|_| Default::default()).collect();
+            // [stage] -> per launch, the block whose rows ended last
+            let mut slowest: Vec<Vec<usize>> = vec![Vec::new(); n];
             for l in &ls {
                 let blocks: Vec<&[u64]> = l.words.chunks_exact(WORDS).collect();
                 let entry = blocks.iter().map(|b| b[2]).filter(|&t| t > 0).min();
@@ -140,6 +151,10 @@ impl Trace {
                 for (s, ms) in m.iter_mut().enumerate() {
                     let w = |b: &[u64], k: usize| b[STAGE + 6 * s + k] as f64;
                     let rows: Vec<f64> = blocks.iter().map(|b| w(b, 2) - w(b, 1)).collect();
+                    if let Some((b, _)) = rows.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1))
+                    {
+                        slowest[s].push(b);
+                    }
                     ms[0].push(median(blocks.iter().map(|b| w(b, 1) - w(b, 0))));
                     ms[1].push(median(rows.iter().copied()));
                     ms[2].push(rows.iter().copied().fold(0.0, f64::max));
@@ -221,6 +236,28 @@ impl Trace {
                     100.0 * med(4),
                     100.0 * med(5),
                 );
+                // The block most often slowest: its SM and jobs (the same SMs each launch: placement; the
+                // blocks with a job more: the split; neither: contention).
+                let mut counts = BTreeMap::new();
+                for &b in &slowest[s] {
+                    *counts.entry(b).or_insert(0usize) += 1;
+                }
+                if let Some((&b, &k)) = counts.iter().max_by_key(|&(_, k)| *k) {
+                    let blocks = ls[0].words.len() / WORDS;
+                    let sm = ls[0].words[b * WORDS + SM];
+                    let jobs = ls[0].jobs[s];
+                    let (base, extra) = (jobs / blocks.max(1), jobs % blocks.max(1));
+                    out += &format!(
+                        "    slowest block most often: {b} ({k} of {} launches; SM {}, {} jobs, {} of the {} blocks \
+                         have {})\n",
+                        slowest[s].len(),
+                        if sm > 0 { format!("{}", sm - 1) } else { "?".into() },
+                        base + usize::from(b < extra),
+                        if extra > 0 { extra } else { blocks },
+                        blocks,
+                        base + usize::from(extra > 0),
+                    );
+                }
             }
         }
         Some(out)
@@ -280,6 +317,7 @@ mod tests {
             kind: "2560x4096, 18432x2560 swiglu".into(),
             warps: (2, 4),
             bytes: vec![2e7, 9e7],
+            jobs: vec![2560, 9216],
             words,
         });
         // 1 GHz: a cycle is a ns.
@@ -299,5 +337,10 @@ mod tests {
             "{r}"
         );
         assert!(r.contains("consumers waited 100%"), "{r}");
+        // Block 1 is stage 0's slowest; no SM stamped.
+        assert!(
+            r.contains("slowest block most often: 1 (1 of 1 launches; SM ?, 1280 jobs, 2 of the 2 blocks have 1280)"),
+            "{r}"
+        );
     }
 }

@@ -86,6 +86,7 @@ __device__ __forceinline__ void seg_prefetch_l2(const void*, unsigned) {}
 #define SEG_BAR_SYNC(count) sim_named_barrier(1, (count))
 #define SEG_CLOCK() 0ull
 #define SEG_GLOBALTIMER() 0ull
+#define SEG_SMID() ((unsigned)blockIdx.x)
 #else
 __device__ __forceinline__ unsigned seg_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void seg_mbar_init(unsigned long long* b, unsigned count) {
@@ -159,10 +160,16 @@ __device__ __forceinline__ unsigned long long seg_globaltimer() {
     return t;
 }
 #define SEG_GLOBALTIMER() seg_globaltimer()
+__device__ __forceinline__ unsigned seg_smid() {
+    unsigned id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    return id;
+}
+#define SEG_SMID() seg_smid()
 #endif
 // The trace kernels (measurements only, TURBOSPARK_SEG_TRACE=1, segment_trace.rs) record per block, in
 // 64 words after the grid barrier's: SM clocks at kernel entry / end, globaltimer at entry / end, the
-// producers' first / last copy, and per stage s (words SEG_TR_STAGE + 6 s ..): stage start, input staged,
+// producers' first / last copy, the SM's id + 1 (word 6), and per stage s (words SEG_TR_STAGE + 6 s ..): stage start, input staged,
 // rows done, grid barrier passed, cycles the consumer warps waited for pages, cycles producers waited for
 // free pages; (words SEG_TR_LOADED + s) when thread 0's staging loads of stage s had returned; and each
 // consumer warp's end of its rows (SEG_TR_WARPS).
@@ -170,7 +177,15 @@ __device__ __forceinline__ unsigned long long seg_globaltimer() {
 #define SEG_TR_STAGE 8
 #define SEG_TR_LOADED (SEG_TR_STAGE + 6 * SEG_MAX_STAGES)
 #define SEG_TR_WARPS 64  // + 16 s + w: consumer warp w (< 16) done with its rows of stage s (< 4)
-enum { SEG_TR_ENTRY = 0, SEG_TR_END = 1, SEG_TR_GT_ENTRY = 2, SEG_TR_GT_END = 3, SEG_TR_P_FIRST = 4, SEG_TR_P_LAST = 5 };
+enum {
+    SEG_TR_ENTRY = 0,
+    SEG_TR_END = 1,
+    SEG_TR_GT_ENTRY = 2,
+    SEG_TR_GT_END = 3,
+    SEG_TR_P_FIRST = 4,
+    SEG_TR_P_LAST = 5,
+    SEG_TR_SM = 6
+};
 // Barrier 1 over the C consumer warps only (the producers are elsewhere).
 template <int C>
 __device__ __forceinline__ void seg_consumers_sync() {
@@ -495,6 +510,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     if (TRACE && threadIdx.x == 0) {
         tr[SEG_TR_ENTRY] = SEG_CLOCK();
         tr[SEG_TR_GT_ENTRY] = SEG_GLOBALTIMER();
+        tr[SEG_TR_SM] = SEG_SMID() + 1;
     }
     SegRing ring;
     ring.pages = smem;
