@@ -22,7 +22,7 @@ for bin in "$@"; do
       # The trace kernels' stamps of a 4B GDN layer's segment (un-graphed launches; segment_trace.rs).
       env ${v//,/ } TURBOSPARK_SEG_TRACE=1 CUDA_CHECK_CONFIGS=4 CUDA_CHECK_BIN="$bin" timeout 120 \
         bash "$ROOT/tools/device/cuda_check.sh" --only none ${SHAPE:+--shape $SHAPE} 2>&1 \
-        | grep -A5 "segment trace.*18432x2560 swiglu normed, 2560x9216, 10240"
+        | grep -A8 "segment trace.*18432x2560 swiglu normed, 2560x9216, 10240"
     fi
   done
 done
