@@ -384,6 +384,7 @@ impl CudaDflash {
                 q: self.q1.ptr,
                 start: self.last.ptr,
                 out: self.o1.ptr,
+                rope: crate::ops::Rope::Compute,
                 ..bufs
             };
             ops::attn_run_core(dev, wide, &one, 1, AttnCore::SplitK { s_max })?;
@@ -572,6 +573,7 @@ fn attn_bufs(sc: &Scratch, k: &DBuf, v: &DBuf) -> AttnBufs {
         part_l: sc.part_l.ptr,
         part_acc: sc.part_acc.ptr,
         out: sc.mid.ptr,
+        rope: crate::ops::Rope::Compute,
     }
 }
 

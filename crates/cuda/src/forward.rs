@@ -230,6 +230,7 @@ impl CudaModel {
         mark(prof, dev, "embed", 0)?;
         let mut tap_out: Vec<Vec<f32>> = vec![Vec::new(); taps.len()];
         let row_bytes = m * self.hidden * 4;
+        let rope_pass = sc.rope_pass.enter();
         for (i, (layer, ls)) in self.layers.iter().zip(layers.iter_mut()).enumerate() {
             let lt = tape
                 .as_mut()
@@ -243,6 +244,7 @@ impl CudaModel {
                 }
             }
         }
+        drop(rope_pass);
         if staged > 0 {
             let mut all = vec![0.0f32; stage_floats];
             dtoh(dev, &mut all, stage)?;
@@ -385,6 +387,11 @@ impl CudaModel {
                     part_l: sc.part_l.ptr,
                     part_acc: sc.part_acc.ptr,
                     out: sc.mid.ptr,
+                    rope: if self.opts.rope_table {
+                        sc.rope_pass.next(&sc.rope, sc.rope_rows, m)
+                    } else {
+                        ops::Rope::Compute
+                    },
                 };
                 ops::attention(
                     dev,
@@ -543,9 +550,11 @@ impl CudaModel {
         let CudaState { layers, one, .. } = state;
         ops::embed(dev, &self.embed, one.ids.ptr, one.x.ptr, 1)?;
         mark(prof, dev, "embed", 0)?;
+        let rope_pass = one.rope_pass.enter();
         for (layer, ls) in self.layers.iter().zip(layers.iter_mut()) {
             self.layer(layer, ls, None, one, 1, prof)?;
         }
+        drop(rope_pass);
         // The final norm fused into the LM head (pass() runs them apart, with identical results).
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         ops::linear_normed(

@@ -59,6 +59,10 @@ pub struct LoadOptions {
     /// (`segment.rs`; sm_90, bit for bit the per-GEMV launches' results). Default from
     /// `TURBOSPARK_SEGMENTS` (on unless `0`).
     pub segments: bool,
+    /// A pass of at most 64 rows computes its RoPE cos / sin (f64 trig) in its first attention layer
+    /// only; the later layers read them back (the same values; state.rs RopePass). Off: every layer
+    /// computes them.
+    pub rope_table: bool,
 }
 
 impl Default for LoadOptions {
@@ -75,6 +79,7 @@ impl Default for LoadOptions {
             segments: std::env::var("TURBOSPARK_SEGMENTS").map_or(true, |v| v != "0"),
             attention_tc: true,
             attention_tc_splits: 0,
+            rope_table: true,
         }
     }
 }

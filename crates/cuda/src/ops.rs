@@ -519,6 +519,28 @@ pub(crate) struct AttnBufs {
     pub part_l: u64,
     pub part_acc: u64,
     pub out: u64,
+    /// Where attn_prep's RoPE cos / sin come from.
+    pub rope: Rope,
+}
+
+/// attn_prep's RoPE cos / sin (attention.cu ATT_ROPE_*): computed (f64 trig), or, within one pass of at
+/// most the table's rows, computed and stored by the pass's first attention layer into `f32 [rows, 2,
+/// ATT_MAX_D]` at the address and read back by the later ones (the same values, without the trig).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Rope {
+    Compute,
+    Store(u64),
+    Read(u64),
+}
+
+impl Rope {
+    fn args(self) -> [Arg; 2] {
+        match self {
+            Rope::Compute => [Arg::P(0), Arg::I(0)],
+            Rope::Store(p) => [Arg::P(p), Arg::I(1)],
+            Rope::Read(p) => [Arg::P(p), Arg::I(2)],
+        }
+    }
 }
 
 /// Warps per attn_tc block (ATC_WARPS), each over 16 query rows of one head.
@@ -630,6 +652,8 @@ pub(crate) fn attn_prep(
             Arg::I(s.gated as i32),
             Arg::F(s.eps),
             Arg::I(s.zero_centred as i32),
+            b.rope.args()[0],
+            b.rope.args()[1],
         ],
     )
 }

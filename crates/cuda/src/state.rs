@@ -103,8 +103,12 @@ pub(crate) struct Scratch {
     pub logits: DBuf,   // [min(rows, LOGIT_ROWS), vocab]
     pub argmax: DBuf,   // i32 [min(rows, LOGIT_ROWS), 2]: each logits row's [argmax, refused]
     pub gdn_done: DBuf, // i32 [>= hv]: gdn_rec's finished column blocks per head (ops::GdnCols)
-    pub moe_ids: DBuf,  // i32 [rows, moe_k]: routed experts per slot
-    pub moe_wts: DBuf,  // [rows, moe_k + 1]: their weights, then the shared expert's gate
+    /// f32 [rope_rows, 2, ATT_MAX_D]: the pass's RoPE cos / sin (ops::Rope), and where a pass is with it.
+    pub rope: DBuf,
+    pub rope_rows: usize,
+    pub rope_pass: RopePass,
+    pub moe_ids: DBuf, // i32 [rows, moe_k]: routed experts per slot
+    pub moe_wts: DBuf, // [rows, moe_k + 1]: their weights, then the shared expert's gate
     /// Chunked GDN work space (gdn_chunk.rs): [rows padded to a chunk, gdn_chunk]; empty for one row.
     pub gdn: DBuf,
 }
@@ -129,6 +133,50 @@ pub(crate) struct Widths {
 
 /// Projection rows a new tape holds before it grows (a verify block is at most gemv_max_rows).
 const TAPE_ROWS: usize = 32;
+
+/// Rows of a pass whose attention layers share one RoPE table (decode and verify passes).
+const ROPE_ROWS: usize = 64;
+
+/// Where a forward pass is with its RoPE table (Scratch::rope): outside a pass every attention layer
+/// computes its own cos / sin; inside one, the first layer stores them and the later ones read them.
+#[derive(Debug, Default)]
+pub(crate) struct RopePass(std::sync::atomic::AtomicU8);
+
+impl RopePass {
+    const OUTSIDE: u8 = 0;
+    const FIRST: u8 = 1;
+    const STORED: u8 = 2;
+    /// A pass's layers start; they end when the guard drops.
+    pub fn enter(&self) -> RopePassGuard<'_> {
+        self.0
+            .store(Self::FIRST, std::sync::atomic::Ordering::Relaxed);
+        RopePassGuard(self)
+    }
+    /// The RoPE source of the pass's next attention layer over `rows` rows.
+    pub fn next(&self, table: &DBuf, table_rows: usize, rows: usize) -> crate::ops::Rope {
+        use std::sync::atomic::Ordering::Relaxed;
+        if rows > table_rows {
+            return crate::ops::Rope::Compute;
+        }
+        match self.0.load(Relaxed) {
+            Self::FIRST => {
+                self.0.store(Self::STORED, Relaxed);
+                crate::ops::Rope::Store(table.ptr)
+            }
+            Self::STORED => crate::ops::Rope::Read(table.ptr),
+            _ => crate::ops::Rope::Compute,
+        }
+    }
+}
+
+pub(crate) struct RopePassGuard<'a>(&'a RopePass);
+impl Drop for RopePassGuard<'_> {
+    fn drop(&mut self) {
+        (self.0)
+            .0
+            .store(RopePass::OUTSIDE, std::sync::atomic::Ordering::Relaxed);
+    }
+}
 
 /// Logits rows computed per LM-head pass (bounds the logits buffer).
 pub(crate) const LOGIT_ROWS: usize = 64;
@@ -162,6 +210,9 @@ impl Scratch {
             argmax: DBuf::zeros(dev, crate::argmax::pair_bytes(rows.min(LOGIT_ROWS)))?,
             // hv <= hv * dv = the widest GDN output row.
             gdn_done: DBuf::zeros(dev, w.o.max(1) * 4)?,
+            rope: DBuf::f32s(dev, rows.min(ROPE_ROWS) * 2 * crate::ops::ATT_MAX_D)?,
+            rope_rows: rows.min(ROPE_ROWS),
+            rope_pass: RopePass::default(),
             moe_ids,
             moe_wts,
             gdn: DBuf::f32s(

@@ -59,6 +59,7 @@ fn exact() -> LoadOptions {
         attention_tc: true,
         attention_tc_splits: 0,
         segments: false,
+        rope_table: true,
     }
 }
 

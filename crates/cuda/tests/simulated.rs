@@ -138,6 +138,13 @@ fn simulated_hybrid_forward_matches_transformers_and_verify_rows_equal_decode_ro
     check_hybrid(&dev, "qwen3_5");
 }
 
+/// The dense Qwen3 shape: four attention layers, so a pass's later layers read the RoPE table.
+#[test]
+fn simulated_dense_forward_matches_transformers_and_verify_rows_equal_decode_rows() {
+    let Some(dev) = simulated() else { return };
+    check_hybrid(&dev, "qwen3");
+}
+
 /// Qwen3-Next's re-laid-out GDN projections and the MoE kernels (moe_route, moe_gate_up, moe_down).
 #[test]
 fn simulated_qwen3_next_moe_matches_transformers_and_verify_rows_equal_decode_rows() {
@@ -205,6 +212,32 @@ fn check_hybrid(dev: &Arc<CudaDevice>, name: &str) {
         bits_eq(&after.logits, &rows[2]),
         "{name}: rollback then step differs"
     );
+    // Every attention layer computing its own RoPE cos / sin gives the same bits as the later layers
+    // reading the first one's (LoadOptions::rope_table), for the prompt and for the decode rows.
+    let own = CudaModel::load(
+        dev,
+        &ck,
+        LoadOptions {
+            rope_table: false,
+            ..opts
+        },
+    )
+    .unwrap();
+    let mut seq = own.new_state(n + 16).unwrap();
+    let prompt_own = own.forward(&prompt, 0, &mut seq, &Wanted::all()).unwrap();
+    assert!(
+        bits_eq(&prompt_own.logits, &out.logits),
+        "{name}: prompt pass with per-layer RoPE differs"
+    );
+    for (t, row) in drafts.iter().zip(&rows) {
+        let o = own
+            .forward(&[*t], seq.position(), &mut seq, &Wanted::last())
+            .unwrap();
+        assert!(
+            bits_eq(&o.logits, row),
+            "{name}: decode row with per-layer RoPE differs"
+        );
+    }
 }
 
 #[test]

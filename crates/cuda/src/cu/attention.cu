@@ -2,8 +2,9 @@
 // that a captured decode graph stays valid as the position advances.
 //
 // attn_prep, one block per (head of q ∪ k, row): per-head RMSNorm (q_norm / k_norm), partial rotate-half
-// RoPE at position start + row (angle = f32(pos) * inv_freq[j], cos/sin taken in f64 as the CPU engine),
-// q (and the output gate) to their buffers, k and v into the cache at that position.
+// RoPE at position start + row (angle = f32(pos) * inv_freq[j], cos/sin taken in f64 as the CPU engine;
+// a pass's later attention layers read the first one's from a table: the same values), q (and the
+// output gate) to their buffers, k and v into the cache at that position.
 //
 // attn_split + attn_combine (split-K flash decoding). Query row r sees keys 0..len, len = start + r + 1,
 // cut into chunks of att_chunk(len, s_max) keys (a multiple of 16, at least ATT_MIN_CHUNK, at most s_max
@@ -28,20 +29,30 @@ __device__ __forceinline__ int att_chunk(int len, int s_max) {
 }
 
 #define ATT_PREP_THREADS 128  // ops.rs attn_prep's launch
+// attn_prep's RoPE cos / sin: computed (f64), computed and stored in the pass's table, or read from it.
+#define ATT_ROPE_COMPUTE 0
+#define ATT_ROPE_STORE 1
+#define ATT_ROPE_READ 2
 #define ATT_PREP_PER (ATT_MAX_D / ATT_PREP_THREADS)
 extern "C" __global__ void __launch_bounds__(ATT_PREP_THREADS)
     attn_prep(const float* __restrict__ qkv, const float* __restrict__ q_norm, const float* __restrict__ k_norm,
               const float* __restrict__ inv_freq, const int* __restrict__ start_p, float* __restrict__ q_out,
               float* __restrict__ gate_out, float* __restrict__ k_cache, float* __restrict__ v_cache, int hq, int hkv,
-              int d, int rot_half, int gated, float eps, int zero_centred) {
+              int d, int rot_half, int gated, float eps, int zero_centred, float* rope, int rope_mode) {
     __shared__ double scratch[32];
     __shared__ float vals[ATT_MAX_D];
     const int head = blockIdx.x, row = blockIdx.y;
     // Before the wait: what no kernel of this step writes (the position, set before the graph runs; the
     // norm weights; inv_freq): the thread's norm scales and its RoPE cos / sin (f64), off the wait's path.
+    // rope_mode ATT_ROPE_READ takes cos / sin from the table instead, which this pass's first attn_prep
+    // stored (ATT_ROPE_STORE) at least four kernels earlier; every kernel signals its dependents only after
+    // its own PDL wait, so that launch has completed and its stores are visible here before the wait (read
+    // through L2). The f64 trig was 1.5 us a layer on the 8B's critical path (run 127: 4.652 against 4.706 ms
+    // without it).
     const int pos = *start_p + row;
     const float* nw = head < hq ? q_norm : k_norm;
     const float fpos = (float)pos;
+    float* rope_row = rope + (size_t)row * 2 * ATT_MAX_D;  // [cos (ATT_MAX_D) | sin (ATT_MAX_D)]
     float scale[ATT_PREP_PER], rc[ATT_PREP_PER], rs[ATT_PREP_PER];
 #pragma unroll
     for (int k = 0; k < ATT_PREP_PER; ++k) {
@@ -49,12 +60,23 @@ extern "C" __global__ void __launch_bounds__(ATT_PREP_THREADS)
         scale[k] = i < d ? (zero_centred ? 1.0f + nw[i] : nw[i]) : 0.0f;
         rc[k] = 1.0f, rs[k] = 0.0f;
         if (i < 2 * rot_half) {
-            const int j = i < rot_half ? i : i - rot_half;
-            const float angle = fpos * inv_freq[j];
-            rc[k] = (float)cos((double)angle), rs[k] = (float)sin((double)angle);
+            if (rope_mode == ATT_ROPE_READ) {
+                rc[k] = __ldcg(rope_row + i), rs[k] = __ldcg(rope_row + ATT_MAX_D + i);
+            } else {
+                const int j = i < rot_half ? i : i - rot_half;
+                const float angle = fpos * inv_freq[j];
+                rc[k] = (float)cos((double)angle), rs[k] = (float)sin((double)angle);
+            }
         }
     }
     PDL_ENTER();
+    if (rope_mode == ATT_ROPE_STORE && head == 0) {
+#pragma unroll
+        for (int k = 0; k < ATT_PREP_PER; ++k) {
+            const int i = threadIdx.x + k * ATT_PREP_THREADS;
+            if (i < 2 * rot_half) rope_row[i] = rc[k], rope_row[ATT_MAX_D + i] = rs[k];
+        }
+    }
     const int qw = hq * d * (gated ? 2 : 1);
     const float* rowp = qkv + (size_t)row * (qw + 2 * hkv * d);
     const float* src;

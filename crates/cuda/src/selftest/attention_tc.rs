@@ -15,7 +15,7 @@ use super::{bitwise_row, rel_err, same_bits, Rng, SelfTestRow};
 use crate::buf::DBuf;
 use crate::device::CudaDevice;
 use crate::error::CudaError;
-use crate::ops::{AttnCore, AttnShape, ATT_SPLITS_COARSE};
+use crate::ops::{AttnCore, AttnShape, Rope, ATT_SPLITS_COARSE};
 
 /// Bound on max |tc - split-K| / max |split-K| (module doc).
 const TC_BOUND: f64 = 1e-2;
@@ -72,9 +72,10 @@ fn tc_check(
     let split_k = AttnCore::SplitK {
         s_max: ATT_SPLITS_COARSE,
     };
-    let (want, kc_want, _) = run_attention(dev, s, &qkv, nr, &kc, &vc, start, n, split_k)?;
+    let (want, kc_want, _) =
+        run_attention(dev, s, &qkv, nr, &kc, &vc, start, n, split_k, Rope::Compute)?;
     let tc = AttnCore::TensorCores { splits };
-    let (got, kc_got, _) = run_attention(dev, s, &qkv, nr, &kc, &vc, start, n, tc)?;
+    let (got, kc_got, _) = run_attention(dev, s, &qkv, nr, &kc, &vc, start, n, tc, Rope::Compute)?;
     let tag = format!(
         "hq {hq} hkv {hkv} d {d}, start {start}, {n} rows, {splits} splits{}",
         if s.gated { ", gated" } else { "" }

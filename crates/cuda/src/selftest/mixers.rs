@@ -7,8 +7,8 @@ use crate::buf::DBuf;
 use crate::device::CudaDevice;
 use crate::error::CudaError;
 use crate::ops::{
-    self, AttnBufs, AttnCore, AttnShape, GdnArgs, GdnCols, GdnShape, ATT_SPLITS_COARSE,
-    ATT_SPLITS_FINE,
+    self, AttnBufs, AttnCore, AttnShape, GdnArgs, GdnCols, GdnShape, Rope, ATT_MAX_D,
+    ATT_SPLITS_COARSE, ATT_SPLITS_FINE,
 };
 
 pub(super) fn checks(
@@ -74,6 +74,7 @@ pub(super) fn run_attention(
     start: usize,
     n: usize,
     core: AttnCore,
+    rope: Rope,
 ) -> Result<AttnOut, CudaError> {
     let (hq, d) = (s.hq, s.d);
     let s_max = match core {
@@ -103,6 +104,7 @@ pub(super) fn run_attention(
         part_l: bufs[7].ptr,
         part_acc: bufs[8].ptr,
         out: bufs[9].ptr,
+        rope,
     };
     ops::attention(dev, s, &b, norms.0.ptr, norms.1.ptr, norms.2.ptr, n, core)?;
     Ok((
@@ -139,7 +141,8 @@ fn attention_check(
         DBuf::from_host(dev, &inv_freq)?,
     );
     let nr = (&norms.0, &norms.1, &norms.2);
-    let (got, kc_got, vc_got) = run_attention(dev, s, &qkv, nr, &kc, &vc, start, n, split_k)?;
+    let (got, kc_got, vc_got) =
+        run_attention(dev, s, &qkv, nr, &kc, &vc, start, n, split_k, Rope::Compute)?;
     // Host reference with the CPU engine's kernels.
     let (mut q, mut gate) = (vec![0.0; n * hq * d], vec![0.0; n * hq * d]);
     let (mut k, mut v) = (vec![0.0; n * hkv * d], vec![0.0; n * hkv * d]);
@@ -186,13 +189,41 @@ fn attention_check(
     let mut alone = Vec::with_capacity(got.len());
     for r in 0..n {
         let row = &qkv[r * width..(r + 1) * width];
-        let (o, _, _) = run_attention(dev, s, row, nr, &kc_got, &vc_got, start + r, 1, split_k)?;
+        let (o, _, _) = run_attention(
+            dev,
+            s,
+            row,
+            nr,
+            &kc_got,
+            &vc_got,
+            start + r,
+            1,
+            split_k,
+            Rope::Compute,
+        )?;
         alone.extend(o);
     }
     out.push(bitwise_row(
         format!("attention rows == each row alone (bits) ({tag})"),
         same_bits(&got, &alone),
     ));
+    // A pass's first attention layer stores its RoPE cos / sin, the later ones read them: the same bits
+    // (outputs and cache rows) as computing them. Read before any store, the table is noise.
+    let table = DBuf::from_host(dev, &rng.vec(n * 2 * ATT_MAX_D, 1.0))?;
+    let with = |rope| run_attention(dev, s, &qkv, nr, &kc, &vc, start, n, split_k, rope);
+    let (noise, _, _) = with(Rope::Read(table.ptr))?;
+    out.push(bitwise_row(
+        format!("attention reads its RoPE from the table (a noise table changes the bits) ({tag})"),
+        !same_bits(&got, &noise),
+    ));
+    let stored = with(Rope::Store(table.ptr))?;
+    let read = with(Rope::Read(table.ptr))?;
+    for (how, (o, k, _)) in [("stored", stored), ("read back", read)] {
+        out.push(bitwise_row(
+            format!("attention with the RoPE table {how} == computed (bits) ({tag})"),
+            same_bits(&got, &o) && same_bits(&kc_got, &k),
+        ));
+    }
     Ok(())
 }
 
