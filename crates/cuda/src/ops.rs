@@ -677,9 +677,11 @@ pub(crate) fn attn_run_core(
         AttnCore::TensorCores { splits } => return attention_tc(dev, s, b, rows, splits, scale),
     };
     let (group, gq) = (s.hq / s.hkv, att_gq(s));
+    // Head dims up to 128 fold 8 keys a warp per round (attention.cu's _d128 forms).
+    let form = if s.d <= 128 { "_d128" } else { "" };
     launch(
         dev,
-        &format!("attn_split_{gq}"),
+        &format!("attn_split_{gq}{form}"),
         (s_max as u32, (s.hkv * group / gq) as u32, r),
         128,
         &[

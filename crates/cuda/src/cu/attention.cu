@@ -9,10 +9,10 @@
 // attn_split + attn_combine (split-K flash decoding). Query row r sees keys 0..len, len = start + r + 1,
 // cut into chunks of att_chunk(len, s_max) keys (a multiple of 16, at least ATT_MIN_CHUNK, at most s_max
 // chunks). Block (split, kv head group, r) folds one chunk for GQ query heads that share a KV head, so
-// each K/V row is loaded once for the group: 4 warps take 4 consecutive keys at a time (loads of 4 keys
-// in flight), online softmax per query head (running max m, sum l, acc = sum exp(s - m) v), warps merged
-// in shared memory. attn_combine merges the chunks in order: out = sum_s e^(m_s - M) acc_s /
-// sum_s e^(m_s - M) l_s, then out *= sigmoid(gate) for gated attention.
+// each K/V row is loaded once for the group: 4 warps take U consecutive keys at a time (U = 4, 8 for head
+// dims up to 128; loads of U keys in flight), online softmax per query head (running max m, sum l,
+// acc = sum exp(s - m) v), warps merged in shared memory. attn_combine merges the chunks in order:
+// out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s, then out *= sigmoid(gate) for gated attention.
 // Batch invariance: a row's chunking depends only on its own len and s_max, and every merge runs in a
 // fixed order, so a verify row equals the same row decoded alone when both use the same s_max.
 #define ATT_WARPS 4
@@ -118,7 +118,8 @@ extern "C" __global__ void __launch_bounds__(ATT_PREP_THREADS)
     }
 }
 
-template <int GQ>
+// PL: head dims per lane (d <= 32 PL), U: keys a warp folds per round (loads of U keys in flight).
+template <int GQ, int PL, int U>
 __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, const float* __restrict__ k_cache,
                                                 const float* __restrict__ v_cache, const int* __restrict__ start_p,
                                                 float* __restrict__ part_m, float* __restrict__ part_l,
@@ -148,12 +149,12 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
     PDL_ENTER();
     if (k0 >= len) return;  // uniform over the block
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float qv[GQ][ATT_PER_LANE], acc[GQ][ATT_PER_LANE], m[GQ], l[GQ];
+    float qv[GQ][PL], acc[GQ][PL], m[GQ], l[GQ];
 #pragma unroll
     for (int g = 0; g < GQ; ++g) {
         const float* qr = q + ((size_t)row * hq + h0 + g) * d;
 #pragma unroll
-        for (int j = 0; j < ATT_PER_LANE; ++j) {
+        for (int j = 0; j < PL; ++j) {
             const int i = lane + 32 * j;
             qv[g][j] = i < d ? qr[i] : 0.0f;
             acc[g][j] = 0.0f;
@@ -161,17 +162,17 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
         m[g] = NEG_INF;
         l[g] = 0.0f;
     }
-    for (int base = k0 + warp * ATT_U; base < k1; base += ATT_WARPS * ATT_U) {
+    for (int base = k0 + warp * U; base < k1; base += ATT_WARPS * U) {
         // [U keys][d / 32 per lane], masked keys (t >= k1) read as zeros; key `base` is always valid.
-        float kr[ATT_U][ATT_PER_LANE], vr[ATT_U][ATT_PER_LANE];
+        float kr[U][PL], vr[U][PL];
 #pragma unroll
-        for (int u = 0; u < ATT_U; ++u) {
+        for (int u = 0; u < U; ++u) {
             const int t = base + u;
             const bool ok = t < k1;
             const float* kp = k_cache + ((size_t)(ok ? t : base) * hkv + kvh) * d;
             const float* vp = v_cache + ((size_t)(ok ? t : base) * hkv + kvh) * d;
 #pragma unroll
-            for (int j = 0; j < ATT_PER_LANE; ++j) {
+            for (int j = 0; j < PL; ++j) {
                 const int i = lane + 32 * j;
                 kr[u][j] = (ok && i < d) ? kp[i] : 0.0f;
                 vr[u][j] = (ok && i < d) ? vp[i] : 0.0f;
@@ -179,31 +180,31 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
         }
 #pragma unroll
         for (int g = 0; g < GQ; ++g) {
-            float s[ATT_U];
+            float s[U];
 #pragma unroll
-            for (int u = 0; u < ATT_U; ++u) {
+            for (int u = 0; u < U; ++u) {
                 float dot = 0.0f;
 #pragma unroll
-                for (int j = 0; j < ATT_PER_LANE; ++j) dot = fmaf(qv[g][j], kr[u][j], dot);
+                for (int j = 0; j < PL; ++j) dot = fmaf(qv[g][j], kr[u][j], dot);
                 dot = warp_sum(dot) * scale;
                 s[u] = base + u < k1 ? dot : NEG_INF;
             }
             float mx = m[g];
 #pragma unroll
-            for (int u = 0; u < ATT_U; ++u) mx = fmaxf(mx, s[u]);
+            for (int u = 0; u < U; ++u) mx = fmaxf(mx, s[u]);
             const float corr = expf(m[g] - mx);  // m = -inf before the first key: corr = 0
-            float p[ATT_U], ps = 0.0f;
+            float p[U], ps = 0.0f;
 #pragma unroll
-            for (int u = 0; u < ATT_U; ++u) {
+            for (int u = 0; u < U; ++u) {
                 p[u] = expf(s[u] - mx);  // masked keys: exp(-inf) = 0
                 ps += p[u];
             }
             l[g] = l[g] * corr + ps;
 #pragma unroll
-            for (int j = 0; j < ATT_PER_LANE; ++j) {
+            for (int j = 0; j < PL; ++j) {
                 float a = acc[g][j] * corr;
 #pragma unroll
-                for (int u = 0; u < ATT_U; ++u) a = fmaf(p[u], vr[u][j], a);
+                for (int u = 0; u < U; ++u) a = fmaf(p[u], vr[u][j], a);
                 acc[g][j] = a;
             }
             m[g] = mx;
@@ -216,7 +217,7 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
             sl[warp][g] = l[g];
         }
 #pragma unroll
-        for (int j = 0; j < ATT_PER_LANE; ++j) {
+        for (int j = 0; j < PL; ++j) {
             const int i = lane + 32 * j;
             if (i < d) sacc[warp][g][i] = acc[g][j];
         }
@@ -243,16 +244,23 @@ __device__ __forceinline__ void attn_split_body(const float* __restrict__ q, con
     }
 }
 
-#define ATTN_SPLIT_KERNEL(NAME, GQ)                                                                       \
+#define ATTN_SPLIT_KERNEL(NAME, GQ, PL, U)                                                                \
     extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                          \
         NAME(const float* q, const float* k_cache, const float* v_cache, const int* start_p, float* part_m, \
              float* part_l, float* part_acc, int hq, int hkv, int d, int s_max, float scale) {             \
-        attn_split_body<GQ>(q, k_cache, v_cache, start_p, part_m, part_l, part_acc, hq, hkv, d, s_max,     \
-                            scale);                                                                        \
+        attn_split_body<GQ, PL, U>(q, k_cache, v_cache, start_p, part_m, part_l, part_acc, hq, hkv, d,     \
+                                   s_max, scale);                                                          \
     }
-ATTN_SPLIT_KERNEL(attn_split_1, 1)
-ATTN_SPLIT_KERNEL(attn_split_2, 2)
-ATTN_SPLIT_KERNEL(attn_split_4, 4)
+// Head dims up to 256: 4 keys a warp per round (a 32-key chunk in two rounds). Up to 128 (ops.rs picks
+// the _d128 forms): half the registers per key, so 8 keys a warp and a 32-key chunk in one round, one
+// L2 round trip fewer on the critical path (the chunk's keys fold in groups of 8, not 4: other bits, the
+// same for every row count, so verify rows still equal decode rows).
+ATTN_SPLIT_KERNEL(attn_split_1, 1, ATT_PER_LANE, ATT_U)
+ATTN_SPLIT_KERNEL(attn_split_2, 2, ATT_PER_LANE, ATT_U)
+ATTN_SPLIT_KERNEL(attn_split_4, 4, ATT_PER_LANE, ATT_U)
+ATTN_SPLIT_KERNEL(attn_split_1_d128, 1, 4, 8)
+ATTN_SPLIT_KERNEL(attn_split_2_d128, 2, 4, 8)
+ATTN_SPLIT_KERNEL(attn_split_4_d128, 4, 4, 8)
 
 // Merges one (row, head)'s first `used` key splits in split order, for the block: out = sum_s w_s acc_s /
 // sum_s w_s l_s with w_s = e^(m_s - M) (2^(m_s - M) with EXP2: maxima kept in the log2 domain), then
