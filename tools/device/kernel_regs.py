@@ -9,10 +9,13 @@ Setup (pinned; the device has NVRTC 13, these are 12.9: counts can differ by a f
   mkdir -p /tmp/nvw/x && for w in /tmp/nvw/*.whl; do python3 -m zipfile -e "$w" /tmp/nvw/x; done
   chmod +x /tmp/nvw/x/nvidia/cuda_nvcc/bin/ptxas
 Usage: python3 tools/device/kernel_regs.py [KERNEL_NAME_PART]   (from the repository root; ~45 s)
+KEEP_CUBIN=/tmp/m.cubin keeps the cubin; SASS: `pip download --no-deps nvidia-cuda-nvdisasm==13.5.37`, then
+  nvdisasm -fun NAME -c /tmp/m.cubin (the wheel's nvidia/cu13/bin/nvdisasm).
 """
 import ctypes
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,6 +51,9 @@ def main():
         out = subprocess.run([f"{X}/cuda_nvcc/bin/ptxas", "-arch=sm_90", "-v", p, "-o", os.path.join(d, "m.cubin")],
                              capture_output=True, text=True)
         sizes = text_sizes(os.path.join(d, "m.cubin")) if out.returncode == 0 else {}
+        if out.returncode == 0 and os.environ.get("KEEP_CUBIN"):
+            # For SASS listings: nvdisasm from the pinned nvidia-cuda-nvdisasm wheel reads it.
+            shutil.copy(os.path.join(d, "m.cubin"), os.environ["KEEP_CUBIN"])
     part = sys.argv[1] if len(sys.argv) > 1 else ""
     name = None
     for line in out.stderr.splitlines():
