@@ -266,7 +266,22 @@ pub(crate) fn gdn_recurrence(
     kernels::l2_normalize_rows(&mut k, dk, 1e-6);
     let scale = 1.0 / (dk as f32).sqrt();
     q.iter_mut().for_each(|x| *x *= scale);
-    kernels::gdn_recurrent(&q, &k, &v, &g, &beta, st, rows, hv, dk, dv, out);
+    // The CPU kernel's state is [dk, dv] per head, the device's [dv, dk] (GdnShape::state_to_device).
+    let mut host_state = s.state_from_device(st);
+    kernels::gdn_recurrent(
+        &q,
+        &k,
+        &v,
+        &g,
+        &beta,
+        &mut host_state,
+        rows,
+        hv,
+        dk,
+        dv,
+        out,
+    );
+    st.copy_from_slice(&s.state_to_device(&host_state));
     Ok(())
 }
 

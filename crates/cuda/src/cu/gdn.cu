@@ -144,8 +144,10 @@ __device__ __forceinline__ float* gdn_qk_slot(float* planes, int i, int dk) {
     return planes + ((i < dk ? 0 : GDN_P) + e % GDN_P) * GDN_PLANE + e / GDN_P;
 }
 
-// Thread (column, part)'s rows i = GDN_P j + part of the head's state S [dk, dv] (sh) to (STORE: from)
-// the registers s.
+// Thread (column, part)'s rows i = GDN_P j + part of the head's state S (sh) to (STORE: from) the
+// registers s. The GPU stores each head's S [dk, dv] transposed ([dv, dk]; gdn.rs state_to_device): a
+// warp's 4 columns x 8 parts then cover 4 whole 32-byte sectors per row group, not 8 half sectors (run
+// 140: the 4B decode step 2.505 ms against 2.540, the state stores being on the grid's completion path).
 template <bool STORE>
 __device__ __forceinline__ void gdn_state_io(float (&s)[GDN_RPT], float* __restrict__ sh, int part, int rpt, int dk,
                                              int dv, int col, bool col_ok) {
@@ -154,9 +156,9 @@ __device__ __forceinline__ void gdn_state_io(float (&s)[GDN_RPT], float* __restr
         const int i = GDN_P * j + part;
         const bool ok = j < rpt && i < dk && col_ok;
         if (STORE) {
-            if (ok) sh[(size_t)i * dv + col] = s[j];
+            if (ok) sh[(size_t)col * dk + i] = s[j];
         } else {
-            s[j] = ok ? sh[(size_t)i * dv + col] : 0.0f;
+            s[j] = ok ? sh[(size_t)col * dk + i] : 0.0f;
         }
     }
 }

@@ -281,9 +281,10 @@ extern "C" __global__ void __launch_bounds__(GDC_ST_THREADS, 1)
     const size_t hbase = (size_t)h * np;
     float* sh = state + (size_t)h * dk * dv;
     // Rows past dk stay 0: loaded as 0, and S1 adds K columns past dk (staged as 0) to them.
+    // (The state is stored [dv, dk] per head, gdn.cu gdn_state_io: d runs fastest over the threads.)
     for (int e = tid; e < GDN_MAX_DK * GDC_COLS; e += GDC_ST_THREADS) {
-        const int d = e / GDC_COLS, c = col0 + e % GDC_COLS;
-        sm[d][e % GDC_COLS] = (d < dk && c < dv) ? sh[(size_t)d * dv + c] : 0.0f;
+        const int d = e % GDN_MAX_DK, c = col0 + e / GDN_MAX_DK;
+        sm[d][e / GDN_MAX_DK] = (d < dk && c < dv) ? sh[(size_t)c * dk + d] : 0.0f;
     }
     float rw[GDC_WQ_REGS];
     gdc_load_wq(rw, wbuf + hbase * dk, prep + qoff, ldq, min(GDC_C, n), dk);
@@ -422,8 +423,8 @@ extern "C" __global__ void __launch_bounds__(GDC_ST_THREADS, 1)
         __syncthreads();
     }
     for (int e = tid; e < dk * GDC_COLS; e += GDC_ST_THREADS) {
-        const int d = e / GDC_COLS, c = col0 + e % GDC_COLS;
-        if (c < dv) sh[(size_t)d * dv + c] = sm[d][e % GDC_COLS];
+        const int d = e % dk, c = col0 + e / dk;
+        if (c < dv) sh[(size_t)c * dk + d] = sm[d][e / dk];
     }
     // Last: fewer registers live.
     gdn_window_advance(window, proj, ldp, n, cd, kernel);

@@ -63,7 +63,7 @@ fn run(dev: &CudaDevice, s: GdnShape, c: &Case, n: usize, chunked: bool) -> Resu
     let (pd, wd, sd) = (
         DBuf::from_host(dev, &c.proj)?,
         DBuf::from_host(dev, &c.window0)?,
-        DBuf::from_host(dev, &c.s0)?,
+        DBuf::from_host(dev, &s.state_to_device(&c.s0))?,
     );
     let prep = DBuf::f32s(dev, n * s.prep_width())?;
     let od = DBuf::f32s(dev, n * s.hv * s.dv)?;
@@ -84,7 +84,7 @@ fn run(dev: &CudaDevice, s: GdnShape, c: &Case, n: usize, chunked: bool) -> Resu
     }
     Ok((
         download(dev, &od, n * s.hv * s.dv)?,
-        download(dev, &sd, c.s0.len())?,
+        s.state_from_device(&download(dev, &sd, c.s0.len())?),
         download(dev, &wd, c.window0.len())?,
         download(dev, &prep, n * s.prep_width())?,
     ))

@@ -249,7 +249,7 @@ fn run_gdn(
     let (pd, wd, sd) = (
         DBuf::from_host(dev, proj)?,
         DBuf::from_host(dev, window0)?,
-        DBuf::from_host(dev, s0)?,
+        DBuf::from_host(dev, &s.state_to_device(s0))?,
     );
     let (prep, od) = (
         DBuf::f32s(dev, n * s.prep_width())?,
@@ -267,7 +267,7 @@ fn run_gdn(
     )?;
     Ok((
         download(dev, &od, n * hv * dv)?,
-        download(dev, &sd, s0.len())?,
+        s.state_from_device(&download(dev, &sd, s0.len())?),
         download(dev, &wd, window0.len())?,
         download(dev, &prep, n * s.prep_width())?,
     ))
