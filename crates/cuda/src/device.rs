@@ -336,6 +336,12 @@ impl CudaDevice {
         self.segments.get()
     }
 
+    /// Why segments were turned off after a failed launch (then every GEMV launches on its own); None
+    /// while they run, or where no segment kernel was built.
+    pub fn segment_failure(&self) -> Option<String> {
+        self.segments.get().and_then(|s| s.failure())
+    }
+
     /// Segment kernels launched so far (each runs two or more queued GEMVs).
     pub fn segment_launches(&self) -> u64 {
         self.segments.get().map_or(0, |s| s.launches())

@@ -52,6 +52,18 @@ pub(super) fn checks(
     pair(dev, rng, rows, (rows_wpr4, 4096), (rows_wpr1, 4096))
 }
 
+/// Whether the segment kernel ran where it should: one launch, or none where this device built no
+/// segment kernel (no sm_90, no room for the ring). A launch that failed (segments then turn off and
+/// the GEMVs fall back to their own launches, with the same bits) fails the row: it passed unnoticed
+/// while a broken producer loop deadlocked in the simulator.
+fn segment_ran(dev: &CudaDevice, launched: u64) -> bool {
+    if let Some(why) = dev.segment_failure() {
+        eprintln!("segment self-test: segments turned off after a failed launch: {why}");
+        return false;
+    }
+    launched == 1 || dev.segment_status().is_err()
+}
+
 /// Two independent GEMVs y_a = A x_a (accumulating into y_a) and y_b = B x_b, A [a.0, a.1], B [b.0, b.1],
 /// as launches and as one segment.
 fn pair(
@@ -79,7 +91,7 @@ fn pair(
     };
     let (a_plain, b_plain, _) = run(false)?;
     let (a_seg, b_seg, launched) = run(true)?;
-    let ran = dev.segment_status().is_err() || launched == 1;
+    let ran = segment_ran(dev, launched);
     rows.push(bitwise_row(
         format!(
             "segment of {}x{} += and {}x{} == launches (bits; {launched} segment kernel(s))",
@@ -159,7 +171,7 @@ fn chain(
     };
     let (y_plain, out_plain, _) = chain(false)?;
     let (y_seg, out_seg, launched) = chain(true)?;
-    let ran = dev.segment_status().is_err() || launched == 1;
+    let ran = segment_ran(dev, launched);
     rows.push(bitwise_row(
         format!(
             "segment of 4 GEMVs (normed {wide}-wide, SwiGLU {few}-wide, +=, {many} rows) == launches (bits; {launched} segment kernel(s))"
