@@ -4,13 +4,18 @@
 
 use crate::segment::{Stage, MAX_IN, MAX_STAGES};
 
-/// The kernel instantiations (segment.cu), for the kernel simulator's table.
-pub(crate) const KERNELS: [&str; 5] = [
+/// The kernel instantiations (segment.cu), for the kernel simulator's table (the trace kernels too, so
+/// that `TURBOSPARK_SEG_TRACE=1` runs there: their stamps are zeros, their sums must still be exact).
+pub(crate) const KERNELS: [&str; 9] = [
     "gemv_segment_c8p4",
     "gemv_segment_c12p4",
     "gemv_segment_c8p4_x10",
     "gemv_segment_c8p4_x16",
     "gemv_segment_r88_c12p4",
+    "gemv_segment_trace_c8p4",
+    "gemv_segment_trace_c12p4",
+    "gemv_segment_trace_c8p4_x10",
+    "gemv_segment_trace_c8p4_x16",
 ];
 /// The kernels that hold a stage's input in registers (segment.cu SEG_KERNEL / SegHeld), 8 consumers
 /// each, and the input width they hold: of stages with one warp and one piece per row.

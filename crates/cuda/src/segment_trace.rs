@@ -21,6 +21,9 @@ const STAGE: usize = 8;
 const LOADED: usize = STAGE + 6 * 8;
 /// Consumer warp w's end of its rows of stage s (< 4): word WARPS + 16 s + w (SEG_TR_WARPS).
 const WARPS: usize = 64;
+/// Word WARPS + 16 s + COUPLED (SEG_TR_COUPLED): the producers' waits for a free page of stage s (< 4)
+/// during which a consumer warp of the block was waiting for a page too.
+const COUPLED: usize = 15;
 /// The block's SM id + 1 (SEG_TR_SM).
 const SM: usize = 6;
 /// Launches kept (a bench's un-graphed decode runs ~4 per layer and step).
@@ -134,7 +137,7 @@ impl Trace {
             let mut ghz = Vec::new();
             let mut first_copy = Vec::new();
             // [stage][metric] -> per-launch values
-            let mut m: Vec<[Vec<f64>; 8]> = (0..n).map(|_| Default::default()).collect();
+            let mut m: Vec<[Vec<f64>; 9]> = (0..n).map(|_| Default::default()).collect();
             // [stage] -> per launch, the block whose rows ended last
             let mut slowest: Vec<Vec<usize>> = vec![Vec::new(); n];
             for l in &ls {
@@ -186,6 +189,13 @@ impl Trace {
                         ends.iter().copied().fold(f64::MIN, f64::max)
                             - ends.iter().copied().fold(f64::MAX, f64::min)
                     })));
+                    // The producers' coupled waits, as a share of their waits (stages 0-3).
+                    ms[8].push(median(
+                        blocks
+                            .iter()
+                            .filter(|b| s < 4 && w(b, 5) > 0.0)
+                            .map(|b| b[WARPS + 16 * s + COUPLED] as f64 / w(b, 5)),
+                    ));
                 }
             }
             // Stage 0 with fewer than 5 stages: thread 0 past the consumers' barrier after the loads, and
@@ -225,7 +235,7 @@ impl Trace {
                 out += &format!(
                     "  stage {s}: staging {:5.2} us (loads {:5.2}), rows {:6.2} us (slowest block {:6.2}; a block's \
                      warps end {:4.2} apart), barrier {:5.2} us, {:5.0} GB/s over the median rows time; consumers waited \
-                     {:3.0}%, producers {:3.0}%\n",
+                     {:3.0}%, producers {:3.0}% ({:3.0}% of it while a consumer waited for a page too)\n",
                     us(med(0)),
                     us(med(6)),
                     rows_us,
@@ -235,6 +245,7 @@ impl Trace {
                     ls[0].bytes[s] / (rows_us * 1e3),
                     100.0 * med(4),
                     100.0 * med(5),
+                    100.0 * med(8),
                 );
                 // The block most often slowest: its SM and jobs (the same SMs each launch: placement; the
                 // blocks with a job more: the split; neither: contention).
@@ -296,11 +307,12 @@ mod tests {
                 base + 500 + r,
                 base + 700 + r,
                 2 * r,
-                0,
+                4 * r,
             ]);
             w[LOADED + s] = base + 300;
             w[WARPS + 16 * s] = base + 400 + r;
             w[WARPS + 16 * s + 1] = base + 500 + r;
+            w[WARPS + 16 * s + COUPLED] = *r;
         }
         w
     }
@@ -337,6 +349,11 @@ mod tests {
             "{r}"
         );
         assert!(r.contains("consumers waited 100%"), "{r}");
+        // Producers waited 4 r cycles over 4 warps x r cycles, a quarter of it coupled.
+        assert!(
+            r.contains("producers 100% ( 25% of it while a consumer waited for a page too)"),
+            "{r}"
+        );
         // Block 1 is stage 0's slowest; no SM stamped.
         assert!(
             r.contains("slowest block most often: 1 (1 of 1 launches; SM ?, 1280 jobs, 2 of the 2 blocks have 1280)"),

@@ -71,6 +71,8 @@ __device__ __forceinline__ void seg_mbar_wait(unsigned long long* b, unsigned pa
     sim_mbar_wait(b, parity);
 }
 __device__ __forceinline__ void seg_mbar_arrive(unsigned long long* b) { sim_mbar_arrive(b); }
+// Whether the phase of parity `parity` has completed, without waiting.
+__device__ __forceinline__ bool seg_mbar_test(unsigned long long* b, unsigned parity) { return sim::mbar_done(b, parity); }
 __device__ __forceinline__ void seg_bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* full,
                                               bool, unsigned long long) {
     sim_mbar_expect_tx(full, bytes);
@@ -116,6 +118,15 @@ __device__ __forceinline__ void seg_mbar_wait(unsigned long long* b, unsigned pa
 }
 __device__ __forceinline__ void seg_mbar_arrive(unsigned long long* b) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(seg_smem_addr(b)) : "memory");
+}
+// Whether the phase of parity `parity` has completed, without waiting.
+__device__ __forceinline__ bool seg_mbar_test(unsigned long long* b, unsigned parity) {
+    unsigned ok;
+    asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(ok)
+                 : "r"(seg_smem_addr(b)), "r"(parity)
+                 : "memory");
+    return ok != 0;
 }
 __device__ __forceinline__ void seg_bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* full,
                                               bool evict_first, unsigned long long policy) {
@@ -177,6 +188,9 @@ __device__ __forceinline__ unsigned seg_smid() {
 #define SEG_TR_STAGE 8
 #define SEG_TR_LOADED (SEG_TR_STAGE + 6 * SEG_MAX_STAGES)
 #define SEG_TR_WARPS 64  // + 16 s + w: consumer warp w (< 16) done with its rows of stage s (< 4)
+// + 16 s + 15 (no kernel has 16 consumers): the producers' waits for a free page during which a consumer warp
+// of the block was itself waiting for a page (sampled as the wait begins and ends): the ring's coupling.
+#define SEG_TR_COUPLED 15
 enum {
     SEG_TR_ENTRY = 0,
     SEG_TR_END = 1,
@@ -285,15 +299,25 @@ struct SegRing {
     unsigned parity;
     bool spin;
     unsigned long long waited;  // trace kernels: cycles spent waiting for pages
+    int* waiting;               // trace kernels: the block's consumer warps waiting for a page now
 };
 
 // The page of unit `seq` once its bytes have landed (this consumer's next phase of it).
 template <bool TRACE>
 __device__ __forceinline__ int seg_page_take(SegRing& r, unsigned seq) {
     const int k = (int)(seq - seg_div(seq, r.pages_m) * (unsigned)r.pages_n);
-    const unsigned long long w0 = TRACE ? SEG_CLOCK() : 0ull;
-    seg_mbar_wait(&r.full[k], (r.parity >> k) & 1u, r.spin);
-    if (TRACE) r.waited += SEG_CLOCK() - w0;
+    if (TRACE) {
+        const unsigned long long w0 = SEG_CLOCK();
+        if (!seg_mbar_test(&r.full[k], (r.parity >> k) & 1u)) {
+            const bool counts = (threadIdx.x & 31) == 0;
+            if (counts) atomicAdd(r.waiting, 1);
+            seg_mbar_wait(&r.full[k], (r.parity >> k) & 1u, r.spin);
+            if (counts) atomicAdd(r.waiting, -1);
+        }
+        r.waited += SEG_CLOCK() - w0;
+    } else {
+        seg_mbar_wait(&r.full[k], (r.parity >> k) & 1u, r.spin);
+    }
     r.parity ^= 1u << k;
     return k;
 }
@@ -473,6 +497,12 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = gridDim.x, b = blockIdx.x;
     unsigned long long* tr = TRACE ? p.barrier + 2 + (size_t)b * SEG_TR_WORDS : nullptr;
     for (int i = threadIdx.x; i < pages * (C + 1); i += blockDim.x) seg_mbar_init(&empty[i], 1);
+    int* waiting = nullptr;  // trace kernels: SegRing::waiting
+    if constexpr (TRACE) {
+        __shared__ int waiting_s;
+        waiting = &waiting_s;
+        if (threadIdx.x == 0) waiting_s = 0;
+    }
     SEG_MBAR_INIT_FENCE();
     __syncthreads();
     if (warp >= C) {
@@ -485,7 +515,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         if (evict_first) SEG_EVICT_FIRST_POLICY(policy);
         unsigned seq0 = 0;  // the stage's first unit
         int k = 0;          // the block's jobs so far
-        unsigned long long pwait = 0;
+        unsigned long long pwait = 0, pcoupled = 0;
         for (int s = 0; s < p.n && lane == 0; ++s) {
             const int in = p.st[s].in, pieces = p.st[s].pieces, inter = p.st[s].swiglu_inter;
             const unsigned char* w = reinterpret_cast<const unsigned char*>(p.st[s].w);
@@ -503,10 +533,12 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                 const unsigned use = seg_div(seq, p.pages_m);
                 const int page = (int)(seq - use * (unsigned)pages);
                 const unsigned long long w0 = TRACE ? SEG_CLOCK() : 0ull;
+                const bool coupled_before = TRACE && use > 0 && *(volatile int*)waiting > 0;
                 if (use > 0) seg_mbar_wait(&empty[page], (use - 1) & 1u, p.flags & 32);
                 if (TRACE) {
                     const unsigned long long w1 = SEG_CLOCK();
                     pwait += w1 - w0;
+                    if (use > 0 && (coupled_before || *(volatile int*)waiting > 0)) pcoupled += w1 - w0;
                     if (pw == 0 && s == 0 && u == (int)((unsigned)(pw - (int)seq0) % PRODUCERS)) tr[SEG_TR_P_FIRST] = w1;
                 }
                 seg_bulk_load(smem + (size_t)page * p.page_bytes, w + ((size_t)row * in * 2 + (size_t)pc * piece_bytes),
@@ -516,7 +548,8 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             k += owned;
             if (TRACE && s < 8) {
                 atomicAdd(&tr[SEG_TR_STAGE + 6 * s + 5], pwait);
-                pwait = 0;
+                if (s < 4) atomicAdd(&tr[SEG_TR_WARPS + 16 * s + SEG_TR_COUPLED], pcoupled);
+                pwait = pcoupled = 0;
                 if (pw == 0) tr[SEG_TR_P_LAST] = SEG_CLOCK();
             }
         }
@@ -541,6 +574,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     ring.parity = 0;
     ring.spin = p.flags & 16;
     ring.waited = 0;
+    ring.waiting = waiting;
     int k = 0;
     unsigned seq0 = 0;  // the stage's first unit
     const bool skip_math = p.flags & 2, skip_barrier = p.flags & 4, skip_stage = p.flags & 8;
