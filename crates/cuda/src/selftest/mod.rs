@@ -95,6 +95,13 @@ pub fn self_test_gdn_chunked(dev: &CudaDevice) -> Result<Vec<SelfTestRow>, CudaE
     Ok(rows)
 }
 
+/// Only the segment checks (segment.rs; also part of [`self_test`]).
+pub fn self_test_segments(dev: &CudaDevice) -> Result<Vec<SelfTestRow>, CudaError> {
+    let mut rows = Vec::new();
+    segment::checks(dev, &mut Rng(0x9E37_79B9_7F4A_7C15), &mut rows)?;
+    Ok(rows)
+}
+
 /// Whether two results are the same bits.
 pub(crate) fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
