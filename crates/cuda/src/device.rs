@@ -60,6 +60,7 @@ pub const KERNELS: &[&str] = &[
     "dflash_regroup",
     "argmax_rows",
     "fill_normal_bf16",
+    "read_stream",
     "moe_route",
     "moe_gate_up_bf16",
     "moe_gate_up_f32",

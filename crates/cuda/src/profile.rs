@@ -208,6 +208,51 @@ impl CudaModel {
     }
 }
 
+impl CudaDevice {
+    /// The read-only stream rate in bytes/s (read_stream, misc.cu): the best of 7 timed batches of 10
+    /// passes over 1 GiB, 4 blocks of 512 threads per SM. The ceiling a decode step that reads each
+    /// weight once could reach; the table's roofline keeps the copy rate (read + write: the issue's
+    /// convention), and prints this beside it (run 48's probe read 4.5 TB/s where copies count 4.24).
+    /// Without a GPU (the simulator) one small pass runs and the rate is NaN.
+    pub fn read_bandwidth(&self) -> Result<f64, CudaError> {
+        let timed = self.gpu().is_ok();
+        let bytes: usize = if timed { 1 << 30 } else { 1 << 16 };
+        let src = crate::buf::DBuf::zeros(self, bytes)?;
+        let sink = crate::buf::DBuf::zeros(self, 4)?;
+        let grid = (4 * self.info.sms.max(1)) as u32;
+        let pass = || {
+            crate::buf::launch(
+                self,
+                "read_stream",
+                (grid, 1, 1),
+                512,
+                &[
+                    crate::buf::Arg::P(src.ptr),
+                    crate::buf::Arg::L((bytes / 16) as i64),
+                    crate::buf::Arg::P(sink.ptr),
+                ],
+            )
+        };
+        pass()?;
+        self.synchronize()?;
+        if !timed {
+            return Ok(f64::NAN);
+        }
+        let mut best = 0.0f64;
+        for _ in 0..7 {
+            let a = record(self)?;
+            for _ in 0..10 {
+                pass()?;
+            }
+            let b = record(self)?;
+            self.synchronize()?;
+            let ms = elapsed_ms(&a, &b)? as f64;
+            best = best.max(10.0 * bytes as f64 / (ms / 1e3));
+        }
+        Ok(best)
+    }
+}
+
 /// A timing event recorded on the device's stream now.
 pub(crate) fn event(dev: &CudaDevice) -> Result<CudaEvent, CudaError> {
     record(dev)

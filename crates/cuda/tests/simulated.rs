@@ -58,6 +58,13 @@ fn simulated_kernels_pass_the_self_test() {
     assert!(failed.is_empty(), "failed: {failed:#?}");
 }
 
+/// The table's read-only stream kernel launches with its arguments (a rate needs the GPU: NaN here).
+#[test]
+fn simulated_read_stream_runs() {
+    let Some(dev) = simulated() else { return };
+    assert!(dev.read_bandwidth().unwrap().is_nan());
+}
+
 /// The chunked GDN kernels against the step form and an f64 recurrence (also part of the self-test).
 #[test]
 fn simulated_chunked_gdn_matches_step_form_and_f64() {

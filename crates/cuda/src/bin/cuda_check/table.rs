@@ -124,6 +124,15 @@ fn measure(dev: &Arc<CudaDevice>, shape_name: &str, bw: f64, new: usize) -> Resu
 pub fn run(dev: &Arc<CudaDevice>, shapes: &[&str], new: usize) -> Result<bool> {
     let bw = copy_bandwidth(dev)?;
     println!("table: D2D copy {:.0} GB/s (read + write)", bw / 1e9);
+    // The read-only ceiling beside it: the roofline column keeps the copy rate (the convention).
+    match dev.read_bandwidth() {
+        Ok(read) => println!(
+            "table: read-only stream {:.0} GB/s; against it every roofline fraction below is x{:.3}",
+            read / 1e9,
+            bw / read
+        ),
+        Err(e) => println!("table: read-only stream not measured: {e}"),
+    }
     let mut rows = Vec::new();
     let mut ok = true;
     for s in shapes {
