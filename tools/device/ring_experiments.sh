@@ -5,8 +5,9 @@
 #   bash tools/device/pack.sh trim weights
 # then on the device (carry [".carry"]), from the repository root:
 #   mkdir -p /tmp/b && tar xJf .carry/bins.tar.xz -C /tmp/b && bash tools/device/ring_experiments.sh
-# Prints: the coupling of main's ring (trace), out-of-order producers on / off, the 184 KB ring, and the
-# pure stream's floor (no arithmetic, barrier, staging or mixer cores; timing only).
+# Prints: the coupling of main's ring (trace), out-of-order producers on / off, the 184 KB ring, the
+# pure stream's floor (no arithmetic, barrier, staging or mixer cores; timing only), and the table with the
+# read-only stream rate (6d1b4f9) beside the copy rate. ~8 minutes with the cold start.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 AB="$ROOT/tools/device/segments_ab.sh"
@@ -24,3 +25,5 @@ for shape in qwen35-9b qwen3-8b; do
 done
 echo "#### 4B: the pure stream's floor (timing only)"
 TURBOSPARK_SEG_DEBUG=14 bash "$ROOT/tools/device/whatifs.sh" /tmp/b/main "" gdn_step,attn_prep,attn_split_4,attn_combine
+echo "#### the table (with the read-only stream rate beside the copy rate)"
+CUDA_CHECK_BIN=/tmp/b/main timeout 200 bash "$ROOT/tools/device/cuda_check.sh" --table 2>&1 | grep -E "D2D|read-only|^\| "
