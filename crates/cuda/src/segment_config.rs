@@ -53,6 +53,16 @@ fn ring_bytes() -> usize {
 const PAGE_SIZES: [usize; 5] = [4096, 5120, 6144, 8192, 10240];
 /// Most pages of a ring (the consumers keep one parity bit per page).
 const MAX_PAGES: usize = 32;
+/// Pages a block may have in flight (segment.cu's in-flight cap; the rest of the ring holds landed
+/// pages). Fewer bytes queued in the memory system stream faster and more evenly across SMs: decode step
+/// with at most 8 / 12 / 16 / 24 / all pages in flight, 4B 2.486 / 2.510 / 2.533 / 2.543 / 2.530 ms,
+/// 9B 4.358 / 4.394 / 4.388 / - / 4.380, 8B 4.540 / 4.591 / 4.587 / - / 4.594 (run 148; trace: the slowest
+/// block 2.0 us behind the median instead of 2.7).
+const FLIGHT_PAGES: usize = 8;
+/// SegParams flags bits 10-15: a multiple of the 4 producers (each waits for its own earlier copy), 0 off.
+fn flight_pages(pages: usize) -> usize {
+    pages.min(60) / 4 * 4
+}
 /// A segment's weight ring: `pages` pages of `page_bytes` (a multiple of the 4 producer warps).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Ring {
@@ -102,11 +112,15 @@ impl Ring {
 
     /// Dynamic shared memory of a block with `consumers` consumer warps and room for an input of
     /// `xs_floats`: pages, the staged input, the empty barriers and each consumer's full barriers, norm
-    /// scratch. Only what the segment needs: the less a block holds, the sooner its neighbours in the
+    /// scratch, the in-flight cap's two words per page. Only what the segment needs: the less a block holds, the sooner its neighbours in the
     /// stream fit beside it (4B step, runs 68 / 70: 2.980 ms with a fixed 48 KB room, 2.970-2.975 with
     /// the segment's own 36 KB).
     pub(crate) fn smem_bytes(&self, consumers: usize, xs_floats: usize) -> usize {
-        self.pages * self.page_bytes + xs_floats * 4 + (1 + consumers) * self.pages * 8 + 32 * 8
+        self.pages * self.page_bytes
+            + xs_floats * 4
+            + (1 + consumers) * self.pages * 8
+            + 32 * 8
+            + 2 * MAX_PAGES * 4
     }
 }
 
@@ -124,7 +138,9 @@ pub(crate) struct Config {
     /// sums; polling instead of try_wait); bit 6 keeps RMSNorm weights out of the staging
     /// (`TURBOSPARK_SEG_NORM_STAGED=0`); bit 7 reads a gated norm's weights as 1 (timing only, wrong
     /// sums: `TURBOSPARK_SEG_GATED_W1=1`); bit 8 runs a gated norm twice, the second pass with its code
-    /// and data hot (timing only, wrong sums: `TURBOSPARK_SEG_GATED_TWICE=1`; the trace stamps both).
+    /// and data hot (timing only, wrong sums: `TURBOSPARK_SEG_GATED_TWICE=1`; the trace stamps both);
+    /// bits 10-15 the pages a block may have in flight (`TURBOSPARK_SEG_FLIGHT`, default `FLIGHT_PAGES`;
+    /// 0: the whole ring).
     pub flags: u32,
     /// Launch with the cooperative attribute: the driver refuses a grid that cannot be resident at
     /// once instead of letting its grid barrier wait forever (`TURBOSPARK_SEG_COOP=0`: without).
@@ -189,7 +205,8 @@ impl Config {
                 | ((get("TURBOSPARK_SEG_DEBUG", 0) as u32 & 31) << 1)
                 | ((get("TURBOSPARK_SEG_NORM_STAGED", 1) == 0) as u32) << 6
                 | ((get("TURBOSPARK_SEG_GATED_W1", 0) == 1) as u32) << 7
-                | ((get("TURBOSPARK_SEG_GATED_TWICE", 0) == 1) as u32) << 8,
+                | ((get("TURBOSPARK_SEG_GATED_TWICE", 0) == 1) as u32) << 8
+                | (flight_pages(get("TURBOSPARK_SEG_FLIGHT", FLIGHT_PAGES)) as u32) << 10,
             cooperative: get("TURBOSPARK_SEG_COOP", 1) != 0,
             max_stages: get("TURBOSPARK_SEG_MAX", MAX_STAGES).clamp(1, MAX_STAGES),
             max_rows: get("TURBOSPARK_SEG_MAX_ROWS", usize::MAX),
@@ -305,6 +322,11 @@ mod tests {
         // Pieces must be whole 16-byte vectors.
         assert_eq!(r.pieces(12), None);
         assert_eq!(Ring::of(8192).pages, 20);
+        // The in-flight cap: whole rounds of the 4 producers, within the flags' 6 bits.
+        assert_eq!(
+            (flight_pages(9), flight_pages(3), flight_pages(99)),
+            (8, 0, 60)
+        );
         let c = Config::from_env();
         for k in c.kernels() {
             assert!(

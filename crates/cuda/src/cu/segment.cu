@@ -53,7 +53,8 @@ struct SegParams {
     // sums): consumers skip the arithmetic / the grid barrier / staging the input; bits 4-5: consumers /
     // producers poll their barriers (test_wait) instead of try_wait; bit 6: no stage stages its
     // RMSNorm's weights (measurements); bit 7: a gated norm's weights read as 1 (measurements, wrong sums);
-    // bit 8: the trace kernels run a gated norm twice, the second time with its code and data hot (wrong sums)
+    // bit 8: the trace kernels run a gated norm twice, the second time with its code and data hot (wrong sums);
+    // bits 10-15: the pages a block may have in flight (the in-flight cap in gemv_segment_body; 0: no cap)
     int n, page_bytes, pages, flags;
     int xs_floats;  // the staged input's room: the widest stage input (<= SEG_MAX_IN), a multiple of 4
     unsigned pages_m;  // seg_magic(pages), from the host (a kernel parameter costs no register)
@@ -494,9 +495,21 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     unsigned long long* empty = reinterpret_cast<unsigned long long*>(xs + p.xs_floats);
     unsigned long long* full = empty + pages;  // [C][pages]
     double* scratch = reinterpret_cast<double*>(full + C * pages);
+    // In-flight cap (flags bits 10-15: F pages, a multiple of PRODUCERS; 0 or F >= pages: none): a producer
+    // copies unit u only once unit u - F (its own: u = pw mod PRODUCERS) has landed, so a block has at most F
+    // pages in flight and the rest of the ring holds landed pages. Fewer bytes queued in the memory system
+    // stream faster and more evenly over the SMs (4B step 2.486 ms with 8 pages against 2.530 uncapped, run
+    // 148; segment_config.rs FLIGHT_PAGES). The wait is on the full barrier the consumer of unit u - F waits
+    // on, at that use's parity: flight_last[page] holds the consumer and parity of the page's last copy,
+    // flight_par[page] per consumer the parity of the page's next copy for it (u - F < u: its page was not
+    // refilled since, and that barrier has no later phase armed).
+    const int flight = ((p.flags >> 10) & 63) < pages ? (p.flags >> 10) & 63 : 0;
+    unsigned* flight_last = reinterpret_cast<unsigned*>(scratch + 32);  // [32] (segment_config.rs smem_bytes)
+    unsigned* flight_par = flight_last + 32;                             // [32]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = gridDim.x, b = blockIdx.x;
     unsigned long long* tr = TRACE ? p.barrier + 2 + (size_t)b * SEG_TR_WORDS : nullptr;
     for (int i = threadIdx.x; i < pages * (C + 1); i += blockDim.x) seg_mbar_init(&empty[i], 1);
+    if (threadIdx.x < 64) flight_last[threadIdx.x] = 0;
     int* waiting = nullptr;  // trace kernels: SegRing::waiting
     if constexpr (TRACE) {
         __shared__ int waiting_s;
@@ -535,6 +548,17 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                 const unsigned long long w0 = TRACE ? SEG_CLOCK() : 0ull;
                 const bool coupled_before = TRACE && use > 0 && *(volatile int*)waiting > 0;
                 if (use > 0) seg_mbar_wait(&empty[page], (use - 1) & 1u, p.flags & 32);
+                if (flight) {
+                    if (seq >= (unsigned)flight) {
+                        const unsigned before = seq - (unsigned)flight;
+                        const int q = (int)(before - seg_div(before, p.pages_m) * (unsigned)pages);
+                        const unsigned m = flight_last[q];
+                        seg_mbar_wait(&full[(m & 255u) * pages + q], m >> 8, p.flags & 32);
+                    }
+                    const unsigned ph = (flight_par[page] >> c) & 1u;
+                    flight_par[page] ^= 1u << c;
+                    flight_last[page] = (unsigned)c | ph << 8;
+                }
                 if (TRACE) {
                     const unsigned long long w1 = SEG_CLOCK();
                     pwait += w1 - w0;
