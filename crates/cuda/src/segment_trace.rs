@@ -136,6 +136,8 @@ impl Trace {
             let mut kernel_ns = Vec::new();
             let mut ghz = Vec::new();
             let mut first_copy = Vec::new();
+            // The consumers' entries (globaltimer, past the PDL wait): the last block's after the median one.
+            let mut late_entry = Vec::new();
             // [stage][metric] -> per-launch values
             let mut m: Vec<[Vec<f64>; 9]> = (0..n).map(|_| Default::default()).collect();
             // [stage] -> per launch, the block whose rows ended last
@@ -147,6 +149,8 @@ impl Trace {
                 if let (Some(a), Some(e)) = (entry, end) {
                     kernel_ns.push(e.saturating_sub(a) as f64);
                 }
+                let entries = || blocks.iter().map(|b| b[2] as f64).filter(|&t| t > 0.0);
+                late_entry.push(entries().fold(0.0, f64::max) - median(entries()));
                 ghz.push(median(blocks.iter().map(|b| {
                     b[1].saturating_sub(b[0]) as f64 / (b[3].saturating_sub(b[2]).max(1)) as f64
                 })));
@@ -222,12 +226,13 @@ impl Trace {
             };
             out += &format!(
                 "segment trace [{kind}]: {} launches, kernel {:.1} us (globaltimer), SM clock {:.2} cycles/ns, \
-                 first copy {:.2} us after the consumers' entry; stage 0 loads synced {synced:.2} us, gated \
-                 norm done {normed:.2} us after its start{again}\n",
+                 first copy {:.2} us after the consumers' entry, the last block's entry {:.2} us after the median \
+                 one; stage 0 loads synced {synced:.2} us, gated norm done {normed:.2} us after its start{again}\n",
                 ls.len(),
                 median(kernel_ns.into_iter()) / 1e3,
                 median(ghz.into_iter()),
                 us(median(first_copy.into_iter())),
+                median(late_entry.into_iter()) / 1e3,
             );
             for (s, ms) in m.iter().enumerate() {
                 let med = |k: usize| median(ms[k].iter().copied());
