@@ -156,6 +156,19 @@ mod tests {
         assert_eq!(a.logits.len(), 12 * m.vocab);
     }
 
+    /// Dense models stream their weights past L2 (evict-first); hybrids, whose recurrent states do not
+    /// fit it, do not (CudaModel::stream_evict_first).
+    #[test]
+    fn only_models_without_recurrent_layers_stream_weights_evict_first() {
+        let dev = Arc::new(CudaDevice::emulated());
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+        for (family, dense) in [("qwen3", true), ("qwen3_5", false), ("qwen3_next", false)] {
+            let ck = model_io::Checkpoint::open(&root.join(family)).unwrap();
+            let m = CudaModel::load(&dev, &ck, LoadOptions::default()).unwrap();
+            assert_eq!(m.stream_evict_first, dense, "{family}");
+        }
+    }
+
     #[test]
     fn capacity_doubles_to_a_power_of_two_capped_at_the_context() {
         assert_eq!(grown_capacity(1024, 1000, 4096), None);

@@ -222,7 +222,7 @@ impl CudaModel {
         htod(dev, sc.start.ptr, &[start as i32])?;
         // A one-row pass (an un-graphed decode step) runs its GEMV runs as segments too.
         let scope = if m == 1 && self.opts.segments {
-            crate::segment::open(dev)
+            crate::segment::open(dev, self.stream_evict_first)
         } else {
             None
         };
@@ -543,7 +543,7 @@ impl CudaModel {
         // GEMV runs as persistent kernels (segment.rs). A profiled step synchronises after every
         // operation, which flushes the queue each time: it runs (and reports) per-GEMV launches.
         let scope = if self.opts.segments {
-            crate::segment::open(dev)
+            crate::segment::open(dev, self.stream_evict_first)
         } else {
             None
         };

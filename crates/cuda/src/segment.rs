@@ -60,6 +60,8 @@ pub(crate) struct Stage {
 struct Queued {
     stages: Vec<Stage>,
     prefetch: Vec<(u64, usize)>,
+    /// The step's weights stream with an L2 evict-first hint (`open`).
+    evict_first: bool,
     /// A gated norm not yet applied to its buffer: taken by the next queued GEMV that reads it, or
     /// launched as the gated_rmsnorm kernel before anything else.
     pending: Option<GatedNorm>,
@@ -192,14 +194,24 @@ pub(crate) fn flush(dev: &CudaDevice) -> Result<(), CudaError> {
         stages,
         prefetch,
         pending,
+        evict_first,
     } = match seg.queue.lock() {
         Ok(mut q) => match q.as_mut() {
-            Some(v) if !v.stages.is_empty() || v.pending.is_some() => std::mem::take(v),
+            Some(v) if !v.stages.is_empty() || v.pending.is_some() => {
+                let evict_first = v.evict_first;
+                std::mem::replace(
+                    v,
+                    Queued {
+                        evict_first,
+                        ..Default::default()
+                    },
+                )
+            }
             _ => return Ok(()),
         },
         Err(_) => return Ok(()),
     };
-    launch_stages(dev, seg, &stages, &prefetch)?;
+    launch_stages(dev, seg, &stages, &prefetch, evict_first)?;
     pending.map_or(Ok(()), |g| gated_norm(dev, &g))
 }
 
@@ -209,6 +221,7 @@ fn launch_stages(
     seg: &Segments,
     stages: &[Stage],
     prefetch: &[(u64, usize)],
+    evict_first: bool,
 ) -> Result<(), CudaError> {
     if stages.is_empty() {
         return Ok(());
@@ -218,7 +231,8 @@ fn launch_stages(
         Some(ring) if stages.len() > 1 || cfg.single => ring,
         _ => return stages.iter().try_for_each(|s| launch_one(dev, s)),
     };
-    let words = params(stages, &ring, cfg.flags, seg.barrier.ptr, prefetch);
+    let flags = cfg.flags | cfg.evict_first.unwrap_or(evict_first) as u32;
+    let words = params(stages, &ring, flags, seg.barrier.ptr, prefetch);
     let xs_floats = input_room(stages);
     let kernel = cfg.kernel_for(stages, &ring);
     // One block per SM: the grid barrier needs every block resident.
@@ -445,14 +459,19 @@ fn launch_one(dev: &CudaDevice, s: &Stage) -> Result<(), CudaError> {
 /// discards what an failed step left queued).
 pub(crate) struct Scope<'a>(&'a CudaDevice);
 
-/// Opens a scope when the device runs segments and none is open.
-pub(crate) fn open(dev: &CudaDevice) -> Option<Scope<'_>> {
+/// Opens a scope when the device runs segments and none is open; `evict_first`: the step's weights
+/// stream with an L2 evict-first hint (the model's choice, `CudaModel::stream_evict_first`, unless
+/// `TURBOSPARK_SEG_EVICT_FIRST` sets it).
+pub(crate) fn open(dev: &CudaDevice, evict_first: bool) -> Option<Scope<'_>> {
     let seg = dev.segments()?;
     let mut q = seg.queue.lock().ok()?;
     if q.is_some() {
         return None;
     }
-    *q = Some(Queued::default());
+    *q = Some(Queued {
+        evict_first,
+        ..Queued::default()
+    });
     Some(Scope(dev))
 }
 
@@ -569,7 +588,7 @@ mod tests {
     #[test]
     fn devices_without_the_kernel_launch_every_gemv_themselves() {
         let dev = CudaDevice::emulated();
-        assert!(open(&dev).is_none());
+        assert!(open(&dev, false).is_none());
         assert!(!queue(&dev, gemv(2560, 2560)).unwrap());
         assert!(dev.segment_status().is_err());
     }

@@ -133,7 +133,10 @@ pub(crate) struct Config {
     pub consumers: usize,
     /// A fixed page size instead of the per-segment choice (`TURBOSPARK_SEG_PAGE`).
     pub page_bytes: Option<usize>,
-    /// Kernel flags (SegParams::flags): bit 0 an L2 evict-first hint on the weights; bits 1-5 for
+    /// The L2 evict-first hint on the weights (flags bit 0) for every step (`TURBOSPARK_SEG_EVICT_FIRST`
+    /// 1 / 0); unset: as the model opening the step asks (`segment::open`).
+    pub evict_first: Option<bool>,
+    /// Kernel flags (SegParams::flags), but bit 0 (`evict_first`); bits 1-5 for
     /// measurements only (`TURBOSPARK_SEG_DEBUG`: skipped arithmetic, barrier or staging give wrong
     /// sums; polling instead of try_wait); bit 6 keeps RMSNorm weights out of the staging
     /// (`TURBOSPARK_SEG_NORM_STAGED=0`); bit 7 reads a gated norm's weights as 1 (timing only, wrong
@@ -201,8 +204,11 @@ impl Config {
                 .ok()
                 .and_then(|v| v.parse::<usize>().ok())
                 .map(|b| (b / 16 * 16).clamp(1024, 10240)),
-            flags: (get("TURBOSPARK_SEG_EVICT_FIRST", 0) == 1) as u32
-                | ((get("TURBOSPARK_SEG_DEBUG", 0) as u32 & 31) << 1)
+            evict_first: std::env::var("TURBOSPARK_SEG_EVICT_FIRST")
+                .ok()
+                .and_then(|v| v.parse::<u32>().ok())
+                .map(|v| v == 1),
+            flags: ((get("TURBOSPARK_SEG_DEBUG", 0) as u32 & 31) << 1)
                 | ((get("TURBOSPARK_SEG_NORM_STAGED", 1) == 0) as u32) << 6
                 | ((get("TURBOSPARK_SEG_GATED_W1", 0) == 1) as u32) << 7
                 | ((get("TURBOSPARK_SEG_GATED_TWICE", 0) == 1) as u32) << 8

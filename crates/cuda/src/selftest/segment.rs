@@ -80,7 +80,11 @@ fn pair(
         let (y1, y2) = (DBuf::from_host(dev, &ya0)?, DBuf::f32s(dev, b.0)?);
         let xb = DBuf::zeros(dev, a.1.max(b.1) * 2)?;
         let before = dev.segment_launches();
-        let scope = if segments { segment::open(dev) } else { None };
+        let scope = if segments {
+            segment::open(dev, false)
+        } else {
+            None
+        };
         ops::linear(dev, &ma, x1.ptr, y1.ptr, 1, true, xb.ptr, 16)?;
         ops::linear(dev, &mb, x2.ptr, y2.ptr, 1, false, xb.ptr, 16)?;
         if let Some(scope) = scope {
@@ -133,7 +137,11 @@ fn chain(
             DBuf::zeros(dev, wide * 2)?,
         );
         let before = dev.segment_launches();
-        let scope = if segments { segment::open(dev) } else { None };
+        let scope = if segments {
+            segment::open(dev, false)
+        } else {
+            None
+        };
         ops::linear_normed(dev, &a, x.ptr, norm(&norm_a), h.ptr, y1.ptr, 1, xb.ptr, 16)?;
         ops::linear_swiglu(
             dev,
