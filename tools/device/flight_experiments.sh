@@ -14,6 +14,8 @@ AB="$ROOT/tools/device/segments_ab.sh"
 echo "#### 4B: the cap by phase (patched binary; X=0 is main's 8 pages throughout), twice"
 CUDA_CHECK_CONFIGS=0,1 VARIANTS="X=0 TURBOSPARK_SEG_FLIGHT_EDGE=4 TURBOSPARK_SEG_FLIGHT_EDGE=16 TURBOSPARK_SEG_FLIGHT_EDGE=0 TURBOSPARK_SEG_FLIGHT_EARLY=4 TURBOSPARK_SEG_FLIGHT_EARLY=16 TURBOSPARK_SEG_FLIGHT_EARLY=0 X=0 TURBOSPARK_SEG_FLIGHT_EDGE=4 TURBOSPARK_SEG_FLIGHT_EDGE=16 TURBOSPARK_SEG_FLIGHT_EDGE=0 TURBOSPARK_SEG_FLIGHT_EARLY=4 TURBOSPARK_SEG_FLIGHT_EARLY=16 TURBOSPARK_SEG_FLIGHT_EARLY=0" bash "$AB" /tmp/b/ph
 CUDA_CHECK_CONFIGS=0,1 VARIANTS="X=0" bash "$AB" /tmp/b/main
+echo "#### 4B trace (main): how much of the producers' waits is the cap"
+TRACE=1 CUDA_CHECK_CONFIGS=0,1 VARIANTS="X=0" bash "$AB" /tmp/b/main
 echo "#### 4B: the 184 KB ring with the cap (patched binary: 160 KB / 184 KB, 8 and 12 pages in flight), twice"
 CUDA_CHECK_CONFIGS=0,1 VARIANTS="X=0 TURBOSPARK_SEG_RING_KB=184 TURBOSPARK_SEG_RING_KB=184,TURBOSPARK_SEG_FLIGHT=12 X=0 TURBOSPARK_SEG_RING_KB=184 TURBOSPARK_SEG_RING_KB=184,TURBOSPARK_SEG_FLIGHT=12" bash "$AB" /tmp/b/r
 echo "#### 4B: dynamic tails with the cap (patched binary: off / 4 / 8 rounds, stages 1 .. n-2), twice"

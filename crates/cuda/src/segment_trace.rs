@@ -24,6 +24,9 @@ const WARPS: usize = 64;
 /// Word WARPS + 16 s + COUPLED (SEG_TR_COUPLED): the producers' waits for a free page of stage s (< 4)
 /// during which a consumer warp of the block was waiting for a page too.
 const COUPLED: usize = 15;
+/// Word WARPS + 16 s + CAPPED (SEG_TR_CAPPED): the producers' waits for their own earlier copy to land (the
+/// in-flight cap), part of their waits of stage s (< 4).
+const CAPPED: usize = 14;
 /// The block's SM id + 1 (SEG_TR_SM).
 const SM: usize = 6;
 /// Launches kept (a bench's un-graphed decode runs ~4 per layer and step).
@@ -139,7 +142,7 @@ impl Trace {
             // The consumers' entries (globaltimer, past the PDL wait): the last block's after the median one.
             let mut late_entry = Vec::new();
             // [stage][metric] -> per-launch values
-            let mut m: Vec<[Vec<f64>; 9]> = (0..n).map(|_| Default::default()).collect();
+            let mut m: Vec<[Vec<f64>; 10]> = (0..n).map(|_| Default::default()).collect();
             // [stage] -> per launch, the block whose rows ended last
             let mut slowest: Vec<Vec<usize>> = vec![Vec::new(); n];
             for l in &ls {
@@ -200,6 +203,13 @@ impl Trace {
                             .filter(|b| s < 4 && w(b, 5) > 0.0)
                             .map(|b| b[WARPS + 16 * s + COUPLED] as f64 / w(b, 5)),
                     ));
+                    // The producers' waits on the in-flight cap, as a share of their waits.
+                    ms[9].push(median(
+                        blocks
+                            .iter()
+                            .filter(|b| s < 4 && w(b, 5) > 0.0)
+                            .map(|b| b[WARPS + 16 * s + CAPPED] as f64 / w(b, 5)),
+                    ));
                 }
             }
             // Stage 0 with fewer than 5 stages: thread 0 past the consumers' barrier after the loads, and
@@ -240,7 +250,8 @@ impl Trace {
                 out += &format!(
                     "  stage {s}: staging {:5.2} us (loads {:5.2}), rows {:6.2} us (slowest block {:6.2}; a block's \
                      warps end {:4.2} apart), barrier {:5.2} us, {:5.0} GB/s over the median rows time; consumers waited \
-                     {:3.0}%, producers {:3.0}% ({:3.0}% of it while a consumer waited for a page too)\n",
+                     {:3.0}%, producers {:3.0}% ({:3.0}% of it while a consumer waited for a page too, {:3.0}% for their \
+                     own copies to land)\n",
                     us(med(0)),
                     us(med(6)),
                     rows_us,
@@ -251,6 +262,7 @@ impl Trace {
                     100.0 * med(4),
                     100.0 * med(5),
                     100.0 * med(8),
+                    100.0 * med(9),
                 );
                 // The block most often slowest: its SM and jobs (the same SMs each launch: placement; the
                 // blocks with a job more: the split; neither: contention).
@@ -318,6 +330,7 @@ mod tests {
             w[WARPS + 16 * s] = base + 400 + r;
             w[WARPS + 16 * s + 1] = base + 500 + r;
             w[WARPS + 16 * s + COUPLED] = *r;
+            w[WARPS + 16 * s + CAPPED] = 2 * r;
         }
         w
     }
@@ -356,7 +369,7 @@ mod tests {
         assert!(r.contains("consumers waited 100%"), "{r}");
         // Producers waited 4 r cycles over 4 warps x r cycles, a quarter of it coupled.
         assert!(
-            r.contains("producers 100% ( 25% of it while a consumer waited for a page too)"),
+            r.contains("producers 100% ( 25% of it while a consumer waited for a page too,  50% for their own copies to land)"),
             "{r}"
         );
         // Block 1 is stage 0's slowest; no SM stamped.

@@ -192,6 +192,9 @@ __device__ __forceinline__ unsigned seg_smid() {
 // + 16 s + 15 (no kernel has 16 consumers): the producers' waits for a free page during which a consumer warp
 // of the block was itself waiting for a page (sampled as the wait begins and ends): the ring's coupling.
 #define SEG_TR_COUPLED 15
+// + 16 s + 14 (no kernel has more than 12 consumers): the producers' waits for their own earlier copy to land
+// (the in-flight cap), a part of their waits.
+#define SEG_TR_CAPPED 14
 enum {
     SEG_TR_ENTRY = 0,
     SEG_TR_END = 1,
@@ -528,7 +531,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         if (evict_first) SEG_EVICT_FIRST_POLICY(policy);
         unsigned seq0 = 0;  // the stage's first unit
         int k = 0;          // the block's jobs so far
-        unsigned long long pwait = 0, pcoupled = 0;
+        unsigned long long pwait = 0, pcoupled = 0, pcapped = 0;
         for (int s = 0; s < p.n && lane == 0; ++s) {
             const int in = p.st[s].in, pieces = p.st[s].pieces, inter = p.st[s].swiglu_inter;
             const unsigned char* w = reinterpret_cast<const unsigned char*>(p.st[s].w);
@@ -550,10 +553,12 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                 if (use > 0) seg_mbar_wait(&empty[page], (use - 1) & 1u, p.flags & 32);
                 if (flight) {
                     if (seq >= (unsigned)flight) {
+                        const unsigned long long c0 = TRACE ? SEG_CLOCK() : 0ull;
                         const unsigned before = seq - (unsigned)flight;
                         const int q = (int)(before - seg_div(before, p.pages_m) * (unsigned)pages);
                         const unsigned m = flight_last[q];
                         seg_mbar_wait(&full[(m & 255u) * pages + q], m >> 8, p.flags & 32);
+                        if (TRACE) pcapped += SEG_CLOCK() - c0;
                     }
                     const unsigned ph = (flight_par[page] >> c) & 1u;
                     flight_par[page] ^= 1u << c;
@@ -573,7 +578,8 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             if (TRACE && s < 8) {
                 atomicAdd(&tr[SEG_TR_STAGE + 6 * s + 5], pwait);
                 if (s < 4) atomicAdd(&tr[SEG_TR_WARPS + 16 * s + SEG_TR_COUPLED], pcoupled);
-                pwait = pcoupled = 0;
+                if (s < 4) atomicAdd(&tr[SEG_TR_WARPS + 16 * s + SEG_TR_CAPPED], pcapped);
+                pwait = pcoupled = pcapped = 0;
                 if (pw == 0) tr[SEG_TR_P_LAST] = SEG_CLOCK();
             }
         }
