@@ -54,10 +54,8 @@ const PAGE_SIZES: [usize; 5] = [4096, 5120, 6144, 8192, 10240];
 /// Most pages of a ring (the consumers keep one parity bit per page).
 const MAX_PAGES: usize = 32;
 /// Pages a block may have in flight (segment.cu's in-flight cap; the rest of the ring holds landed
-/// pages). Fewer bytes queued in the memory system stream faster and more evenly across SMs: decode step
-/// with at most 8 / 12 / 16 / 24 / all pages in flight, 4B 2.486 / 2.510 / 2.533 / 2.543 / 2.530 ms,
-/// 9B 4.358 / 4.394 / 4.388 / - / 4.380, 8B 4.540 / 4.591 / 4.587 / - / 4.594 (run 148; trace: the slowest
-/// block 2.0 us behind the median instead of 2.7).
+/// pages): fewer queued bytes stream faster and more evenly over the SMs. 4B step with 4 / 8 / 12 / all
+/// pages in flight 2.867 / 2.486 / 2.510 / 2.530 ms, 8B 4.709 / 4.540 / 4.591 / 4.594 (runs 148-149).
 const FLIGHT_PAGES: usize = 8;
 /// SegParams flags bits 10-15: a multiple of the 4 producers (each waits for its own earlier copy), 0 off.
 fn flight_pages(pages: usize) -> usize {
@@ -112,9 +110,9 @@ impl Ring {
 
     /// Dynamic shared memory of a block with `consumers` consumer warps and room for an input of
     /// `xs_floats`: pages, the staged input, the empty barriers and each consumer's full barriers, norm
-    /// scratch, the in-flight cap's two words per page. Only what the segment needs: the less a block holds, the sooner its neighbours in the
-    /// stream fit beside it (4B step, runs 68 / 70: 2.980 ms with a fixed 48 KB room, 2.970-2.975 with
-    /// the segment's own 36 KB).
+    /// scratch, the in-flight cap's two words per page. Only what the segment needs: the less a block
+    /// holds, the sooner its neighbours in the stream fit beside it (4B step, runs 68 / 70: 2.980 ms with
+    /// a fixed 48 KB room, 2.970-2.975 with the segment's own 36 KB).
     pub(crate) fn smem_bytes(&self, consumers: usize, xs_floats: usize) -> usize {
         self.pages * self.page_bytes
             + xs_floats * 4
