@@ -142,7 +142,7 @@ impl Trace {
             // The consumers' entries (globaltimer, past the PDL wait): the last block's after the median one.
             let mut late_entry = Vec::new();
             // [stage][metric] -> per-launch values
-            let mut m: Vec<[Vec<f64>; 10]> = (0..n).map(|_| Default::default()).collect();
+            let mut m: Vec<[Vec<f64>; 11]> = (0..n).map(|_| Default::default()).collect();
             // [stage] -> per launch, the block whose rows ended last
             let mut slowest: Vec<Vec<usize>> = vec![Vec::new(); n];
             for l in &ls {
@@ -169,6 +169,15 @@ impl Trace {
                     ms[1].push(median(rows.iter().copied()));
                     ms[2].push(rows.iter().copied().fold(0.0, f64::max));
                     ms[3].push(median(blocks.iter().map(|b| w(b, 3) - w(b, 2))));
+                    // The shortest wait: the last block to arrive, whose wait is the barrier's own round
+                    // trips (every block leaves as the count completes); the median's exceeds it by how much
+                    // later the last block arrived.
+                    ms[10].push(
+                        blocks
+                            .iter()
+                            .map(|b| w(b, 3) - w(b, 2))
+                            .fold(f64::INFINITY, f64::min),
+                    );
                     ms[4].push(median(
                         blocks
                             .iter()
@@ -249,7 +258,8 @@ impl Trace {
                 let rows_us = us(med(1));
                 out += &format!(
                     "  stage {s}: staging {:5.2} us (loads {:5.2}), rows {:6.2} us (slowest block {:6.2}; a block's \
-                     warps end {:4.2} apart), barrier {:5.2} us, {:5.0} GB/s over the median rows time; consumers waited \
+                     warps end {:4.2} apart), barrier {:5.2} us (the last to arrive waited {:4.2}), {:5.0} GB/s over the \
+                     median rows time; consumers waited \
                      {:3.0}%, producers {:3.0}% ({:3.0}% of it while a consumer waited for a page too, {:3.0}% for their \
                      own copies to land)\n",
                     us(med(0)),
@@ -258,6 +268,7 @@ impl Trace {
                     us(med(2)),
                     us(med(7)),
                     us(med(3)),
+                    us(med(10)),
                     ls[0].bytes[s] / (rows_us * 1e3),
                     100.0 * med(4),
                     100.0 * med(5),
@@ -367,6 +378,11 @@ mod tests {
             "{r}"
         );
         assert!(r.contains("consumers waited 100%"), "{r}");
+        // Both blocks waited 200 cycles at the barrier: the last to arrive too.
+        assert!(
+            r.contains("barrier  0.20 us (the last to arrive waited 0.20)"),
+            "{r}"
+        );
         // Producers waited 4 r cycles over 4 warps x r cycles, a quarter of it coupled.
         assert!(
             r.contains("producers 100% ( 25% of it while a consumer waited for a page too,  50% for their own copies to land)"),
