@@ -57,6 +57,10 @@ const MAX_PAGES: usize = 32;
 /// pages): fewer queued bytes stream faster and more evenly over the SMs. 4B step with 4 / 8 / 12 / all
 /// pages in flight 2.867 / 2.486 / 2.510 / 2.530 ms, 8B 4.709 / 4.540 / 4.591 / 4.594 (runs 148-149).
 const FLIGHT_PAGES: usize = 8;
+/// Pages a block may have in flight while its consumers cross a stage boundary (staging, grid barrier):
+/// the boundary's round trips wait behind fewer bytes. 4B step 4 / 8 / 16 / all: 2.448 / 2.497 / 2.545 /
+/// 2.566 ms (run 152).
+const EDGE_FLIGHT_PAGES: usize = 4;
 /// SegParams flags bits 10-15: a multiple of the 4 producers (each waits for its own earlier copy), 0 off.
 fn flight_pages(pages: usize) -> usize {
     pages.min(60) / 4 * 4
@@ -110,7 +114,7 @@ impl Ring {
 
     /// Dynamic shared memory of a block with `consumers` consumer warps and room for an input of
     /// `xs_floats`: pages, the staged input, the empty barriers and each consumer's full barriers, norm
-    /// scratch, the in-flight cap's two words per page. Only what the segment needs: the less a block
+    /// scratch, the in-flight cap's two words per page and its two boundary words. Only what the segment needs: the less a block
     /// holds, the sooner its neighbours in the stream fit beside it (4B step, runs 68 / 70: 2.980 ms with
     /// a fixed 48 KB room, 2.970-2.975 with the segment's own 36 KB).
     pub(crate) fn smem_bytes(&self, consumers: usize, xs_floats: usize) -> usize {
@@ -119,6 +123,7 @@ impl Ring {
             + (1 + consumers) * self.pages * 8
             + 32 * 8
             + 2 * MAX_PAGES * 4
+            + 2 * 4
     }
 }
 
@@ -141,7 +146,10 @@ pub(crate) struct Config {
     /// sums: `TURBOSPARK_SEG_GATED_W1=1`); bit 8 runs a gated norm twice, the second pass with its code
     /// and data hot (timing only, wrong sums: `TURBOSPARK_SEG_GATED_TWICE=1`; the trace stamps both);
     /// bits 10-15 the pages a block may have in flight (`TURBOSPARK_SEG_FLIGHT`, default `FLIGHT_PAGES`;
-    /// 0: the whole ring).
+    /// 0: the whole ring); bits 16-21 the same at a stage boundary (`TURBOSPARK_SEG_FLIGHT_EDGE`, default
+    /// `EDGE_FLIGHT_PAGES`, 0: as in the rows); bit 22 no copies at a boundary (`TURBOSPARK_SEG_EDGE_PAUSE=1`,
+    /// measurements); bit 23 a boundary that begins for a producer once it copies for a stage not yet staged
+    /// (`TURBOSPARK_SEG_EDGE_AHEAD=1`, measurements).
     pub flags: u32,
     /// Launch with the cooperative attribute: the driver refuses a grid that cannot be resident at
     /// once instead of letting its grid barrier wait forever (`TURBOSPARK_SEG_COOP=0`: without).
@@ -210,7 +218,10 @@ impl Config {
                 | ((get("TURBOSPARK_SEG_NORM_STAGED", 1) == 0) as u32) << 6
                 | ((get("TURBOSPARK_SEG_GATED_W1", 0) == 1) as u32) << 7
                 | ((get("TURBOSPARK_SEG_GATED_TWICE", 0) == 1) as u32) << 8
-                | (flight_pages(get("TURBOSPARK_SEG_FLIGHT", FLIGHT_PAGES)) as u32) << 10,
+                | (flight_pages(get("TURBOSPARK_SEG_FLIGHT", FLIGHT_PAGES)) as u32) << 10
+                | (flight_pages(get("TURBOSPARK_SEG_FLIGHT_EDGE", EDGE_FLIGHT_PAGES)) as u32) << 16
+                | ((get("TURBOSPARK_SEG_EDGE_PAUSE", 0) == 1) as u32) << 22
+                | ((get("TURBOSPARK_SEG_EDGE_AHEAD", 0) == 1) as u32) << 23,
             cooperative: get("TURBOSPARK_SEG_COOP", 1) != 0,
             max_stages: get("TURBOSPARK_SEG_MAX", MAX_STAGES).clamp(1, MAX_STAGES),
             max_rows: get("TURBOSPARK_SEG_MAX_ROWS", usize::MAX),
