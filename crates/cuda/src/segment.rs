@@ -231,7 +231,7 @@ fn launch_stages(
         Some(ring) if stages.len() > 1 || cfg.single => ring,
         _ => return stages.iter().try_for_each(|s| launch_one(dev, s)),
     };
-    let flags = cfg.flags | cfg.evict_first.unwrap_or(evict_first) as u32;
+    let flags = cfg.flags_for(&ring) | cfg.evict_first.unwrap_or(evict_first) as u32;
     let words = params(stages, &ring, flags, seg.barrier.ptr, prefetch);
     let xs_floats = input_room(stages);
     let kernel = cfg.kernel_for(stages, &ring);

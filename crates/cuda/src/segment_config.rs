@@ -53,13 +53,14 @@ fn ring_bytes() -> usize {
 const PAGE_SIZES: [usize; 5] = [4096, 5120, 6144, 8192, 10240];
 /// Most pages of a ring (the consumers keep one parity bit per page).
 const MAX_PAGES: usize = 32;
-/// Pages a block may have in flight (segment.cu's in-flight cap; the rest of the ring holds landed
-/// pages): fewer queued bytes stream faster and more evenly over the SMs. 4B step with 4 / 8 / 12 / all
-/// pages in flight 2.867 / 2.486 / 2.510 / 2.530 ms, 8B 4.709 / 4.540 / 4.591 / 4.594 (runs 148-149).
-const FLIGHT_PAGES: usize = 8;
-/// Pages a block may have in flight while its consumers cross a stage boundary (staging, grid barrier):
-/// the boundary's round trips wait behind fewer bytes. 4B step 4 / 8 / 16 / all: 2.448 / 2.497 / 2.545 /
-/// 2.566 ms (run 152).
+/// Bytes a block may have in flight while it copies for the stage its consumers are on (segment.cu's
+/// in-flight cap; the rest of the ring holds landed pages): fewer queued bytes stream faster and more evenly
+/// over the SMs. With the boundary's cap below, 8 / 12 / 16 pages: 4B (5 KB pages) 2.433 / 2.399 / 2.395 ms,
+/// 9B (8 KB) 4.260 / 4.269 / 4.259, 8B (8 KB) 4.364 / 4.394 / 4.390 (run 155): ~64 KB suits both.
+const FLIGHT_BYTES: usize = 64 * 1024;
+/// Pages a block may have in flight while it copies for a stage its consumers have not yet staged (they
+/// finish the one before, wait at the grid barrier, stage the input): the boundary's round trips wait
+/// behind fewer bytes. 4 / 8 pages: 4B 2.399 / 2.467 ms, 9B 4.269 / 4.357, 8B 4.394 / 4.479 (run 155).
 const EDGE_FLIGHT_PAGES: usize = 4;
 /// SegParams flags bits 10-15: a multiple of the 4 producers (each waits for its own earlier copy), 0 off.
 fn flight_pages(pages: usize) -> usize {
@@ -114,7 +115,7 @@ impl Ring {
 
     /// Dynamic shared memory of a block with `consumers` consumer warps and room for an input of
     /// `xs_floats`: pages, the staged input, the empty barriers and each consumer's full barriers, norm
-    /// scratch, the in-flight cap's two words per page and its two boundary words. Only what the segment needs: the less a block
+    /// scratch, the in-flight cap's two words per page and the consumers' staged stages. Only what the segment needs: the less a block
     /// holds, the sooner its neighbours in the stream fit beside it (4B step, runs 68 / 70: 2.980 ms with
     /// a fixed 48 KB room, 2.970-2.975 with the segment's own 36 KB).
     pub(crate) fn smem_bytes(&self, consumers: usize, xs_floats: usize) -> usize {
@@ -123,7 +124,7 @@ impl Ring {
             + (1 + consumers) * self.pages * 8
             + 32 * 8
             + 2 * MAX_PAGES * 4
-            + 2 * 4
+            + 4
     }
 }
 
@@ -145,12 +146,12 @@ pub(crate) struct Config {
     /// (`TURBOSPARK_SEG_NORM_STAGED=0`); bit 7 reads a gated norm's weights as 1 (timing only, wrong
     /// sums: `TURBOSPARK_SEG_GATED_W1=1`); bit 8 runs a gated norm twice, the second pass with its code
     /// and data hot (timing only, wrong sums: `TURBOSPARK_SEG_GATED_TWICE=1`; the trace stamps both);
-    /// bits 10-15 the pages a block may have in flight (`TURBOSPARK_SEG_FLIGHT`, default `FLIGHT_PAGES`;
-    /// 0: the whole ring); bits 16-21 the same at a stage boundary (`TURBOSPARK_SEG_FLIGHT_EDGE`, default
-    /// `EDGE_FLIGHT_PAGES`, 0: as in the rows); bit 22 no copies at a boundary (`TURBOSPARK_SEG_EDGE_PAUSE=1`,
-    /// measurements); bit 23 a boundary that begins for a producer once it copies for a stage not yet staged
-    /// (`TURBOSPARK_SEG_EDGE_AHEAD=1`, measurements).
+    /// bits 16-21 the pages a block may have in flight at a stage boundary (`TURBOSPARK_SEG_FLIGHT_EDGE`,
+    /// default `EDGE_FLIGHT_PAGES`, 0: as in the rows). Bits 10-15 are the launch's (`flags_for`).
     pub flags: u32,
+    /// Pages a block may have in flight in the rows, 0 the whole ring (`TURBOSPARK_SEG_FLIGHT`; unset:
+    /// `FLIGHT_BYTES` of the launch's pages).
+    pub flight: Option<usize>,
     /// Launch with the cooperative attribute: the driver refuses a grid that cannot be resident at
     /// once instead of letting its grid barrier wait forever (`TURBOSPARK_SEG_COOP=0`: without).
     pub cooperative: bool,
@@ -218,10 +219,10 @@ impl Config {
                 | ((get("TURBOSPARK_SEG_NORM_STAGED", 1) == 0) as u32) << 6
                 | ((get("TURBOSPARK_SEG_GATED_W1", 0) == 1) as u32) << 7
                 | ((get("TURBOSPARK_SEG_GATED_TWICE", 0) == 1) as u32) << 8
-                | (flight_pages(get("TURBOSPARK_SEG_FLIGHT", FLIGHT_PAGES)) as u32) << 10
-                | (flight_pages(get("TURBOSPARK_SEG_FLIGHT_EDGE", EDGE_FLIGHT_PAGES)) as u32) << 16
-                | ((get("TURBOSPARK_SEG_EDGE_PAUSE", 0) == 1) as u32) << 22
-                | ((get("TURBOSPARK_SEG_EDGE_AHEAD", 0) == 1) as u32) << 23,
+                | (flight_pages(get("TURBOSPARK_SEG_FLIGHT_EDGE", EDGE_FLIGHT_PAGES)) as u32) << 16,
+            flight: std::env::var("TURBOSPARK_SEG_FLIGHT")
+                .ok()
+                .and_then(|v| v.parse().ok()),
             cooperative: get("TURBOSPARK_SEG_COOP", 1) != 0,
             max_stages: get("TURBOSPARK_SEG_MAX", MAX_STAGES).clamp(1, MAX_STAGES),
             max_rows: get("TURBOSPARK_SEG_MAX_ROWS", usize::MAX),
@@ -304,6 +305,12 @@ impl Config {
             .unwrap_or(0)
     }
 
+    /// The kernel flags of a launch on `ring`: `flags` and its in-flight cap in the rows (bits 10-15).
+    pub(crate) fn flags_for(&self, ring: &Ring) -> u32 {
+        let pages = self.flight.unwrap_or(FLIGHT_BYTES / ring.page_bytes);
+        self.flags | (flight_pages(pages) as u32) << 10
+    }
+
     /// The ring for `stages`.
     pub(crate) fn ring(&self, stages: &[Stage]) -> Option<Ring> {
         match self.page_bytes {
@@ -342,7 +349,23 @@ mod tests {
             (flight_pages(9), flight_pages(3), flight_pages(99)),
             (8, 0, 60)
         );
-        let c = Config::from_env();
+        // In the rows ~64 KB: 12 pages of the 4B's 5 KB, 8 of the 9B's / 8B's 8 KB; the boundary's 4.
+        let mut c = Config::from_env();
+        c.flight = None;
+        let caps = |c: &Config, b| {
+            (
+                c.flags_for(&Ring::of(b)) >> 10 & 63,
+                c.flags_for(&Ring::of(b)) >> 16 & 63,
+            )
+        };
+        if std::env::var_os("TURBOSPARK_SEG_FLIGHT_EDGE").is_none() {
+            assert_eq!(
+                (caps(&c, 5120), caps(&c, 8192), caps(&c, 4096)),
+                ((12, 4), (8, 4), (16, 4))
+            );
+        }
+        c.flight = Some(16);
+        assert_eq!(caps(&c, 8192).0, 16);
         for k in c.kernels() {
             assert!(
                 c.max_smem_bytes(&k) <= 227 * 1024,

@@ -83,8 +83,6 @@ __device__ __forceinline__ unsigned long long seg_ld_acquire(const unsigned long
     return sim_ld_acquire_spin_u64(p);
 }
 __device__ __forceinline__ unsigned long long seg_arrive(unsigned long long* p) { return atomicAdd(p, 1ull); }
-// A shared word another warp of the block sets, polled in a spin loop (the simulator's turn for the others).
-__device__ __forceinline__ int seg_ld_spin(const int* p) { return (int)sim_ld_acquire_spin((const unsigned*)p); }
 __device__ __forceinline__ void seg_prefetch_l2(const void*, unsigned) {}
 #define SEG_MBAR_INIT_FENCE() ((void)0)
 #define SEG_EVICT_FIRST_POLICY(p) ((void)(p))
@@ -153,7 +151,6 @@ __device__ __forceinline__ unsigned long long seg_ld_acquire(const unsigned long
     asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
-__device__ __forceinline__ int seg_ld_spin(const int* p) { return *(const volatile int*)p; }
 // One arrival at the grid barrier: releases the block's writes (ordered before it by the consumers'
 // bar.sync; release is cumulative) and returns the count before it.
 __device__ __forceinline__ unsigned long long seg_arrive(unsigned long long* p) {
@@ -222,11 +219,9 @@ __device__ __forceinline__ void seg_consumers_sync() {
 // (A fire-and-forget red.release arrival against a target read at entry, polled relaxed and followed
 // by fence.acq_rel: 2.837 ms against 2.816, run 88: the fence costs more than the round trip it saves.)
 template <int C, bool TRACE = false>
-__device__ __forceinline__ void seg_grid_sync(unsigned long long* count, unsigned long long* tr = nullptr,
-                                              int* edge = nullptr) {
+__device__ __forceinline__ void seg_grid_sync(unsigned long long* count, unsigned long long* tr = nullptr) {
     seg_consumers_sync<C>();
     if (threadIdx.x == 0) {
-        if (edge) *(volatile int*)edge = 1;
         if (TRACE) tr[2] = SEG_CLOCK();
         const unsigned long long g = gridDim.x, target = (seg_arrive(count) / g + 1) * g;
         while (seg_ld_acquire(count) < target) {
@@ -514,19 +509,16 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     const int flight = ((p.flags >> 10) & 63) < pages ? (p.flags >> 10) & 63 : 0;
     unsigned* flight_last = reinterpret_cast<unsigned*>(scratch + 32);  // [32] (segment_config.rs smem_bytes)
     unsigned* flight_par = flight_last + 32;                             // [32]
-    // At a stage boundary (the block's consumers staging an input or in a grid barrier: *edge = 1) a
-    // producer keeps fewer copies in flight (flags bits 16-21, 0: as `flight`), so that the boundary's
-    // round trips queue behind fewer bytes: 4B step 2.448 ms with 4 pages there against 2.497 with 8,
-    // 2.545 with 16 (run 152). Bit 22 (measurements): no copies at all there. Bit 23 (measurements): the
-    // boundary begins for a producer as soon as it copies for a stage the consumers have not yet staged.
-    int* edge = reinterpret_cast<int*>(flight_par + 32);
-    int* staged = edge + 1;  // stages the consumers have staged
+    // A producer copying for a stage its consumers have not yet staged (they finish the stage before, wait
+    // at the grid barrier or stage its input) keeps fewer copies in flight (flags bits 16-21, 0: as
+    // `flight`): the boundary's round trips queue behind fewer bytes. 4B / 9B / 8B step 2.433 / 4.260 /
+    // 4.364 ms against 2.497 / 4.372 / 4.482 with no boundary rule (runs 154-155).
+    int* staged = reinterpret_cast<int*>(flight_par + 32);  // the stages the consumers have staged
     const int edge_flight = ((p.flags >> 16) & 63) < pages ? (p.flags >> 16) & 63 : 0;
-    const bool edge_pause = p.flags & (1u << 22), edge_ahead = p.flags & (1u << 23);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = gridDim.x, b = blockIdx.x;
     unsigned long long* tr = TRACE ? p.barrier + 2 + (size_t)b * SEG_TR_WORDS : nullptr;
     for (int i = threadIdx.x; i < pages * (C + 1); i += blockDim.x) seg_mbar_init(&empty[i], 1);
-    if (threadIdx.x < 66) flight_last[threadIdx.x] = 0;
+    if (threadIdx.x < 65) flight_last[threadIdx.x] = 0;
     int* waiting = nullptr;  // trace kernels: SegRing::waiting
     if constexpr (TRACE) {
         __shared__ int waiting_s;
@@ -565,13 +557,8 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                 const unsigned long long w0 = TRACE ? SEG_CLOCK() : 0ull;
                 const bool coupled_before = TRACE && use > 0 && *(volatile int*)waiting > 0;
                 if (use > 0) seg_mbar_wait(&empty[page], (use - 1) & 1u, p.flags & 32);
-                if (edge_pause) {
-                    while (seg_ld_spin(edge)) {
-                    }
-                }
                 if (flight) {
-                    const bool at_edge = edge_ahead ? s >= *(volatile int*)staged : *(volatile int*)edge != 0;
-                    const int f = edge_flight && at_edge ? edge_flight : flight;
+                    const int f = edge_flight && s >= *(volatile int*)staged ? edge_flight : flight;
                     if (seq >= (unsigned)f) {
                         const unsigned long long c0 = TRACE ? SEG_CLOCK() : 0ull;
                         const unsigned before = seq - (unsigned)f;
@@ -609,7 +596,6 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         return;
     }
     PDL_WAIT();
-    if (threadIdx.x == 0) *(volatile int*)edge = 1;
     if (TRACE && threadIdx.x == 0) {
         tr[SEG_TR_ENTRY] = SEG_CLOCK();
         tr[SEG_TR_GT_ENTRY] = SEG_GLOBALTIMER();
@@ -749,10 +735,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             seg_consumers_sync<C>();
         }
         if (TRACE && threadIdx.x == 0) ts[1] = SEG_CLOCK();
-        if (threadIdx.x == 0) {
-            *(volatile int*)edge = 0;
-            *(volatile int*)staged = s + 1;
-        }
+        if (threadIdx.x == 0) *(volatile int*)staged = s + 1;
         const int owned = seg_owned(seg_jobs(st), b, g);
         const unsigned units = (unsigned)(st.swiglu_inter ? 2 * st.pieces : st.pieces);
         const int i0 = (warp - k % C + C) % C;
@@ -774,7 +757,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             ring.waited = 0;
         }
         if (s + 1 < p.n && !skip_barrier) {
-            seg_grid_sync<C, TRACE>(p.barrier, ts, edge);
+            seg_grid_sync<C, TRACE>(p.barrier, ts);
         } else if (TRACE) {
             seg_consumers_sync<C>();
             if (threadIdx.x == 0) ts[2] = ts[3] = SEG_CLOCK();
