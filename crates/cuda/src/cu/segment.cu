@@ -502,7 +502,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     // copies unit u only once unit u - F (its own: u = pw mod PRODUCERS) has landed, so a block has at most F
     // pages in flight and the rest of the ring holds landed pages. Fewer bytes queued in the memory system
     // stream faster and more evenly over the SMs (4B step 2.486 ms with 8 pages against 2.530 uncapped, run
-    // 148; segment_config.rs FLIGHT_PAGES). The wait is on the full barrier the consumer of unit u - F waits
+    // 148; segment_config.rs FLIGHT_BYTES). The wait is on the full barrier the consumer of unit u - F waits
     // on, at that use's parity: flight_last[page] holds the consumer and parity of the page's last copy,
     // flight_par[page] per consumer the parity of the page's next copy for it (u - F < u: its page was not
     // refilled since, and that barrier has no later phase armed).
