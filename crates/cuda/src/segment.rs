@@ -252,8 +252,14 @@ fn launch_stages(
             let gated = stages.iter().filter(|s| s.gate_z != 0).count();
             seg.staged_norms.fetch_add(gated as u64, Ordering::Relaxed);
             if cfg.trace {
-                seg.trace
-                    .record(dev, seg.barrier.ptr + 16, sms as usize, stages, &kernel)?;
+                seg.trace.record(
+                    dev,
+                    seg.barrier.ptr + 16,
+                    sms as usize,
+                    stages,
+                    &kernel,
+                    ring.pages,
+                )?;
             }
             Ok(())
         }

@@ -27,6 +27,9 @@ const COUPLED: usize = 15;
 /// Word WARPS + 16 s + CAPPED (SEG_TR_CAPPED): the producers' waits for their own earlier copy to land (the
 /// in-flight cap), part of their waits of stage s (< 4).
 const CAPPED: usize = 14;
+/// Word WARPS + 16 s + AHEAD (SEG_TR_AHEAD): the units the producers had issued past stage s's first (< 4)
+/// when the consumers began its rows: what the ring banked across the boundary.
+const AHEAD: usize = 13;
 /// The block's SM id + 1 (SEG_TR_SM).
 const SM: usize = 6;
 /// Launches kept (a bench's un-graphed decode runs ~4 per layer and step).
@@ -36,6 +39,8 @@ struct Launch {
     kind: String,
     /// Consumer and producer warps of the kernel that ran it.
     warps: (usize, usize),
+    /// Pages of its ring.
+    pages: usize,
     /// Bytes of weights per stage.
     bytes: Vec<f64>,
     /// Jobs per stage (output rows, SwiGLU pairs).
@@ -73,6 +78,7 @@ impl Trace {
         blocks: usize,
         stages: &[Stage],
         kernel: &SegKernel,
+        pages: usize,
     ) -> Result<(), CudaError> {
         if capturing(dev) {
             return Ok(());
@@ -107,6 +113,7 @@ impl Trace {
                 l.push(Launch {
                     kind,
                     warps: (kernel.consumers, kernel.producers),
+                    pages,
                     bytes,
                     jobs,
                     words,
@@ -142,7 +149,7 @@ impl Trace {
             // The consumers' entries (globaltimer, past the PDL wait): the last block's after the median one.
             let mut late_entry = Vec::new();
             // [stage][metric] -> per-launch values
-            let mut m: Vec<[Vec<f64>; 11]> = (0..n).map(|_| Default::default()).collect();
+            let mut m: Vec<[Vec<f64>; 12]> = (0..n).map(|_| Default::default()).collect();
             // [stage] -> per launch, the block whose rows ended last
             let mut slowest: Vec<Vec<usize>> = vec![Vec::new(); n];
             for l in &ls {
@@ -212,6 +219,12 @@ impl Trace {
                             .filter(|b| s < 4 && w(b, 5) > 0.0)
                             .map(|b| b[WARPS + 16 * s + COUPLED] as f64 / w(b, 5)),
                     ));
+                    ms[11].push(median(
+                        blocks
+                            .iter()
+                            .filter(|_| s < 4)
+                            .map(|b| b[WARPS + 16 * s + AHEAD] as f64),
+                    ));
                     // The producers' waits on the in-flight cap, as a share of their waits.
                     ms[9].push(median(
                         blocks
@@ -261,7 +274,7 @@ impl Trace {
                      warps end {:4.2} apart), barrier {:5.2} us (the last to arrive waited {:4.2}), {:5.0} GB/s over the \
                      median rows time; consumers waited \
                      {:3.0}%, producers {:3.0}% ({:3.0}% of it while a consumer waited for a page too, {:3.0}% for their \
-                     own copies to land)\n",
+                     own copies to land); {:.0} of the ring's {} pages issued ahead as the rows began\n",
                     us(med(0)),
                     us(med(6)),
                     rows_us,
@@ -274,6 +287,8 @@ impl Trace {
                     100.0 * med(5),
                     100.0 * med(8),
                     100.0 * med(9),
+                    med(11),
+                    ls[0].pages,
                 );
                 // The block most often slowest: its SM and jobs (the same SMs each launch: placement; the
                 // blocks with a job more: the split; neither: contention).
@@ -342,6 +357,7 @@ mod tests {
             w[WARPS + 16 * s + 1] = base + 500 + r;
             w[WARPS + 16 * s + COUPLED] = *r;
             w[WARPS + 16 * s + CAPPED] = 2 * r;
+            w[WARPS + 16 * s + AHEAD] = r / 100;
         }
         w
     }
@@ -357,6 +373,7 @@ mod tests {
         t.launches.lock().unwrap().push(Launch {
             kind: "2560x4096, 18432x2560 swiglu".into(),
             warps: (2, 4),
+            pages: 32,
             bytes: vec![2e7, 9e7],
             jobs: vec![2560, 9216],
             words,
@@ -386,6 +403,11 @@ mod tests {
         // Producers waited 4 r cycles over 4 warps x r cycles, a quarter of it coupled.
         assert!(
             r.contains("producers 100% ( 25% of it while a consumer waited for a page too,  50% for their own copies to land)"),
+            "{r}"
+        );
+        // Units issued ahead as the rows began: stage 0's blocks 20 / 30 (the median of two: the upper).
+        assert!(
+            r.contains("land); 30 of the ring's 32 pages issued ahead as the rows began\n"),
             "{r}"
         );
         // Block 1 is stage 0's slowest; no SM stamped.

@@ -195,6 +195,9 @@ __device__ __forceinline__ unsigned seg_smid() {
 // + 16 s + 14 (no kernel has more than 12 consumers): the producers' waits for their own earlier copy to land
 // (the in-flight cap), a part of their waits.
 #define SEG_TR_CAPPED 14
+// + 16 s + 13: the units the producers had issued past the stage's first (landed or in flight) when the
+// consumers began its rows: what the ring banked across the boundary.
+#define SEG_TR_AHEAD 13
 enum {
     SEG_TR_ENTRY = 0,
     SEG_TR_END = 1,
@@ -520,10 +523,14 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     for (int i = threadIdx.x; i < pages * (C + 1); i += blockDim.x) seg_mbar_init(&empty[i], 1);
     if (threadIdx.x < 65) flight_last[threadIdx.x] = 0;
     int* waiting = nullptr;  // trace kernels: SegRing::waiting
+    unsigned* issued = nullptr;  // trace kernels: each producer's units issued (its last seq + 1)
     if constexpr (TRACE) {
         __shared__ int waiting_s;
+        __shared__ unsigned issued_s[PRODUCERS];
         waiting = &waiting_s;
+        issued = issued_s;
         if (threadIdx.x == 0) waiting_s = 0;
+        if (threadIdx.x < PRODUCERS) issued_s[threadIdx.x] = 0;
     }
     SEG_MBAR_INIT_FENCE();
     __syncthreads();
@@ -579,6 +586,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                 }
                 seg_bulk_load(smem + (size_t)page * p.page_bytes, w + ((size_t)row * in * 2 + (size_t)pc * piece_bytes),
                               piece_bytes, &full[c * pages + page], evict_first, policy);
+                if (TRACE) *(volatile unsigned*)&issued[pw] = seq + 1;
             }
             seq0 += (unsigned)(owned * units);
             k += owned;
@@ -736,6 +744,11 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         }
         if (TRACE && threadIdx.x == 0) ts[1] = SEG_CLOCK();
         if (threadIdx.x == 0) *(volatile int*)staged = s + 1;
+        if (TRACE && threadIdx.x == 0 && s < 4) {
+            unsigned most = 0;
+            for (int q = 0; q < PRODUCERS; ++q) most = max(most, *(volatile unsigned*)&issued[q]);
+            tr[SEG_TR_WARPS + 16 * s + SEG_TR_AHEAD] = most > seq0 ? most - seq0 : 0;
+        }
         const int owned = seg_owned(seg_jobs(st), b, g);
         const unsigned units = (unsigned)(st.swiglu_inter ? 2 * st.pieces : st.pieces);
         const int i0 = (warp - k % C + C) % C;
