@@ -11,9 +11,9 @@
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 AB="$ROOT/tools/device/segments_ab.sh"
-echo "#### 4B, twice: main; the patch at 160 KB (the 64-bit parities' cost), 184 KB, 224 KB"
+echo "#### 4B, twice: main, main with the boundary ending at the barrier (not after the staging); the patch at 160 KB (the 64-bit parities' cost), 184 KB, 224 KB"
 for i in 1 2; do
-  CUDA_CHECK_CONFIGS=0,1 VARIANTS="X=0" bash "$AB" /tmp/b/main
+  CUDA_CHECK_CONFIGS=0,1 VARIANTS="X=0 TURBOSPARK_SEG_EDGE_TO_BARRIER=1" bash "$AB" /tmp/b/main
   CUDA_CHECK_CONFIGS=0,1 VARIANTS="X=0 TURBOSPARK_SEG_RING_KB=184 TURBOSPARK_SEG_RING_KB=224" bash "$AB" /tmp/b/room
 done
 for shape in qwen35-9b qwen3-8b; do
@@ -21,8 +21,8 @@ for shape in qwen35-9b qwen3-8b; do
   SHAPE=$shape CUDA_CHECK_CONFIGS=0,1 VARIANTS="X=0" bash "$AB" /tmp/b/main
   SHAPE=$shape CUDA_CHECK_CONFIGS=0,1 VARIANTS="X=0 TURBOSPARK_SEG_RING_KB=224" bash "$AB" /tmp/b/room
 done
-echo "#### 4B trace, 224 KB"
-TRACE=1 CUDA_CHECK_CONFIGS=0,1 VARIANTS="TURBOSPARK_SEG_RING_KB=224" bash "$AB" /tmp/b/room
+echo "#### 4B trace, 160 / 224 KB (pages banked across the boundaries)"
+TRACE=1 CUDA_CHECK_CONFIGS=0,1 VARIANTS="X=0 TURBOSPARK_SEG_RING_KB=224" bash "$AB" /tmp/b/room
 echo "#### full check and table, 224 KB"
 TURBOSPARK_SEG_RING_KB=224 CUDA_CHECK_BIN=/tmp/b/room timeout 120 bash "$ROOT/tools/device/cuda_check.sh" 2>&1 | grep -E "FAIL|RESULT|rc="
 TURBOSPARK_SEG_RING_KB=224 CUDA_CHECK_BIN=/tmp/b/room timeout 200 bash "$ROOT/tools/device/cuda_check.sh" --table 2>&1 | grep -E "D2D|read-only|^\| "

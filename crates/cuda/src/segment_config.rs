@@ -147,7 +147,9 @@ pub(crate) struct Config {
     /// sums: `TURBOSPARK_SEG_GATED_W1=1`); bit 8 runs a gated norm twice, the second pass with its code
     /// and data hot (timing only, wrong sums: `TURBOSPARK_SEG_GATED_TWICE=1`; the trace stamps both);
     /// bits 16-21 the pages a block may have in flight at a stage boundary (`TURBOSPARK_SEG_FLIGHT_EDGE`,
-    /// default `EDGE_FLIGHT_PAGES`, 0: as in the rows). Bits 10-15 are the launch's (`flags_for`).
+    /// default `EDGE_FLIGHT_PAGES`, 0: as in the rows); bit 22 ends the boundary as the grid barrier is passed,
+    /// before the staging (`TURBOSPARK_SEG_EDGE_TO_BARRIER=1`, measurements). Bits 10-15 are the launch's
+    /// (`flags_for`).
     pub flags: u32,
     /// Pages a block may have in flight in the rows, 0 the whole ring (`TURBOSPARK_SEG_FLIGHT`; unset:
     /// `FLIGHT_BYTES` of the launch's pages).
@@ -219,7 +221,8 @@ impl Config {
                 | ((get("TURBOSPARK_SEG_NORM_STAGED", 1) == 0) as u32) << 6
                 | ((get("TURBOSPARK_SEG_GATED_W1", 0) == 1) as u32) << 7
                 | ((get("TURBOSPARK_SEG_GATED_TWICE", 0) == 1) as u32) << 8
-                | (flight_pages(get("TURBOSPARK_SEG_FLIGHT_EDGE", EDGE_FLIGHT_PAGES)) as u32) << 16,
+                | (flight_pages(get("TURBOSPARK_SEG_FLIGHT_EDGE", EDGE_FLIGHT_PAGES)) as u32) << 16
+                | ((get("TURBOSPARK_SEG_EDGE_TO_BARRIER", 0) == 1) as u32) << 22,
             flight: std::env::var("TURBOSPARK_SEG_FLIGHT")
                 .ok()
                 .and_then(|v| v.parse().ok()),

@@ -629,6 +629,8 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         if (s == p.n - 1 && s > 0) PDL_LAUNCH();
         unsigned long long* ts = TRACE ? tr + SEG_TR_STAGE + 6 * s : nullptr;
         if (TRACE && threadIdx.x == 0) ts[0] = SEG_CLOCK();
+        // (Measurements, flags bit 22: the boundary ends as the barrier is passed, before the staging.)
+        if ((p.flags & (1u << 22)) && threadIdx.x == 0) *(volatile int*)staged = s + 1;
         // The input was written by every block in the previous stage: L2 only (L1 may hold an old copy).
         float gw[4];  // a gated norm's weights w[lane + 32 k] (gated_dv <= 128)
         const bool norm_staged = st.norm_staged && !(p.flags & 64);
