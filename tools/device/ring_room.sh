@@ -2,7 +2,7 @@
 # A larger weight ring (session 18, `wip/seg-ring-room.patch`): run 157 measured the 4B step at 2.480 / 2.425 / 2.377 ms
 # with 128 / 144 / 160 KB rings, so more pages should bank more across a boundary. The patch lets a launch's ring take
 # what its staged input leaves of the device's shared memory (64-bit page parities; x16 keeps 32 and runs only rings of
-# <= 32 pages), with TURBOSPARK_SEG_RING_KB up to 224; the default stays 160 KB. On the 4B (5 KB pages, 36 KB input
+# <= 32 pages), with TURBOSPARK_SEG_RING_KB up to 224. Run 158: kept, as the default (224 KB, trimmed per launch). On the 4B (5 KB pages, 36 KB input
 # room) 184 and 224 both give 36 pages (180 KB); the 9B / 8B (8 KB pages, 48 KB room) gain only in segments without
 # the 12288-wide input. ~6 minutes with the cold start. Build here first:
 #   bash tools/device/build_variants.sh main room=seg-ring-room && bash tools/device/pack.sh trim weights

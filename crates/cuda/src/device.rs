@@ -260,12 +260,14 @@ impl CudaDevice {
                 dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
             .unwrap_or(0);
+        // A launch's ring takes at most what its input leaves (less a trace kernel's static word).
+        seg_config.smem_limit = (smem_optin.max(0) as usize).saturating_sub(64);
         // Every segment kernel the configuration may launch (segment::Config::kernel_for), or none.
         let seg_kernels: Vec<_> = seg_config
             .kernels()
             .into_iter()
             .map(|k| {
-                (arch >= 90 && seg_config.max_smem_bytes(&k) <= smem_optin.max(0) as usize)
+                (arch >= 90 && seg_config.max_smem_bytes(&k) <= seg_config.smem_limit)
                     .then(|| module.load_function(k.name).ok())
                     .flatten()
                     .filter(|f| {

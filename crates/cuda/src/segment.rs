@@ -161,7 +161,7 @@ pub(crate) fn queue(dev: &CudaDevice, mut st: Stage) -> Result<bool, CudaError> 
         && st.norm_w.is_multiple_of(16)
         && st.x.is_multiple_of(16)
         && st.rows <= seg.config.max_rows
-        && seg.config.ring(&[st]).is_some();
+        && seg.config.ring(&[st], input_room(&[st])).is_some();
     if !eligible {
         if pending.is_some() {
             flush(dev)?;
@@ -227,13 +227,13 @@ fn launch_stages(
         return Ok(());
     }
     let cfg = seg.config;
-    let ring = match cfg.ring(stages) {
+    let xs_floats = input_room(stages);
+    let ring = match cfg.ring(stages, xs_floats) {
         Some(ring) if stages.len() > 1 || cfg.single => ring,
         _ => return stages.iter().try_for_each(|s| launch_one(dev, s)),
     };
     let flags = cfg.flags_for(&ring) | cfg.evict_first.unwrap_or(evict_first) as u32;
     let words = params(stages, &ring, flags, seg.barrier.ptr, prefetch);
-    let xs_floats = input_room(stages);
     let kernel = cfg.kernel_for(stages, &ring);
     // One block per SM: the grid barrier needs every block resident.
     let sms = dev.info.sms.max(1) as u32;
@@ -343,7 +343,7 @@ fn prefetch_ranges(ranges: &[(u64, usize)]) -> Vec<(u64, usize)> {
 }
 
 /// SegParams::pages_m: ceil(2^32 / pages), for the kernel's n / pages as a multiply-high (segment.cu seg_div;
-/// pages is 4..=32).
+/// pages is 4..=64).
 fn ring_magic(pages: usize) -> u32 {
     (u32::MAX / pages.max(1) as u32).wrapping_add(1)
 }
@@ -560,7 +560,7 @@ mod tests {
         assert_eq!(words[29], 1e-6f32.to_bits() as u64 | 1 << 32);
         assert_eq!(words[4], 0, "no gate: a null pointer");
         assert_eq!(words[80], 3 | 5120 << 32);
-        assert_eq!(words[81], 32 | 1 << 32);
+        assert_eq!(words[81], 44 | 1 << 32);
         assert_eq!(
             words[82] & 0xffff_ffff,
             2 * 9216,

@@ -23,36 +23,47 @@ struct HeldKernel {
     name: &'static str,
     trace: &'static str,
     width: usize,
+    /// Most pages of its rings (its consumers' parity bits: 32 in x16, whose 8 KB pages fit 28 at most).
+    max_pages: usize,
 }
 const HELD_KERNELS: [HeldKernel; 2] = [
     HeldKernel {
         name: "gemv_segment_c8p4_x10",
         trace: "gemv_segment_trace_c8p4_x10",
         width: 2560,
+        max_pages: 64,
     },
     HeldKernel {
         name: "gemv_segment_c8p4_x16",
         trace: "gemv_segment_trace_c8p4_x16",
         width: 4096,
+        max_pages: 32,
     },
 ];
-/// Shared memory of a block's weight ring (the probe's best ring: 20 pages of 8 KB, run 48);
-/// `TURBOSPARK_SEG_RING_KB` (32..=160) sets another for measurements: the ring bounds the bytes a
-/// block has in flight, hence the memory system's queues that the stage boundaries' round trips wait in.
-const RING_BYTES: usize = 160 * 1024;
+/// Shared memory of a block's weight ring, before `Config::ring` trims it to what the launch's staged input
+/// leaves of the device's shared memory: "as large as fits". The pages beyond those in flight hold landed
+/// data across a stage boundary, so more pages bank more: 4B step with 128 / 144 / 160 KB 2.480 / 2.425 /
+/// 2.377 ms (run 157), 160 against as large as fits (180 KB of 5 KB pages) 2.388 against 2.359 (run 158; 9B
+/// / 8B flat). `TURBOSPARK_SEG_RING_KB` (32..=224) sets another for measurements.
+const RING_BYTES: usize = 224 * 1024;
 fn ring_bytes() -> usize {
     static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *BYTES.get_or_init(|| {
         std::env::var("TURBOSPARK_SEG_RING_KB")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
-            .map_or(RING_BYTES, |kb| kb.clamp(32, 160) * 1024)
+            .map_or(RING_BYTES, |kb| kb.clamp(32, 224) * 1024)
     })
 }
 /// Page sizes a segment may use (the one that wastes least of the ring on its rows is taken).
 const PAGE_SIZES: [usize; 5] = [4096, 5120, 6144, 8192, 10240];
-/// Most pages of a ring (the consumers keep one parity bit per page).
-const MAX_PAGES: usize = 32;
+/// Most pages of a ring (the consumers keep one parity bit per page, in 64 bits; x16's 32: `HeldKernel`).
+const MAX_PAGES: usize = 64;
+/// Bytes of a block's dynamic shared memory besides the ring and the staged input: the barriers per page
+/// of 12 consumers and the producers, the in-flight cap's words, the norm scratch (smem_bytes).
+fn ring_overhead(consumers: usize, pages: usize) -> usize {
+    (1 + consumers) * pages * 8 + 32 * 8 + 2 * pages * 4 + 4
+}
 /// Bytes a block may have in flight while it copies for the stage its consumers are on (segment.cu's
 /// in-flight cap; the rest of the ring holds landed pages): fewer queued bytes stream faster and more evenly
 /// over the SMs. With the boundary's cap below, 8 / 12 / 16 pages: 4B (5 KB pages) 2.433 / 2.399 / 2.395 ms,
@@ -119,12 +130,17 @@ impl Ring {
     /// holds, the sooner its neighbours in the stream fit beside it (4B step, runs 68 / 70: 2.980 ms with
     /// a fixed 48 KB room, 2.970-2.975 with the segment's own 36 KB).
     pub(crate) fn smem_bytes(&self, consumers: usize, xs_floats: usize) -> usize {
-        self.pages * self.page_bytes
-            + xs_floats * 4
-            + (1 + consumers) * self.pages * 8
-            + 32 * 8
-            + 2 * MAX_PAGES * 4
-            + 4
+        self.pages * self.page_bytes + xs_floats * 4 + ring_overhead(consumers, self.pages)
+    }
+
+    /// This ring less the pages that do not fit `limit` bytes of shared memory beside `xs_floats` of staged
+    /// input (whole rounds of the 4 producers; None if not even 4 pages fit).
+    fn within(self, limit: usize, xs_floats: usize) -> Option<Ring> {
+        let mut ring = self;
+        while ring.pages >= 4 && ring.smem_bytes(12, xs_floats) > limit {
+            ring.pages -= 4;
+        }
+        (ring.pages >= 4).then_some(ring)
     }
 }
 
@@ -151,6 +167,9 @@ pub(crate) struct Config {
     /// before the staging (`TURBOSPARK_SEG_EDGE_TO_BARRIER=1`, measurements). Bits 10-15 are the launch's
     /// (`flags_for`).
     pub flags: u32,
+    /// Dynamic shared memory a block may have (the device's opt-in less the trace kernels' static bytes;
+    /// `CudaDevice` sets it): a launch's ring takes at most what its staged input leaves.
+    pub smem_limit: usize,
     /// Pages a block may have in flight in the rows, 0 the whole ring (`TURBOSPARK_SEG_FLIGHT`; unset:
     /// `FLIGHT_BYTES` of the launch's pages).
     pub flight: Option<usize>,
@@ -223,6 +242,7 @@ impl Config {
                 | ((get("TURBOSPARK_SEG_GATED_TWICE", 0) == 1) as u32) << 8
                 | (flight_pages(get("TURBOSPARK_SEG_FLIGHT_EDGE", EDGE_FLIGHT_PAGES)) as u32) << 16
                 | ((get("TURBOSPARK_SEG_EDGE_TO_BARRIER", 0) == 1) as u32) << 22,
+            smem_limit: 227 * 1024 - 64,
             flight: std::env::var("TURBOSPARK_SEG_FLIGHT")
                 .ok()
                 .and_then(|v| v.parse().ok()),
@@ -284,6 +304,9 @@ impl Config {
             return self.base_kernel();
         }
         let held_bytes = |k: &HeldKernel| -> usize {
+            if ring.pages > k.max_pages {
+                return 0;
+            }
             stages
                 .iter()
                 .filter(|s| s.cols == k.width && s.wpr == 1 && ring.pieces(s.cols) == Some(1))
@@ -306,6 +329,7 @@ impl Config {
             .map(|&b| Ring::of(b).smem_bytes(kernel.consumers, MAX_IN))
             .max()
             .unwrap_or(0)
+            .min(self.smem_limit)
     }
 
     /// The kernel flags of a launch on `ring`: `flags` and its in-flight cap in the rows (bits 10-15).
@@ -314,9 +338,9 @@ impl Config {
         self.flags | (flight_pages(pages) as u32) << 10
     }
 
-    /// The ring for `stages`.
-    pub(crate) fn ring(&self, stages: &[Stage]) -> Option<Ring> {
-        match self.page_bytes {
+    /// The ring for `stages`, whose staged input takes `xs_floats`.
+    pub(crate) fn ring(&self, stages: &[Stage], xs_floats: usize) -> Option<Ring> {
+        let ring = match self.page_bytes {
             Some(b) => {
                 let ring = Ring::of(b);
                 stages
@@ -325,7 +349,8 @@ impl Config {
                     .then_some(ring)
             }
             None => Ring::for_stages(stages),
-        }
+        };
+        ring?.within(self.smem_limit, xs_floats)
     }
 }
 
@@ -336,9 +361,29 @@ mod tests {
     use crate::segment::test_gemv as gemv;
 
     #[test]
+    fn a_ring_keeps_the_pages_that_fit_beside_its_input() {
+        let limit = 227 * 1024 - 64;
+        let ring = |page_bytes, pages| Ring { page_bytes, pages };
+        // The 4B's 5 KB pages beside the down projection's 9216 floats: 36 pages (180 KB), 32 beside 12288.
+        assert_eq!(ring(5120, 44).within(limit, 9216), Some(ring(5120, 36)));
+        assert_eq!(ring(5120, 44).within(limit, 12288), Some(ring(5120, 32)));
+        assert_eq!(ring(8192, 28).within(limit, 12288), Some(ring(8192, 20)));
+        // A ring that fits stays as it is; one with no room for 4 pages is none.
+        assert_eq!(ring(5120, 32).within(limit, 9216), Some(ring(5120, 32)));
+        assert_eq!(ring(8192, 20).within(40 * 1024, 4096), None);
+        for (r, xs) in [(ring(5120, 36), 9216), (ring(8192, 20), 12288)] {
+            assert!(r.smem_bytes(12, xs) <= limit);
+        }
+    }
+
+    #[test]
     fn rows_split_into_the_fewest_equal_pieces_that_fit_a_page() {
         let r = Ring::of(5120);
-        assert_eq!((r.pages, r.page_bytes), (32, 5120));
+        assert_eq!(
+            (r.pages, r.page_bytes),
+            (44, 5120),
+            "224 KB before the launch's input is beside it"
+        );
         // The 4B shape's input widths: hidden 2560, GDN value 4096, intermediate 9216.
         assert_eq!(r.pieces(2560), Some(1));
         assert_eq!(r.pieces(4096), Some(2));
@@ -346,7 +391,14 @@ mod tests {
         assert_eq!(r.pieces(8), Some(1));
         // Pieces must be whole 16-byte vectors.
         assert_eq!(r.pieces(12), None);
-        assert_eq!(Ring::of(8192).pages, 20);
+        assert_eq!(Ring::of(8192).pages, 28);
+        // As large as fits: the 4B's down projection (9216 floats of input) 36 pages, 32 beside 12288.
+        let c = Config::from_env();
+        if std::env::var_os("TURBOSPARK_SEG_RING_KB").is_none() {
+            let rooms =
+                [9216, 12288, 2 * 4096].map(|xs| c.ring(&[gemv(2560, 8)], xs).map(|r| r.pages));
+            assert_eq!(rooms, [Some(36), Some(32), Some(36)]);
+        }
         // The in-flight cap: whole rounds of the 4 producers, within the flags' 6 bits.
         assert_eq!(
             (flight_pages(9), flight_pages(3), flight_pages(99)),
@@ -408,6 +460,11 @@ mod tests {
         let eight_b = [one_warp(4096, 24576), gemv(12288, 4096)];
         let ring8 = Ring::for_stages(&eight_b).unwrap();
         assert_eq!(c.kernel_for(&eight_b, &ring8).name, "gemv_segment_c8p4_x16");
+        // x16 keeps 32-bit page parities: a ring of more pages runs the base kernel; x10 has 64.
+        let wide8 = Ring { pages: 36, ..ring8 };
+        assert_eq!(c.kernel_for(&eight_b, &wide8).name, "gemv_segment_c12p4");
+        let wide = Ring { pages: 36, ..ring };
+        assert_eq!(c.kernel_for(&four_b, &wide).name, "gemv_segment_c8p4_x10");
         // Turned off: the base kernel.
         let off = Config {
             held_inputs: false,

@@ -21,7 +21,7 @@
 // Work split: block b owns jobs b, b + grid, ... of every stage (a job: one output row, or a SwiGLU
 // gate/up row pair) and reads their row pieces ("units") in order through one ring of pages (unit u in
 // page u % pages); the block's k-th job of the whole kernel goes to consumer warp k % C. Page p is
-// filled only by producer warp p % P (pages: a multiple of P, at most 32); a mbarrier phase must never
+// filled only by producer warp p % P (pages: a multiple of P, at most 64); a mbarrier phase must never
 // be waited on two phases ahead (that reads as complete: run 48), so every consumer has its own `full`
 // barrier per page, whose phases are that consumer's uses of the page, in its order; `empty` (one
 // arrival per use) orders the reuses. Grid barrier: an arrival count that only grows (seg_grid_sync),
@@ -297,42 +297,43 @@ __device__ __forceinline__ float seg_dot8(uint4 u, float4 a, float4 b, float s) 
 // (run 112's SASS: MUFU.RCP and I2F in every piece's page lookup and every producer copy).
 __device__ __forceinline__ unsigned seg_div(unsigned n, unsigned m) { return __umulhi(n, m); }
 
+template <class Par>  // the consumer's page parities: unsigned (at most 32 pages) or unsigned long long (64)
 struct SegRing {
     unsigned char* pages;
     unsigned long long* full;   // [pages], this consumer's
     unsigned long long* empty;  // [pages]
     int pages_n, page_bytes;
     unsigned pages_m;  // SegParams::pages_m
-    unsigned parity;
+    Par parity;  // bit k: page k's next phase for this consumer
     bool spin;
     unsigned long long waited;  // trace kernels: cycles spent waiting for pages
     int* waiting;               // trace kernels: the block's consumer warps waiting for a page now
 };
 
 // The page of unit `seq` once its bytes have landed (this consumer's next phase of it).
-template <bool TRACE>
-__device__ __forceinline__ int seg_page_take(SegRing& r, unsigned seq) {
+template <bool TRACE, class R>
+__device__ __forceinline__ int seg_page_take(R& r, unsigned seq) {
     const int k = (int)(seq - seg_div(seq, r.pages_m) * (unsigned)r.pages_n);
     if (TRACE) {
         const unsigned long long w0 = SEG_CLOCK();
-        if (!seg_mbar_test(&r.full[k], (r.parity >> k) & 1u)) {
+        if (!seg_mbar_test(&r.full[k], (unsigned)(r.parity >> k) & 1u)) {
             const bool counts = (threadIdx.x & 31) == 0;
             if (counts) atomicAdd(r.waiting, 1);
-            seg_mbar_wait(&r.full[k], (r.parity >> k) & 1u, r.spin);
+            seg_mbar_wait(&r.full[k], (unsigned)(r.parity >> k) & 1u, r.spin);
             if (counts) atomicAdd(r.waiting, -1);
         }
         r.waited += SEG_CLOCK() - w0;
     } else {
-        seg_mbar_wait(&r.full[k], (r.parity >> k) & 1u, r.spin);
+        seg_mbar_wait(&r.full[k], (unsigned)(r.parity >> k) & 1u, r.spin);
     }
-    r.parity ^= 1u << k;
+    r.parity ^= decltype(r.parity)(1) << k;
     return k;
 }
 
 // One weight row of `in` values, read from units seq, seq + 1, ... (`pieces` of them): the row's sum
 // in linear.cu's order for `WPR` parts.
-template <int WPR, bool TRACE>
-__device__ __forceinline__ float seg_row(SegRing& r, unsigned seq, const float* xs, int in, int pieces, int lane,
+template <int WPR, bool TRACE, class R>
+__device__ __forceinline__ float seg_row(R& r, unsigned seq, const float* xs, int in, int pieces, int lane,
                                          bool skip) {
     float acc[WPR];
 #pragma unroll
@@ -389,18 +390,29 @@ __device__ __forceinline__ float seg_row(SegRing& r, unsigned seq, const float* 
 // NR = NV, 4 wavefronts per warp step instead of 12. Vector 32 j + lane is the lane's j-th: seg_row<1>'s
 // order, so the same bits. (Also holding the out projection's input (4 warps per row, in pieces): 4B
 // step 2.752 ms against 2.729, 9B 4.700 against 4.557, run 98: its stage ran faster, the rest slower.)
+template <bool B, class T, class F>
+struct SegIf {
+    using type = T;
+};
+template <class T, class F>
+struct SegIf<false, T, F> {
+    using type = F;
+};
 template <int NV_, int NR_>
 struct SegHeld {
     static constexpr int NV = NV_, NR = NR_;
     static_assert(NR <= NV, "held vectors of the row");
+    // A 4096-wide held row fills an 8 KB page, so its rings have at most 28 pages (segment_config.rs
+    // HeldKernel::max_pages): 32-bit parities, as 64 spill 8 bytes in x16.
+    using Parity = typename SegIf<NV_ >= 16, unsigned, unsigned long long>::type;
     __device__ __forceinline__ static bool fits(const SegStage& st) {
         return st.pieces == 1 && st.wpr == 1 && st.in == 8 * 32 * NV;
     }
 };
 using SegHeldNone = SegHeld<0, 0>;
 
-template <class H, bool TRACE>
-__device__ __forceinline__ float seg_row_held(SegRing& r, unsigned seq, const float4 (&xl)[H::NR],
+template <class H, bool TRACE, class R>
+__device__ __forceinline__ float seg_row_held(R& r, unsigned seq, const float4 (&xl)[H::NR],
                                               const float4 (&xh)[H::NR], const float* xs, int lane) {
     const int k = seg_page_take<TRACE>(r, seq);
     const uint4* wv = reinterpret_cast<const uint4*>(r.pages + (size_t)k * r.page_bytes);
@@ -416,8 +428,8 @@ __device__ __forceinline__ float seg_row_held(SegRing& r, unsigned seq, const fl
     return warp_sum(acc);
 }
 
-template <bool TRACE>
-__device__ __forceinline__ float seg_row_any(SegRing& r, unsigned seq, const float* xs, int in, int pieces, int wpr,
+template <bool TRACE, class R>
+__device__ __forceinline__ float seg_row_any(R& r, unsigned seq, const float* xs, int in, int pieces, int wpr,
                                              int lane, bool skip) {
     switch (wpr) {
         case 1: return seg_row<1, TRACE>(r, seq, xs, in, pieces, lane, skip);
@@ -478,8 +490,8 @@ __device__ __forceinline__ void seg_stage_rows(const SegStage& st, int b, int g,
 }
 
 // seg_stage_rows with the stage's input held in registers (seg_row_held), loaded from the staged planes.
-template <int C, class H, bool TRACE>
-__device__ __forceinline__ void seg_stage_rows_held(const SegStage& st, SegRing& ring, const float* xs, int b, int g,
+template <int C, class H, bool TRACE, class R>
+__device__ __forceinline__ void seg_stage_rows_held(const SegStage& st, R& ring, const float* xs, int b, int g,
                                                     int owned, int i0, unsigned seq0, unsigned units, int lane) {
     float4 xl[H::NR], xh[H::NR];
     const float4* x4 = reinterpret_cast<const float4*>(xs);
@@ -495,7 +507,7 @@ __device__ __forceinline__ void seg_stage_rows_held(const SegStage& st, SegRing&
 // Stages that fit HELD (SegHeld) hold their input in registers.
 template <int C, int PRODUCERS, bool TRACE, class HELD>
 __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
-    const int pages = p.pages;  // a multiple of PRODUCERS, at most 32 (the consumers' parity bits)
+    const int pages = p.pages;  // a multiple of PRODUCERS, at most 64 (the consumers' parity bits)
     unsigned char* smem = DYN_SMEM(unsigned char);
     float* xs = reinterpret_cast<float*>(smem + (size_t)pages * p.page_bytes);
     unsigned long long* empty = reinterpret_cast<unsigned long long*>(xs + p.xs_floats);
@@ -510,18 +522,18 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     // flight_par[page] per consumer the parity of the page's next copy for it (u - F < u: its page was not
     // refilled since, and that barrier has no later phase armed).
     const int flight = ((p.flags >> 10) & 63) < pages ? (p.flags >> 10) & 63 : 0;
-    unsigned* flight_last = reinterpret_cast<unsigned*>(scratch + 32);  // [32] (segment_config.rs smem_bytes)
-    unsigned* flight_par = flight_last + 32;                             // [32]
+    unsigned* flight_last = reinterpret_cast<unsigned*>(scratch + 32);  // [pages] (segment_config.rs smem_bytes)
+    unsigned* flight_par = flight_last + pages;                          // [pages]
     // A producer copying for a stage its consumers have not yet staged (they finish the stage before, wait
     // at the grid barrier or stage its input) keeps fewer copies in flight (flags bits 16-21, 0: as
     // `flight`): the boundary's round trips queue behind fewer bytes. 4B / 9B / 8B step 2.433 / 4.260 /
     // 4.364 ms against 2.497 / 4.372 / 4.482 with no boundary rule (runs 154-155).
-    int* staged = reinterpret_cast<int*>(flight_par + 32);  // the stages the consumers have staged
+    int* staged = reinterpret_cast<int*>(flight_par + pages);  // the stages the consumers have staged
     const int edge_flight = ((p.flags >> 16) & 63) < pages ? (p.flags >> 16) & 63 : 0;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = gridDim.x, b = blockIdx.x;
     unsigned long long* tr = TRACE ? p.barrier + 2 + (size_t)b * SEG_TR_WORDS : nullptr;
     for (int i = threadIdx.x; i < pages * (C + 1); i += blockDim.x) seg_mbar_init(&empty[i], 1);
-    if (threadIdx.x < 65) flight_last[threadIdx.x] = 0;
+    for (int i = threadIdx.x; i <= 2 * pages; i += blockDim.x) flight_last[i] = 0;
     int* waiting = nullptr;  // trace kernels: SegRing::waiting
     unsigned* issued = nullptr;  // trace kernels: each producer's units issued (its last seq + 1)
     if constexpr (TRACE) {
@@ -609,7 +621,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         tr[SEG_TR_GT_ENTRY] = SEG_GLOBALTIMER();
         tr[SEG_TR_SM] = SEG_SMID() + 1;
     }
-    SegRing ring;
+    SegRing<typename HELD::Parity> ring;
     ring.pages = smem;
     ring.full = full + warp * pages;
     ring.empty = empty;
