@@ -381,6 +381,25 @@ impl Backend for Model {
             (m, s) => Err(mismatch(m.device_name(), s.device_name())),
         }
     }
+
+    fn greedy_chain(
+        &self,
+        first: u32,
+        start: usize,
+        state: &mut ModelState,
+        max_steps: usize,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<usize>, BackendError> {
+        match (self, state) {
+            (Model::Cpu(m), ModelState::Cpu(s)) => {
+                Backend::greedy_chain(&**m, first, start, s, max_steps, on_token)
+            }
+            (Model::Cuda(m), ModelState::Cuda(s)) => {
+                Backend::greedy_chain(&**m, first, start, s, max_steps, on_token)
+            }
+            (m, s) => Err(mismatch(m.device_name(), s.device_name())),
+        }
+    }
 }
 
 impl ModelState {

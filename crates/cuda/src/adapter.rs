@@ -82,6 +82,19 @@ impl Backend for CudaModel {
     fn rollback_retaining(&self, state: &mut CudaState, keep: usize) -> Result<bool, BackendError> {
         Ok(CudaModel::rollback_retaining(self, state, keep)?)
     }
+
+    fn greedy_chain(
+        &self,
+        first: u32,
+        start: usize,
+        state: &mut CudaState,
+        max_steps: usize,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<usize>, BackendError> {
+        Ok(CudaModel::greedy_chain(
+            self, first, start, state, max_steps, on_token,
+        )?)
+    }
 }
 
 impl BackendState for CudaState {

@@ -35,7 +35,48 @@ pub(crate) fn launch_rows(
         "argmax_rows",
         (rows as u32, 1, 1),
         ARGMAX_THREADS,
-        &[Arg::P(logits), Arg::I(vocab as i32), Arg::P(out)],
+        &[
+            Arg::P(logits),
+            Arg::I(vocab as i32),
+            Arg::P(out),
+            Arg::P(0),
+            Arg::P(0),
+        ],
+    )
+}
+
+/// `launch_rows` of one row that also feeds the next decode step (chain.rs): `next_id` [1] i32 gets the
+/// argmax (0 for a row with nothing above -inf) and `next_start` [1] i32 grows by one.
+pub(crate) fn launch_feeding(
+    dev: &CudaDevice,
+    logits: u64,
+    vocab: usize,
+    out: u64,
+    next_id: u64,
+    next_start: u64,
+) -> Result<(), CudaError> {
+    if dev.host_ops() {
+        host_rows(logits, 1, vocab, out)?;
+        // SAFETY: on the emulated device these are host addresses of the one-row scratch's [1] i32 ids
+        // and start and the [2] i32 pair just written; all distinct.
+        unsafe {
+            *(next_id as *mut i32) = *(out as *const i32);
+            *(next_start as *mut i32) += 1;
+        }
+        return Ok(());
+    }
+    launch(
+        dev,
+        "argmax_rows",
+        (1, 1, 1),
+        ARGMAX_THREADS,
+        &[
+            Arg::P(logits),
+            Arg::I(vocab as i32),
+            Arg::P(out),
+            Arg::P(next_id),
+            Arg::P(next_start),
+        ],
     )
 }
 

@@ -18,11 +18,12 @@ use crate::argmax;
 use crate::buf::{dtod, dtoh, htod, DBuf};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
+use crate::gdn::GdnOut;
 use crate::gdn_chunk::{gdn_chunked, use_chunked};
 use crate::model::{CudaModel, FfnW, LayerW, MixerW};
 use crate::ops::{self, AttnBufs, GdnArgs, GdnCols, NormW};
 use crate::profile::{mark, Prof};
-use crate::state::{check_signature, CudaState, LayerState, Scratch, Tape, LOGIT_ROWS};
+use crate::state::{check_signature, CudaState, LayerState, Scratch, StepIo, Tape, LOGIT_ROWS};
 use crate::weights::WDtype;
 
 /// What a one-row decode step copies back.
@@ -236,7 +237,7 @@ impl CudaModel {
                 .as_mut()
                 .and_then(|t: &mut Tape| t.layers.get_mut(i))
                 .and_then(|t| t.as_mut());
-            self.layer(layer, ls, lt, sc, m, prof)?;
+            self.layer(layer, ls, lt, StepIo::InPlace, sc, m, prof)?;
             let layer_taps = taps.iter().filter(|t| matches!(t, Tap::LayerOutput(_)));
             for (k, tap) in layer_taps.enumerate() {
                 if *tap == Tap::LayerOutput(i) {
@@ -364,6 +365,7 @@ impl CudaModel {
         l: &LayerW,
         ls: &mut LayerState,
         tape: Option<&mut crate::state::LayerTape>,
+        io: StepIo,
         sc: &Scratch,
         m: usize,
         prof: &mut Option<Prof>,
@@ -415,13 +417,33 @@ impl CudaModel {
                 ops::linear(dev, &a.o, sc.mid.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
                 mark(prof, dev, "attn o linear", a.o.bytes())?;
             }
-            (MixerW::Gdn(g), LayerState::Recurrent { s, conv, .. }) => {
+            (MixerW::Gdn(g), LayerState::Recurrent { s, conv, alt, .. }) => {
                 let (x, h, big, xb) = (sc.x.ptr, sc.h.ptr, sc.big.ptr, sc.xb.ptr);
                 ops::linear_normed(dev, &g.proj, x, input_norm, h, big, m, xb, gm)?;
+                // [S, window] read, and where the new ones go (chain.rs's ping-pong, or in place).
+                let (s_in, conv_in, into) = match (io, alt.as_ref()) {
+                    (StepIo::InPlace, _) => (&*s, &*conv, (s.ptr, conv.ptr)),
+                    (StepIo::MainToAlt, Some((a_s, a_conv))) => {
+                        (&*s, &*conv, (a_s.ptr, a_conv.ptr))
+                    }
+                    (StepIo::AltToMain, Some((a_s, a_conv))) => (a_s, a_conv, (s.ptr, conv.ptr)),
+                    (_, None) => {
+                        return Err(CudaError::Unsupported {
+                            what: "a chained decode step on a state without its alternate buffers"
+                                .into(),
+                        })
+                    }
+                };
+                let into = GdnOut {
+                    state: into.0,
+                    window: into.1,
+                };
+                let (s, conv) = (s_in, conv_in);
                 // The recurrence's first reads come from L2 (a decode step's segment prefetches them).
                 crate::segment::prefetch_after(dev, &[(s.ptr, s.bytes), (conv.ptr, conv.bytes)]);
                 mark(prof, dev, "gdn norm+proj linear", g.proj.bytes())?;
-                let chunked = use_chunked(self.opts.gdn_chunked, m, gm, tape.is_some());
+                let chunked = io == StepIo::InPlace
+                    && use_chunked(self.opts.gdn_chunked, m, gm, tape.is_some());
                 if let Some(t) = tape {
                     t.record(dev, g.shape, s, conv, sc.big.ptr, m)?;
                 }
@@ -434,8 +456,8 @@ impl CudaModel {
                     let cols = GdnCols::Split {
                         done: Some(sc.gdn_done.ptr),
                     };
-                    ops::gdn_recurrence(
-                        dev, g.shape, &args, big, conv.ptr, prep, s.ptr, o, m, cols,
+                    crate::gdn::gdn_recurrence_into(
+                        dev, g.shape, &args, big, conv.ptr, prep, s.ptr, o, m, cols, into,
                     )?;
                 }
                 mark(prof, dev, "gdn conv+rec+norm", 0)?;
@@ -488,7 +510,7 @@ impl CudaModel {
         htod(dev, state.one.ids.ptr, &[token as i32])?;
         htod(dev, state.one.start.ptr, &[start as i32])?;
         if state.graph.is_none() && state.graph_error.is_none() {
-            match self.capture(state) {
+            match self.capture(state, StepIo::InPlace) {
                 Ok(Some(g)) => state.graph = Some(g),
                 Ok(None) => state.graph_error = Some("capture produced an empty graph".into()),
                 Err(e) => state.graph_error = Some(e.to_string()),
@@ -498,7 +520,7 @@ impl CudaModel {
             Some(g) => g
                 .launch()
                 .map_err(CudaError::driver("launching the decode graph"))?,
-            None => self.decode_body(state, &mut None)?,
+            None => self.decode_body(state, &mut None, StepIo::InPlace)?,
         }
         match want {
             Want::Nothing => return Ok((Vec::new(), None)),
@@ -515,16 +537,17 @@ impl CudaModel {
     }
 
     /// Captures the one-row decode step of `state` into a graph (nothing runs during capture).
-    fn capture(
+    pub(crate) fn capture(
         &self,
         state: &mut CudaState,
+        io: StepIo,
     ) -> Result<Option<cudarc::driver::CudaGraph>, CudaError> {
         use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
         let stream = &self.dev.gpu()?.stream;
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(CudaError::driver("beginning graph capture"))?;
-        let body = self.decode_body(state, &mut None);
+        let body = self.decode_body(state, &mut None, io);
         // Always end the capture, also after a failed body, so the stream leaves capture mode.
         let graph = stream
             .end_capture(CUgraphInstantiate_flags(0))
@@ -534,10 +557,13 @@ impl CudaModel {
     }
 
     /// The device work of one decode row (ids and start already in `state.one`): what the graph holds.
+    /// A chained step (`io` not in place) also leaves its argmax and position + 1 as the next step's
+    /// input (`argmax::launch_feeding`).
     pub(crate) fn decode_body(
         &self,
         state: &mut CudaState,
         prof: &mut Option<Prof>,
+        io: StepIo,
     ) -> Result<(), CudaError> {
         let dev = &*self.dev;
         // GEMV runs as persistent kernels (segment.rs). A profiled step synchronises after every
@@ -552,7 +578,7 @@ impl CudaModel {
         mark(prof, dev, "embed", 0)?;
         let rope_pass = one.rope_pass.enter();
         for (layer, ls) in self.layers.iter().zip(layers.iter_mut()) {
-            self.layer(layer, ls, None, one, 1, prof)?;
+            self.layer(layer, ls, None, io, one, 1, prof)?;
         }
         drop(rope_pass);
         // The final norm fused into the LM head (pass() runs them apart, with identical results).
@@ -570,7 +596,19 @@ impl CudaModel {
         )?;
         mark(prof, dev, "final norm+lm head", head.bytes())?;
         // In the graph whatever the caller wants of this step: 8 bytes, read only for Want::Argmax.
-        argmax::launch_rows(dev, one.logits.ptr, 1, self.vocab, one.argmax.ptr)?;
+        match io {
+            StepIo::InPlace => {
+                argmax::launch_rows(dev, one.logits.ptr, 1, self.vocab, one.argmax.ptr)?
+            }
+            _ => argmax::launch_feeding(
+                dev,
+                one.logits.ptr,
+                self.vocab,
+                one.argmax.ptr,
+                one.ids.ptr,
+                one.start.ptr,
+            )?,
+        }
         if let Some(scope) = scope {
             scope.finish()?;
         }

@@ -96,6 +96,15 @@ pub(crate) enum GdnCols {
     Split { done: Option<u64> },
 }
 
+/// Where a recurrence leaves the new S and conv window: over the old ones (`GdnOut::in_place`), or in
+/// another pair of the same shapes (a chained decode step's ping-pong, chain.rs), the old ones then
+/// unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GdnOut {
+    pub state: u64,
+    pub window: u64,
+}
+
 /// gdn_conv_prep then gdn_rec (+ gated_rmsnorm) over `rows` rows of the fused projection `proj`
 /// [rows, proj_width]: prep [rows, prep_width] (scratch), o [rows, hv, dv] = gated-normed outputs;
 /// window and state updated in place.
@@ -112,14 +121,28 @@ pub(crate) fn gdn_recurrence(
     rows: usize,
     cols: GdnCols,
 ) -> Result<(), CudaError> {
+    let into = GdnOut { state, window };
+    gdn_recurrence_into(dev, s, g, proj, window, prep, state, o, rows, cols, into)
+}
+
+/// [`gdn_recurrence`] reading S and the window from `state` / `window` and leaving the new ones in `into`.
+/// gdn_step writes them there directly; the other forms copy them over first and update the copies.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gdn_recurrence_into(
+    dev: &CudaDevice,
+    s: GdnShape,
+    g: &GdnArgs,
+    proj: u64,
+    window: u64,
+    prep: u64,
+    state: u64,
+    o: u64,
+    rows: usize,
+    cols: GdnCols,
+    into: GdnOut,
+) -> Result<(), CudaError> {
     if rows == 0 {
         return Ok(());
-    }
-    if dev.host_ops() {
-        emu::gdn_recurrence(
-            s, proj, g.conv_w, window, prep, g.a_log, g.dt_bias, state, o, rows,
-        )?;
-        return emu::gated_norm(s, o, proj, g.norm_w, g.eps, rows);
     }
     let (ldp, ldq) = (s.proj_width() as i32, s.prep_width() as i32);
     // Column blocks per head: GDN_P (8) threads per column, 4 columns per warp, at least 16 columns
@@ -139,7 +162,31 @@ pub(crate) fn gdn_recurrence(
     // (cb == 1: gdn_rec norms its head itself.)
     let defer = rows == 1 && cb > 1 && done.is_some() && crate::segment::takes_gated_norms(dev);
     let threads = GDN_P * s.dv / cb;
-    if let (Some(counter), true) = (done, rows == 1 && cb > 1 && step_fused(s, threads)) {
+    let fused_here = rows == 1 && cb > 1 && step_fused(s, threads) && !dev.host_ops();
+    if into != (GdnOut { state, window }) && !(fused_here && done.is_some()) {
+        // Only gdn_step writes elsewhere: the other forms update copies.
+        crate::buf::dtod(dev, into.state, state, s.hv * s.dk * s.dv * 4)?;
+        crate::buf::dtod(dev, into.window, window, (s.kernel - 1) * s.conv_dim() * 4)?;
+        return gdn_recurrence(
+            dev,
+            s,
+            g,
+            proj,
+            into.window,
+            prep,
+            into.state,
+            o,
+            rows,
+            cols,
+        );
+    }
+    if dev.host_ops() {
+        emu::gdn_recurrence(
+            s, proj, g.conv_w, window, prep, g.a_log, g.dt_bias, state, o, rows,
+        )?;
+        return emu::gated_norm(s, o, proj, g.norm_w, g.eps, rows);
+    }
+    if let (Some(counter), true) = (done, fused_here) {
         // A decode row: conv and recurrence in one launch (gdn_step), the counter as kh_done.
         launch_smem(
             dev,
@@ -161,6 +208,8 @@ pub(crate) fn gdn_recurrence(
                 Arg::I(s.dk as i32),
                 Arg::I(s.dv as i32),
                 Arg::P(counter),
+                Arg::P(into.window),
+                Arg::P(into.state),
             ],
         )?;
         return finish_gated_norm(dev, s, g, proj, o, rows, defer);

@@ -27,6 +27,7 @@
 pub mod adapter;
 mod argmax;
 mod buf;
+mod chain;
 pub mod device;
 mod dflash;
 mod emu;

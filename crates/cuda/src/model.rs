@@ -63,6 +63,9 @@ pub struct LoadOptions {
     /// only; the later layers read them back (the same values; state.rs RopePass). Off: every layer
     /// computes them.
     pub rope_table: bool,
+    /// Greedy sequential decoding queues each step before the host reads the previous one's token
+    /// (`chain.rs`). Default from `TURBOSPARK_CHAIN` (on unless `0`).
+    pub chain: bool,
 }
 
 impl Default for LoadOptions {
@@ -80,6 +83,7 @@ impl Default for LoadOptions {
             attention_tc: true,
             attention_tc_splits: 0,
             rope_table: true,
+            chain: std::env::var("TURBOSPARK_CHAIN").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -324,6 +328,7 @@ impl CudaModel {
                         s: DBuf::f32s(dev, s.hv * s.dk * s.dv)?,
                         conv: DBuf::f32s(dev, (s.kernel - 1) * s.conv_dim())?,
                         shape: s,
+                        alt: None,
                     }
                 }
             });
@@ -343,6 +348,7 @@ impl CudaModel {
             widths: self.widths,
             graph: None,
             graph_error: None,
+            chain_graphs: None,
             verify_graphs: Vec::new(),
             verify_graph_error: None,
             tape_epoch: 0,

@@ -586,7 +586,7 @@ fn rows(
     )?;
     ops::linear(dev, &w.fc_e, sc.h.ptr, sc.x.ptr, m, true, sc.xb.ptr, gm)?;
     for (l, ls) in w.layers.iter().zip(kv.iter_mut()) {
-        t.layer(l, ls, None, sc, m, &mut None)?;
+        t.layer(l, ls, None, crate::state::StepIo::InPlace, sc, m, &mut None)?;
     }
     // Only the last row feeds the chain and the logits.
     let last = sc.x.f32_at((m - 1) * h);

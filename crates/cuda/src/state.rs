@@ -5,7 +5,9 @@
 //! Invariants: KV rows 0..position hold the sequence's keys/values; every recurrent state summarises
 //! tokens 0..position. Buffers are allocated once, at creation, and never move: `restore` and tape
 //! rollback copy into them, so the decode graph (which holds their addresses) stays valid. The graph is
-//! dropped whenever a scratch buffer it uses could be reallocated.
+//! dropped whenever a scratch buffer it uses could be reallocated. A greedy chain (chain.rs) alternates its
+//! steps between S / windows and a second pair (`alt`, allocated by the first chain) and copies the state
+//! back before it returns, so outside a chain the state always lives in its own buffers.
 //!
 //! Tape (DESIGN.md §4, on the GPU): while a tape records, each GDN layer keeps S and the conv window as
 //! they were at the tape's start and appends every row of its fused projection [qkv ; z ; b ; a].
@@ -30,7 +32,20 @@ pub(crate) enum LayerState {
         s: DBuf,
         conv: DBuf,
         shape: GdnShape,
+        /// [S, window] of the same shapes, allocated by the first chain (chain.rs): its steps alternate
+        /// between these and `s` / `conv`, so the last one queued can be dropped.
+        alt: Option<(DBuf, DBuf)>,
     },
+}
+
+/// Where a one-row decode step reads each GDN layer's S and conv window and where it leaves the new ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StepIo {
+    InPlace,
+    /// From the state's buffers into their alternates (a chain's even steps).
+    MainToAlt,
+    /// From the alternates back (its odd steps).
+    AltToMain,
 }
 
 /// KV caches of `capacity` positions for a drafter's attention layers (the MTP head's, DFlash's).
@@ -269,6 +284,8 @@ pub struct CudaState {
     pub(crate) graph: Option<CudaGraph>,
     /// Why graph capture failed on this state (decode then uses direct launches).
     pub(crate) graph_error: Option<String>,
+    /// A chain's two step graphs (`StepIo::MainToAlt`, `AltToMain`; chain.rs), captured on first use.
+    pub(crate) chain_graphs: Option<[CudaGraph; 2]>,
     /// Captured verify blocks (`verify_graph.rs`); cleared whenever `many` is replaced.
     pub(crate) verify_graphs: Vec<(crate::verify_graph::VerifyKey, CudaGraph)>,
     pub(crate) verify_graph_error: Option<String>,
@@ -377,7 +394,7 @@ impl CudaState {
         for l in &self.layers {
             layers.push(match l {
                 LayerState::Attention { .. } => None,
-                LayerState::Recurrent { s, conv, shape } => {
+                LayerState::Recurrent { s, conv, shape, .. } => {
                     let capacity = TAPE_ROWS;
                     Some(LayerTape {
                         s0: DBuf::zeros(dev, s.bytes)?,
@@ -394,6 +411,38 @@ impl CudaState {
             layers,
         });
         Ok(self.position)
+    }
+
+    /// Allocates every GDN layer's alternate S and window (chain.rs), once.
+    pub(crate) fn ensure_alternates(&mut self) -> Result<(), CudaError> {
+        let dev = &*self.dev;
+        for l in &mut self.layers {
+            if let LayerState::Recurrent { s, conv, alt, .. } = l {
+                if alt.is_none() {
+                    *alt = Some((DBuf::zeros(dev, s.bytes)?, DBuf::zeros(dev, conv.bytes)?));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies every GDN layer's alternate S and window into its own buffers: a chain that ended with the
+    /// state in the alternates leaves it where everything else reads it.
+    pub(crate) fn settle_alternates(&mut self) -> Result<(), CudaError> {
+        let dev = &*self.dev;
+        for l in &self.layers {
+            if let LayerState::Recurrent {
+                s,
+                conv,
+                alt: Some((a_s, a_conv)),
+                ..
+            } = l
+            {
+                dtod(dev, s.ptr, a_s.ptr, s.bytes)?;
+                dtod(dev, conv.ptr, a_conv.ptr, conv.bytes)?;
+            }
+        }
+        Ok(())
     }
 
     /// Whether one-row decode steps replay a captured CUDA graph: `Ok(true)` once captured, `Ok(false)`

@@ -198,7 +198,15 @@ impl CudaModel {
                 .as_mut()
                 .and_then(|t| t.layers.get_mut(i))
                 .and_then(|t| t.as_mut());
-            self.layer(layer, ls, lt, sc, n, &mut None)?;
+            self.layer(
+                layer,
+                ls,
+                lt,
+                crate::state::StepIo::InPlace,
+                sc,
+                n,
+                &mut None,
+            )?;
         }
         let from = if final_hidden { 0 } else { first };
         if from < n {

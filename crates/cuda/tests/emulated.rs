@@ -60,6 +60,7 @@ fn exact() -> LoadOptions {
         attention_tc_splits: 0,
         segments: false,
         rope_table: true,
+        chain: true,
     }
 }
 

@@ -62,6 +62,23 @@ pub trait Backend {
         state: &mut Self::State,
         keep: usize,
     ) -> Result<bool, BackendError>;
+    /// Greedy steps (plain argmax) queued back to back: runs `first` at `start`, then each step's argmax
+    /// at the next position, handing every argmax to `on_token` in order until it returns false or
+    /// `max_steps` were handed over. `Ok(Some(n))`: the state covers the n tokens run (`first` and the
+    /// argmaxes before the last one handed over), bit for bit as n one-row `forward`s would leave it, even
+    /// though a backend may have run one step more to overlap the host's work with the device's.
+    /// `Ok(None)`: nothing ran (this backend or state does not chain); step with `forward`. A row greedy
+    /// decoding must refuse (NaN, +inf, nothing above -inf) is an error.
+    fn greedy_chain(
+        &self,
+        _first: u32,
+        _start: usize,
+        _state: &mut Self::State,
+        _max_steps: usize,
+        _on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<usize>, BackendError> {
+        Ok(None)
+    }
 }
 
 /// The per-sequence state of a [`Backend`].

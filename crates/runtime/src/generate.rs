@@ -296,12 +296,20 @@ pub fn generate<B: Backend>(
             Some(t) if t.max() == max => t,
             _ => BlockTuner::new(start, max),
         });
+    // Plain greedy steps: the backend may queue each one before the host has read the token before it.
+    let mut chain = speculative.is_none() && argmax_only;
     loop {
         if sink.commit(next)?.is_some() {
             break;
         }
         let base = session.state.position(); // where `next` goes
-                                             // Never propose past max tokens or the context window.
+        if chain {
+            match greedy_chain(model, session, &mut sink, next, base)? {
+                true => break,
+                false => chain = false,
+            }
+        }
+        // Never propose past max tokens or the context window.
         let room = sink
             .budget_left()
             .min(model.context().saturating_sub(base + 1));
@@ -458,6 +466,43 @@ pub fn generate<B: Backend>(
         decode_seconds,
         stats,
     )
+}
+
+/// Runs the rest of a plain greedy generation through `Backend::greedy_chain`, committing each token as
+/// it arrives; false when the backend does not chain (nothing ran). The session records what the state
+/// ran; a failed chain resets it (the state may be past its tokens).
+fn greedy_chain<B: Backend>(
+    model: &B,
+    session: &mut Session<B::State>,
+    sink: &mut TokenSink<'_>,
+    next: u32,
+    base: usize,
+) -> Result<bool, RuntimeError> {
+    let budget = sink.budget_left();
+    let mut ran = vec![next];
+    let mut failed = None;
+    let mut on_token = |t: u32| {
+        ran.push(t);
+        match sink.commit(t) {
+            Ok(None) => true,
+            Ok(Some(_)) => false,
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
+        }
+    };
+    match model.greedy_chain(next, base, &mut session.state, budget, &mut on_token) {
+        Ok(Some(n)) => {
+            session.tokens.extend_from_slice(&ran[..n]);
+            failed.map_or(Ok(true), Err)
+        }
+        Ok(None) => Ok(false),
+        Err(e) => {
+            session.reset_all()?;
+            Err(e.into())
+        }
+    }
 }
 
 fn finish<S: BackendState>(

@@ -329,16 +329,18 @@ struct GdnConv4 {
 // before the PDL wait (see gdn_rec), so only the projection row is read after it. The window moves
 // forward (stores of taps already in registers) once its readers are done: v channels by their one
 // block, a key head's q / k channels by the last of the head group's blocks to count itself in
-// kh_done[kh] (zero between launches: that block resets it).
+// kh_done[kh] (zero between launches: that block resets it). The new state and window go to state_out and
+// window_out: the same buffers (in place) or the other of a ping-pong pair (chain.rs), hence no __restrict__.
 // Measured (4B decode step, runs 104-107): the first form, 88 KB of code (both conv forms, 8 groups per
 // thread: a once-a-layer kernel starts with a cold instruction cache), 2.799 ms against 2.659 for the two
 // launches; 30 KB 2.743; reads before the wait 2.713 against 2.676; with gdn.rs's shared-memory
 // reservation spreading the blocks two per SM, 2.610 against 2.664.
 #define GDN_STEP_THREADS 512
 extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS)
-    gdn_step(const float* __restrict__ proj, int ldp, const float* __restrict__ conv_w, float* __restrict__ window,
-             const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ state,
-             float* __restrict__ out, int hk, int hv, int dk, int dv, int* __restrict__ kh_done) {
+    gdn_step(const float* __restrict__ proj, int ldp, const float* __restrict__ conv_w, const float* window,
+             const float* __restrict__ a_log, const float* __restrict__ dt_bias, const float* state,
+             float* __restrict__ out, int hk, int hv, int dk, int dv, int* __restrict__ kh_done, float* window_out,
+             float* state_out) {
     __shared__ __align__(16) float qk[2 * GDN_P][GDN_PLANE];
     __shared__ double sums[8];
     __shared__ int last;
@@ -349,9 +351,8 @@ extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS)
     const bool col_ok = col < dv;
     const int cd = 2 * hk * dk + hv * dv;
     const int rpt = (dk + GDN_P - 1) / GDN_P;
-    float* sh = state + (size_t)h * dk * dv;
     float s[GDN_RPT];
-    gdn_state_io<false>(s, sh, part, rpt, dk, dv, col, col_ok);
+    gdn_state_io<false>(s, const_cast<float*>(state) + (size_t)h * dk * dv, part, rpt, dk, dv, col, col_ok);
     // Group g of 32 channels: g < 4 q channels 32 g + lane of key head kh, g >= 4 the k channels alike
     // (at least 4 warps: at most two groups per warp). Window slots and taps before the wait (as the state).
     GdnConv4 qk_conv[2], v_conv;
@@ -396,11 +397,11 @@ extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS)
             *gdn_qk_slot(&qk[0][0], g >= 4 ? dk + i : i, dk) =
                 g >= 4 ? cv[r] * inv_k : (cv[r] * inv_q) * q_scale;
     }
-    if (part == 0 && col_ok) v_conv.advance(window, cd, v_chan);
+    if (part == 0 && col_ok) v_conv.advance(window_out, cd, v_chan);
     __syncthreads();
     const float o = gdn_rec_row(s, &qk[0][0], part, rpt, dk, v_c, beta_c, decay_c);
     if (part == 0 && col_ok) out[(size_t)h * dv + col] = o;
-    gdn_state_io<true>(s, sh, part, rpt, dk, dv, col, col_ok);
+    gdn_state_io<true>(s, state_out + (size_t)h * dk * dv, part, rpt, dk, dv, col, col_ok);
     if (tid == 0) {
         last = ticket == group * (int)gridDim.y - 1;
         if (last) kh_done[kh] = 0;
@@ -409,5 +410,5 @@ extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS)
     if (last)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-            if (chan[r] >= 0) qk_conv[r].advance(window, cd, chan[r]);
+            if (chan[r] >= 0) qk_conv[r].advance(window_out, cd, chan[r]);
 }

@@ -494,5 +494,41 @@ pub fn spec_rounds(
     println!(
         "  [{name} tc={tensor_cores} verify_graphs={verify_graphs}] {round} speculative rounds (blocks 2..6, rollbacks) == sequential rows (bitwise)  ok"
     );
+    // Greedy chains (chain.rs) stopped by the caller after 5, 1 and 8 tokens, then one to the end of the
+    // budget: the same tokens, and the state continues as the sequential one (the dropped steps' writes
+    // went to the other buffers).
+    let mut chained = gpu.new_state(n + steps + 8)?;
+    prefill(&mut chained)?;
+    let mut at = 0; // tokens[at] is the next to run, at position n + at
+    for stop_after in [5, 1, 8, usize::MAX] {
+        let budget = steps - 1 - at;
+        let mut got = Vec::new();
+        let mut on_token = |t: u32| {
+            got.push(t);
+            got.len() < stop_after
+        };
+        let Some(kept) =
+            gpu.greedy_chain(tokens[at], n + at, &mut chained, budget, &mut on_token)?
+        else {
+            println!("  [{name} tc={tensor_cores}] greedy chain declined  FAIL");
+            return Ok(false);
+        };
+        let want = &tokens[at + 1..at + 1 + got.len()];
+        if got != want || kept != got.len() || chained.position() != n + at + kept {
+            println!(
+                "  [{name} tc={tensor_cores}] greedy chain from position {}: tokens {got:?} (kept {kept}, position {}) against {want:?}  FAIL",
+                n + at,
+                chained.position()
+            );
+            return Ok(false);
+        }
+        at += kept;
+    }
+    let probe = gpu.forward(&[tokens[at]], n + at, &mut chained, &Wanted::last())?;
+    if !bits(&probe.logits, &rows[at]) {
+        println!("  [{name} tc={tensor_cores}] the state after greedy chains differs from the sequential one  FAIL");
+        return Ok(false);
+    }
+    println!("  [{name} tc={tensor_cores} verify_graphs={verify_graphs}] greedy chains stopped after 5 / 1 / 8 tokens and at the budget == sequential (tokens, then the state's next row bitwise)  ok");
     Ok(true)
 }

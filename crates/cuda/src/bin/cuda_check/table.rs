@@ -43,13 +43,14 @@ fn prefill_s(dev: &CudaDevice, model: &CudaModel, prompt: &[u32]) -> Result<f64>
     Ok(t.elapsed().as_secs_f64())
 }
 
-/// Decode tok/s over `new` greedy tokens after `prompt` (the argmax taken on the device, as the runtime
-/// does for greedy requests), and the state and last token for the verify curve.
+/// Decode tok/s over `new` greedy tokens after `prompt`, as the runtime decodes greedy requests (steps
+/// chained: chain.rs), and one forward call per token (the argmax taken on the device either way); the
+/// state and last token for the verify curve.
 fn decode(
     model: &CudaModel,
     prompt: &[u32],
     new: usize,
-) -> Result<(f64, cuda_backend::CudaState, u32)> {
+) -> Result<(f64, f64, cuda_backend::CudaState, u32)> {
     let greedy = Wanted {
         argmax_only: true,
         ..Wanted::last()
@@ -58,18 +59,39 @@ fn decode(
         Some(ids) => ids[0],
         None => kernels::argmax(out.row(0)) as u32,
     };
-    let mut st = model.new_state(prompt.len() + new + 16)?;
+    let steps = new.saturating_sub(1).max(1);
+    let mut st = model.new_state(prompt.len() + 2 * steps + 16)?;
     let out = model.forward(prompt, 0, &mut st, &greedy)?;
     let mut next = token(&out);
     // One untimed step captures the decode graph.
     let mut out = model.forward(&[next], st.position(), &mut st, &greedy)?;
-    let steps = new.saturating_sub(1).max(1);
     let t = Instant::now();
     for _ in 0..steps {
         next = token(&out);
         out = model.forward(&[next], st.position(), &mut st, &greedy)?;
     }
-    Ok((steps as f64 / t.elapsed().as_secs_f64(), st, next))
+    let stepped = steps as f64 / t.elapsed().as_secs_f64();
+    next = token(&out);
+    // Two untimed chained steps capture the chain's graphs; then `steps` chained ones.
+    let mut first = next;
+    let at = st.position();
+    model
+        .greedy_chain(next, at, &mut st, 2, &mut |t| {
+            first = t;
+            true
+        })?
+        .ok_or_else(|| anyhow::anyhow!("the backend declined a greedy chain"))?;
+    let mut last = first;
+    let t = Instant::now();
+    let at = st.position();
+    model
+        .greedy_chain(first, at, &mut st, steps, &mut |t| {
+            last = t;
+            true
+        })?
+        .ok_or_else(|| anyhow::anyhow!("the backend declined a greedy chain"))?;
+    let chained = steps as f64 / t.elapsed().as_secs_f64();
+    Ok((chained, stepped, st, last))
 }
 
 fn measure(dev: &Arc<CudaDevice>, shape_name: &str, bw: f64, new: usize) -> Result<Row> {
@@ -102,7 +124,10 @@ fn measure(dev: &Arc<CudaDevice>, shape_name: &str, bw: f64, new: usize) -> Resu
         };
         let p512 = prompt(512);
         prefill_s(dev, &model, &p512)?; // warm-up
-        let (tps, mut st, next) = decode(&model, &p512, new)?;
+        let (tps, stepped, mut st, next) = decode(&model, &p512, new)?;
+        println!(
+            "table: {shape_name} tc={tc}: decode {tps:.1} tok/s with chained steps, {stepped:.1} one forward call a token"
+        );
         let curve = verify_curve(dev, &model, &mut st, next, true)?;
         drop(st);
         if tc {
