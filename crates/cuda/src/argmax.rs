@@ -41,27 +41,31 @@ pub(crate) fn launch_rows(
             Arg::P(out),
             Arg::P(0),
             Arg::P(0),
+            Arg::P(0),
         ],
     )
 }
 
-/// `launch_rows` of one row that also feeds the next decode step (chain.rs): `next_id` [1] i32 gets the
-/// argmax (0 for a row with nothing above -inf) and `next_start` [1] i32 grows by one.
+/// `launch_rows` of one row that also feeds the next decode step (chain.rs): `next` = ([1] i32 id, [1]
+/// i32 start) gets the argmax (0 for a row with nothing above -inf) and start + 1, and `host_pair` (host
+/// memory the device can address) a copy of the [argmax, refused] pair.
 pub(crate) fn launch_feeding(
     dev: &CudaDevice,
     logits: u64,
     vocab: usize,
     out: u64,
-    next_id: u64,
-    next_start: u64,
+    next: (u64, u64),
+    host_pair: u64,
 ) -> Result<(), CudaError> {
     if dev.host_ops() {
         host_rows(logits, 1, vocab, out)?;
-        // SAFETY: on the emulated device these are host addresses of the one-row scratch's [1] i32 ids
-        // and start and the [2] i32 pair just written; all distinct.
+        // SAFETY: on the emulated device these are host addresses: the one-row scratch's [1] i32 id and
+        // start, the [2] i32 pair just written and the chain's [2] i32 slot; all distinct.
         unsafe {
-            *(next_id as *mut i32) = *(out as *const i32);
-            *(next_start as *mut i32) += 1;
+            let pair = [*(out as *const i32), *(out as *const i32).add(1)];
+            *(next.0 as *mut i32) = pair[0];
+            *(next.1 as *mut i32) += 1;
+            *(host_pair as *mut [i32; 2]) = pair;
         }
         return Ok(());
     }
@@ -74,8 +78,9 @@ pub(crate) fn launch_feeding(
             Arg::P(logits),
             Arg::I(vocab as i32),
             Arg::P(out),
-            Arg::P(next_id),
-            Arg::P(next_start),
+            Arg::P(next.0),
+            Arg::P(next.1),
+            Arg::P(host_pair),
         ],
     )
 }

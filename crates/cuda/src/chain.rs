@@ -14,9 +14,10 @@
 //! would leave (the same kernels on the same inputs; only where S lives alternates), at position
 //! start + n, with S and the windows back in the state's own buffers (`settle_alternates` when n is odd).
 
-use cudarc::driver::{result, CudaEvent, CudaGraph, PinnedHostSlice};
+use cudarc::driver::{sys, CudaEvent, CudaGraph, PinnedHostSlice};
 
 use crate::buf::{bind, htod};
+use crate::device::CudaDevice;
 use crate::error::CudaError;
 use crate::model::CudaModel;
 use crate::state::{check_signature, CudaState, StepIo};
@@ -30,14 +31,86 @@ fn step_io(j: usize) -> StepIo {
     }
 }
 
-/// Where step j's [token, refused] pair is read back: pinned slots and their events on a GPU; on the
-/// emulated device (whose launches complete as they are made) copied as each step is queued.
-enum Readback {
-    Gpu {
-        pinned: PinnedHostSlice<i32>,
-        events: [CudaEvent; 2],
-    },
-    Host([[i32; 2]; 2]),
+/// Where the argmax kernel of step j leaves its [token, refused] pair: slot j % 2 of 4 i32 of host memory
+/// (pinned and mapped on a GPU, so the kernel's stores cross the bus themselves: a copy between the steps
+/// would hold the next one back), with an event per slot on a GPU; on the emulated or simulated device
+/// plain host memory, written as each step is queued.
+pub(crate) struct ChainBufs {
+    /// The two step graphs (`StepIo::MainToAlt`, `AltToMain`), each with its slot's address.
+    graphs: Option<[CudaGraph; 2]>,
+    pinned: Option<PinnedHostSlice<i32>>,
+    host: Box<[i32; 4]>,
+    /// The slots' address as the kernels see it.
+    slots: u64,
+    events: Option<[CudaEvent; 2]>,
+}
+
+impl ChainBufs {
+    fn new(dev: &CudaDevice) -> Result<ChainBufs, CudaError> {
+        let mut host = Box::new([0i32; 4]);
+        let Ok(gpu) = dev.gpu() else {
+            let slots = host.as_mut_ptr() as u64;
+            return Ok(ChainBufs {
+                graphs: None,
+                pinned: None,
+                host,
+                slots,
+                events: None,
+            });
+        };
+        bind(dev)?;
+        // SAFETY: the slots are written by the kernels and read after their events completed.
+        let mut pinned = unsafe {
+            gpu.ctx
+                .alloc_pinned_with_flags::<i32>(4, sys::CU_MEMHOSTALLOC_DEVICEMAP)
+        }
+        .map_err(CudaError::driver("allocating the chain's mapped slots"))?;
+        let ptr = pinned
+            .as_mut_ptr()
+            .map_err(CudaError::driver("the chain's mapped slots"))?;
+        let mut slots: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is a live page-locked allocation made with CU_MEMHOSTALLOC_DEVICEMAP.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut slots, ptr.cast(), 0) }
+            .result()
+            .map_err(CudaError::driver("mapping the chain's slots"))?;
+        let event = || {
+            gpu.ctx
+                .new_event(None)
+                .map_err(CudaError::driver("creating the chain's events"))
+        };
+        Ok(ChainBufs {
+            graphs: None,
+            pinned: Some(pinned),
+            host,
+            slots,
+            events: Some([event()?, event()?]),
+        })
+    }
+
+    /// The device address of slot j % 2.
+    pub(crate) fn slot(&self, j: usize) -> u64 {
+        self.slots + (8 * (j % 2)) as u64
+    }
+
+    /// Step j's pair, once its step completed (a GPU's event waited for).
+    fn read(&self, j: usize) -> Result<(u32, bool), CudaError> {
+        let at = 2 * (j % 2);
+        let pair = match (&self.pinned, &self.events) {
+            (Some(pinned), Some(events)) => {
+                events[j % 2]
+                    .synchronize()
+                    .map_err(CudaError::driver("waiting for a chained step"))?;
+                let p = pinned
+                    .as_ptr()
+                    .map_err(CudaError::driver("the chain's mapped slots"))?;
+                // SAFETY: 4 i32 live for `pinned`'s lifetime; the device's stores completed with the
+                // step (its kernels fence them system-wide before the event).
+                unsafe { [p.add(at).read_volatile(), p.add(at + 1).read_volatile()] }
+            }
+            _ => [self.host[at], self.host[at + 1]],
+        };
+        Ok((pair[0] as u32, pair[1] != 0))
+    }
 }
 
 impl CudaModel {
@@ -74,41 +147,38 @@ impl CudaModel {
         }
         state.ensure_alternates()?;
         let dev = &*self.dev;
-        let mut rb = match dev.gpu() {
-            Ok(gpu) => {
-                bind(dev)?;
-                // SAFETY: written only by the copies below before it is read, after their events.
-                let pinned = unsafe { gpu.ctx.alloc_pinned_with_flags::<i32>(4, 0) }
-                    .map_err(CudaError::driver("allocating the chain's pinned readback"))?;
-                let event = || {
-                    gpu.ctx
-                        .new_event(None)
-                        .map_err(CudaError::driver("creating the chain's events"))
-                };
-                Readback::Gpu {
-                    pinned,
-                    events: [event()?, event()?],
+        if state.chain.is_none() {
+            let mut bufs = ChainBufs::new(dev)?;
+            if self.graph_ok() {
+                let a = self.capture(state, StepIo::MainToAlt, bufs.slot(0));
+                let b = self.capture(state, StepIo::AltToMain, bufs.slot(1));
+                // Capture failing leaves the steps to direct launches.
+                if let (Ok(Some(a)), Ok(Some(b))) = (a, b) {
+                    bufs.graphs = Some([a, b]);
                 }
             }
-            Err(_) => Readback::Host([[0; 2]; 2]),
-        };
-        if self.graph_ok() && state.chain_graphs.is_none() {
-            state.chain_graphs = self.capture_chain(state)?;
+            state.chain = Some(bufs);
         }
         htod(dev, state.one.ids.ptr, &[first as i32])?;
         htod(dev, state.one.start.ptr, &[start as i32])?;
-        self.queue_step(state, &mut rb, 0)?;
+        self.queue_step(state, 0)?;
         let mut queued = 1;
         let mut kept = 0;
         let outcome = loop {
             if queued < max_steps {
                 // Step `queued` feeds on step `queued - 1`'s token, on the device.
-                if let Err(e) = self.queue_step(state, &mut rb, queued) {
+                if let Err(e) = self.queue_step(state, queued) {
                     break Err(e);
                 }
                 queued += 1;
             }
-            let (token, refused) = match self.read_step(&mut rb, kept) {
+            let pair = match &state.chain {
+                Some(bufs) => bufs.read(kept),
+                None => Err(CudaError::Unsupported {
+                    what: "a chain without its buffers".into(),
+                }),
+            };
+            let (token, refused) = match pair {
                 Ok(pair) => pair,
                 Err(e) => break Err(e),
             };
@@ -135,71 +205,27 @@ impl CudaModel {
         outcome.map(|()| Some(kept))
     }
 
-    /// Queues chain step j (its graph, or its launches) and the copy of its [token, refused] pair.
-    fn queue_step(
-        &self,
-        state: &mut CudaState,
-        rb: &mut Readback,
-        j: usize,
-    ) -> Result<(), CudaError> {
-        let io = step_io(j);
-        match &state.chain_graphs {
-            Some(graphs) => graphs[j % 2]
+    /// Queues chain step j: its graph or its launches, then (on a GPU) its slot's event.
+    fn queue_step(&self, state: &mut CudaState, j: usize) -> Result<(), CudaError> {
+        let Some(bufs) = &state.chain else {
+            return Err(CudaError::Unsupported {
+                what: "a chain without its buffers".into(),
+            });
+        };
+        let slot = bufs.slot(j);
+        match &bufs.graphs {
+            Some(g) => g[j % 2]
                 .launch()
                 .map_err(CudaError::driver("launching a chained decode step"))?,
-            None => self.decode_body(state, &mut None, io)?,
+            None => self.decode_body(state, &mut None, step_io(j), slot)?,
         }
-        let dev = &*self.dev;
-        if let Readback::Host(pairs) = rb {
-            crate::buf::dtoh(dev, &mut pairs[j % 2], state.one.argmax.ptr)?;
-        }
-        if let Readback::Gpu { pinned, events } = rb {
+        if let Some(events) = state.chain.as_ref().and_then(|b| b.events.as_ref()) {
+            let dev = &*self.dev;
             crate::segment::flush(dev)?;
-            let gpu = dev.gpu()?;
-            let slot = pinned
-                .as_mut_slice()
-                .map_err(CudaError::driver("the chain's pinned readback"))?;
-            // SAFETY: slot j % 2 is not read until this copy's event completed, and not written again
-            // before it was read (step j + 2's copy is queued after step j's pair was read).
-            unsafe {
-                result::memcpy_dtoh_async(
-                    &mut slot[2 * (j % 2)..2 * (j % 2) + 2],
-                    state.one.argmax.ptr,
-                    gpu.stream.cu_stream(),
-                )
-            }
-            .map_err(CudaError::driver("copying a chained step's token"))?;
             events[j % 2]
-                .record(&gpu.stream)
+                .record(&dev.gpu()?.stream)
                 .map_err(CudaError::driver("recording a chained step's event"))?;
         }
         Ok(())
-    }
-
-    /// Waits for chain step j's pair: (token, refused).
-    fn read_step(&self, rb: &mut Readback, j: usize) -> Result<(u32, bool), CudaError> {
-        let pair = match rb {
-            Readback::Gpu { pinned, events } => {
-                events[j % 2]
-                    .synchronize()
-                    .map_err(CudaError::driver("waiting for a chained step"))?;
-                let slot = pinned
-                    .as_slice()
-                    .map_err(CudaError::driver("the chain's pinned readback"))?;
-                [slot[2 * (j % 2)], slot[2 * (j % 2) + 1]]
-            }
-            Readback::Host(pairs) => pairs[j % 2],
-        };
-        Ok((pair[0] as u32, pair[1] != 0))
-    }
-
-    /// The chain's two step graphs, or None when capture fails (its steps then launch directly).
-    fn capture_chain(&self, state: &mut CudaState) -> Result<Option<[CudaGraph; 2]>, CudaError> {
-        let a = self.capture(state, StepIo::MainToAlt);
-        let b = self.capture(state, StepIo::AltToMain);
-        Ok(match (a, b) {
-            (Ok(Some(a)), Ok(Some(b))) => Some([a, b]),
-            _ => None,
-        })
     }
 }

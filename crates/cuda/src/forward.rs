@@ -510,7 +510,7 @@ impl CudaModel {
         htod(dev, state.one.ids.ptr, &[token as i32])?;
         htod(dev, state.one.start.ptr, &[start as i32])?;
         if state.graph.is_none() && state.graph_error.is_none() {
-            match self.capture(state, StepIo::InPlace) {
+            match self.capture(state, StepIo::InPlace, 0) {
                 Ok(Some(g)) => state.graph = Some(g),
                 Ok(None) => state.graph_error = Some("capture produced an empty graph".into()),
                 Err(e) => state.graph_error = Some(e.to_string()),
@@ -520,7 +520,7 @@ impl CudaModel {
             Some(g) => g
                 .launch()
                 .map_err(CudaError::driver("launching the decode graph"))?,
-            None => self.decode_body(state, &mut None, StepIo::InPlace)?,
+            None => self.decode_body(state, &mut None, StepIo::InPlace, 0)?,
         }
         match want {
             Want::Nothing => return Ok((Vec::new(), None)),
@@ -541,13 +541,14 @@ impl CudaModel {
         &self,
         state: &mut CudaState,
         io: StepIo,
+        slot: u64,
     ) -> Result<Option<cudarc::driver::CudaGraph>, CudaError> {
         use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
         let stream = &self.dev.gpu()?.stream;
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(CudaError::driver("beginning graph capture"))?;
-        let body = self.decode_body(state, &mut None, io);
+        let body = self.decode_body(state, &mut None, io, slot);
         // Always end the capture, also after a failed body, so the stream leaves capture mode.
         let graph = stream
             .end_capture(CUgraphInstantiate_flags(0))
@@ -558,12 +559,13 @@ impl CudaModel {
 
     /// The device work of one decode row (ids and start already in `state.one`): what the graph holds.
     /// A chained step (`io` not in place) also leaves its argmax and position + 1 as the next step's
-    /// input (`argmax::launch_feeding`).
+    /// input, and its [token, refused] pair in host memory at `slot` (`argmax::launch_feeding`).
     pub(crate) fn decode_body(
         &self,
         state: &mut CudaState,
         prof: &mut Option<Prof>,
         io: StepIo,
+        slot: u64,
     ) -> Result<(), CudaError> {
         let dev = &*self.dev;
         // GEMV runs as persistent kernels (segment.rs). A profiled step synchronises after every
@@ -600,14 +602,10 @@ impl CudaModel {
             StepIo::InPlace => {
                 argmax::launch_rows(dev, one.logits.ptr, 1, self.vocab, one.argmax.ptr)?
             }
-            _ => argmax::launch_feeding(
-                dev,
-                one.logits.ptr,
-                self.vocab,
-                one.argmax.ptr,
-                one.ids.ptr,
-                one.start.ptr,
-            )?,
+            _ => {
+                let next = (one.ids.ptr, one.start.ptr);
+                argmax::launch_feeding(dev, one.logits.ptr, self.vocab, one.argmax.ptr, next, slot)?
+            }
         }
         if let Some(scope) = scope {
             scope.finish()?;

@@ -348,7 +348,7 @@ impl CudaModel {
             widths: self.widths,
             graph: None,
             graph_error: None,
-            chain_graphs: None,
+            chain: None,
             verify_graphs: Vec::new(),
             verify_graph_error: None,
             tape_epoch: 0,

@@ -284,8 +284,8 @@ pub struct CudaState {
     pub(crate) graph: Option<CudaGraph>,
     /// Why graph capture failed on this state (decode then uses direct launches).
     pub(crate) graph_error: Option<String>,
-    /// A chain's two step graphs (`StepIo::MainToAlt`, `AltToMain`; chain.rs), captured on first use.
-    pub(crate) chain_graphs: Option<[CudaGraph; 2]>,
+    /// A chain's step graphs and token slots (chain.rs), made by the first chain.
+    pub(crate) chain: Option<crate::chain::ChainBufs>,
     /// Captured verify blocks (`verify_graph.rs`); cleared whenever `many` is replaced.
     pub(crate) verify_graphs: Vec<(crate::verify_graph::VerifyKey, CudaGraph)>,
     pub(crate) verify_graph_error: Option<String>,

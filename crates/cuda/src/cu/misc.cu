@@ -153,7 +153,7 @@ __device__ __forceinline__ void argmax_take(float v, int i, float& best, int& bi
 }
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
     argmax_rows(const float* __restrict__ logits, int vocab, int* __restrict__ out, int* __restrict__ next_id,
-                int* __restrict__ next_start) {
+                int* __restrict__ next_start, int* __restrict__ host_pair) {
     PDL_ENTER();
     __shared__ float sv[32];
     __shared__ int si[32], sbad[32];
@@ -202,10 +202,14 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
         const bool none = bi == 0x7fffffff;  // nothing above -inf
         out[2 * blockIdx.x] = none ? 0 : bi;
         out[2 * blockIdx.x + 1] = bad || none;
-        // A chained decode step's input for the next one (argmax.rs launch_feeding; one row).
+        // A chained decode step's input for the next one, and its pair in host memory (argmax.rs
+        // launch_feeding; one row), fenced so the host reads it once the step's event completed.
         if (next_id) {
             next_id[0] = none ? 0 : bi;
             next_start[0] += 1;
+            host_pair[0] = none ? 0 : bi;
+            host_pair[1] = bad || none;
+            __threadfence_system();
         }
     }
 }

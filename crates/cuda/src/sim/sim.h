@@ -302,6 +302,7 @@ inline void __syncwarp(unsigned = 0xffffffffu) {
 }
 inline void __threadfence() {}
 inline void __threadfence_block() {}
+inline void __threadfence_system() {}
 inline int sim_lane() { return sim::fibers[sim::cur].thread & 31; }
 template <class T> inline T __shfl_xor_sync(unsigned, T v, int m) { return sim::shfl(v, sim_lane() ^ m, true); }
 template <class T> inline T __shfl_sync(unsigned, T v, int src) { return sim::shfl(v, src, true); }

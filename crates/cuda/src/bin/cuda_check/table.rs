@@ -60,7 +60,8 @@ fn decode(
         None => kernels::argmax(out.row(0)) as u32,
     };
     let steps = new.saturating_sub(1).max(1);
-    let mut st = model.new_state(prompt.len() + 2 * steps + 16)?;
+    // Room for both runs and the verify curve's 16 rows after them.
+    let mut st = model.new_state(prompt.len() + 2 * steps + 64)?;
     let out = model.forward(prompt, 0, &mut st, &greedy)?;
     let mut next = token(&out);
     // One untimed step captures the decode graph.
