@@ -103,8 +103,8 @@ impl ChainBufs {
                 let p = pinned
                     .as_ptr()
                     .map_err(CudaError::driver("the chain's mapped slots"))?;
-                // SAFETY: 4 i32 live for `pinned`'s lifetime; the device's stores completed with the
-                // step (its kernels fence them system-wide before the event).
+                // SAFETY: 4 i32 live for `pinned`'s lifetime; the step's stores to mapped memory are
+                // visible once its event completed (CUDA's rule for mapped host memory).
                 unsafe { [p.add(at).read_volatile(), p.add(at + 1).read_volatile()] }
             }
             _ => [self.host[at], self.host[at + 1]],

@@ -202,14 +202,13 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
         const bool none = bi == 0x7fffffff;  // nothing above -inf
         out[2 * blockIdx.x] = none ? 0 : bi;
         out[2 * blockIdx.x + 1] = bad || none;
-        // A chained decode step's input for the next one, and its pair in host memory (argmax.rs
-        // launch_feeding; one row), fenced so the host reads it once the step's event completed.
+        // A chained decode step's input for the next one, and its pair in mapped host memory (argmax.rs
+        // launch_feeding; one row): the host reads it after the step's event, which orders it.
         if (next_id) {
             next_id[0] = none ? 0 : bi;
             next_start[0] += 1;
             host_pair[0] = none ? 0 : bi;
             host_pair[1] = bad || none;
-            __threadfence_system();
         }
     }
 }

@@ -337,6 +337,29 @@ fn one_config(
                         h.logits_copy_ms, h.id_upload_ms, h.graph_launch_sync_ms
                     );
                 }
+                // Chained greedy steps (chain.rs) from the prompt's end, as the runtime decodes: the
+                // graph's time plus what still separates its steps.
+                let mut chained = model.new_state(prompt_len + 64)?;
+                model.forward(&prompt, 0, &mut chained, &Wanted::last())?;
+                let mut last = next;
+                let mut keep = |t: u32| {
+                    last = t;
+                    true
+                };
+                let at = chained.position();
+                if model
+                    .greedy_chain(next, at, &mut chained, 2, &mut keep)?
+                    .is_some()
+                {
+                    let (first, at) = (last, chained.position());
+                    let t = Instant::now();
+                    model.greedy_chain(first, at, &mut chained, 50, &mut |_| true)?;
+                    let chain_ms = t.elapsed().as_secs_f64() * 1e3 / 50.0;
+                    println!(
+                        "bench {name}: chained greedy steps {chain_ms:.3} ms per token end to end ({:.1}% of roofline; the graph alone {ms:.3})",
+                        100.0 / (chain_ms * 1e-3) / roof
+                    );
+                }
             }
         }
         print_profile(
