@@ -53,6 +53,12 @@ pub enum CudaError {
     /// The checkpoint uses something this backend does not implement yet.
     #[error("CUDA backend does not support {what}")]
     Unsupported { what: String },
+    /// A greedy step's logits that no token can be picked from (chain.rs: the argmax kernel refused them).
+    #[error(
+        "the logits of the decode step at position {position} hold a NaN or +inf, or nothing above -inf: \
+         no greedy token"
+    )]
+    RefusedRow { position: usize },
     /// A forward would write past the KV capacity the state was created with.
     #[error(
         "forward at position {start} with {n} tokens exceeds the state's KV capacity {capacity}"

@@ -402,6 +402,88 @@ fn a_state_of_the_other_device_is_refused() {
     assert!(err.to_string().contains("cpu state"), "{err}");
 }
 
+/// A copy of fixture `name` in a fresh directory whose embedding row `token` is NaN: feeding that token
+/// makes every later row's logits NaN, while the rows before it are untouched (the qwen3 fixture's LM
+/// head is not tied to the embeddings).
+fn with_nan_embedding(name: &str, token: u32) -> Checkpoint {
+    let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(name);
+    let dir = std::env::temp_dir().join(format!(
+        "turbospark-nan-embed-{name}-{token}-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "generation_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let mut bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let embed = &header["model.embed_tokens.weight"];
+    assert_eq!(embed["dtype"], "F32");
+    let hidden = embed["shape"][1].as_u64().unwrap() as usize;
+    let at =
+        8 + n + embed["data_offsets"][0].as_u64().unwrap() as usize + token as usize * hidden * 4;
+    for v in bytes[at..at + hidden * 4].chunks_exact_mut(4) {
+        v.copy_from_slice(&f32::NAN.to_le_bytes());
+    }
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+    Checkpoint::open(&dir).unwrap()
+}
+
+/// Greedy sequential decoding on the device chains its steps (the token queued before it is read): a
+/// row it must refuse (NaN logits) ends the generation with an error naming the position, and the
+/// session forgets its tokens, since the state may hold a step past them. Without the NaN the same
+/// generation runs, and the session covers the prompt and every token but the last.
+#[test]
+fn a_refused_row_ends_a_chained_generation_with_an_error() {
+    let (ck, cpu) = fixture("qwen3");
+    let d = detok(cpu.vocab as u32);
+    let p = prompt(&cpu, 6, 3);
+    let clean = cuda(&ck, LoadOptions::default());
+    let (want, _, _) = run(&clean, &d, &greedy_case(p.clone(), 12), None);
+    // The first generated token that the prompt and the tokens before it do not hold.
+    let k = (1..want.token_ids.len())
+        .find(|&k| {
+            let t = want.token_ids[k];
+            !p.contains(&t) && !want.token_ids[..k].contains(&t)
+        })
+        .expect("a fresh token among the greedy ones");
+    let poisoned = cuda(
+        &with_nan_embedding("qwen3", want.token_ids[k]),
+        LoadOptions::default(),
+    );
+    let mut session = Session::open(&poisoned).unwrap();
+    let config = GenerationConfig::greedy(12);
+    let req = Request {
+        prompt: &p,
+        config: &config,
+        eos: &[],
+        detok: &d,
+        speculative: None,
+        cancel: CancelFlag::new(),
+    };
+    let err = generate(&poisoned, &mut session, &req, &mut |_| {}).unwrap_err();
+    let at = p.len() + k;
+    assert!(
+        err.to_string().contains(&format!("position {at}")) && err.to_string().contains("NaN"),
+        "{err}"
+    );
+    assert!(
+        session.tokens().is_empty(),
+        "the session keeps no tokens after a failed chain"
+    );
+    // The clean model's session: the prompt and the generated tokens but the last (never run).
+    let mut session = Session::open(&clean).unwrap();
+    let r = generate(&clean, &mut session, &req, &mut |_| {}).unwrap();
+    assert_eq!(r.token_ids, want.token_ids);
+    let mut covered = p.clone();
+    covered.extend_from_slice(&want.token_ids[..want.token_ids.len() - 1]);
+    assert_eq!(session.tokens(), &covered[..]);
+    assert_eq!(session.state().position(), covered.len());
+}
+
 /// The CLI's path on the device: the engine opened on the (emulated) GPU with the product's options,
 /// sessions with the checkpoint's drafters from `Engine::session`: the MTP head and DFlash on the
 /// device (they upload the verified final-hidden / layer-output taps); a trained drafter is accepted,
