@@ -83,6 +83,7 @@ pub const KERNELS: &[&str] = &[
     "gdn_conv_prep",
     "gdn_rec",
     "gdn_step",
+    "gdn_step_into",
     "gdn_chunk_prep",
     "gdn_chunk_state",
 ];
@@ -228,7 +229,7 @@ impl CudaDevice {
                 crate::mma::MMA_STAGE_BYTES
             } else if name.starts_with("attn_tc_") && name != "attn_tc_combine" {
                 crate::ops::ATT_TC_MAX_SMEM
-            } else if name == "gdn_step" {
+            } else if name == "gdn_step" || name == "gdn_step_into" {
                 crate::gdn::GDN_STEP_MAX_SMEM
             } else if name == "gdn_chunk_state" {
                 crate::gdn_chunk::STATE_SMEM_BYTES

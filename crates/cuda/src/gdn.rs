@@ -188,29 +188,36 @@ pub(crate) fn gdn_recurrence_into(
     }
     if let (Some(counter), true) = (done, fused_here) {
         // A decode row: conv and recurrence in one launch (gdn_step), the counter as kh_done.
+        let into = (into != GdnOut { state, window }).then_some(into);
+        let mut args = vec![
+            Arg::P(proj),
+            Arg::I(ldp),
+            Arg::P(g.conv_w),
+            Arg::P(window),
+            Arg::P(g.a_log),
+            Arg::P(g.dt_bias),
+            Arg::P(state),
+            Arg::P(o),
+            Arg::I(s.hk as i32),
+            Arg::I(s.hv as i32),
+            Arg::I(s.dk as i32),
+            Arg::I(s.dv as i32),
+            Arg::P(counter),
+        ];
+        if let Some(into) = into {
+            args.extend([Arg::P(into.window), Arg::P(into.state)]);
+        }
         launch_smem(
             dev,
-            "gdn_step",
+            if into.is_some() {
+                "gdn_step_into"
+            } else {
+                "gdn_step"
+            },
             (s.hv as u32, cb as u32, 1),
             threads as u32,
             step_smem(),
-            &[
-                Arg::P(proj),
-                Arg::I(ldp),
-                Arg::P(g.conv_w),
-                Arg::P(window),
-                Arg::P(g.a_log),
-                Arg::P(g.dt_bias),
-                Arg::P(state),
-                Arg::P(o),
-                Arg::I(s.hk as i32),
-                Arg::I(s.hv as i32),
-                Arg::I(s.dk as i32),
-                Arg::I(s.dv as i32),
-                Arg::P(counter),
-                Arg::P(into.window),
-                Arg::P(into.state),
-            ],
+            &args,
         )?;
         return finish_gated_norm(dev, s, g, proj, o, rows, defer);
     }

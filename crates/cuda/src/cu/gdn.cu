@@ -329,18 +329,23 @@ struct GdnConv4 {
 // before the PDL wait (see gdn_rec), so only the projection row is read after it. The window moves
 // forward (stores of taps already in registers) once its readers are done: v channels by their one
 // block, a key head's q / k channels by the last of the head group's blocks to count itself in
-// kh_done[kh] (zero between launches: that block resets it). The new state and window go to state_out and
-// window_out: the same buffers (in place) or the other of a ping-pong pair (chain.rs), hence no __restrict__.
+// kh_done[kh] (zero between launches: that block resets it). gdn_step_into leaves the new state and
+// window in another pair of buffers (a chained step's ping-pong, chain.rs); each form keeps __restrict__
+// (one pointer per buffer: the form without it cost the 4B step 0.004 ms, run 160).
 // Measured (4B decode step, runs 104-107): the first form, 88 KB of code (both conv forms, 8 groups per
 // thread: a once-a-layer kernel starts with a cold instruction cache), 2.799 ms against 2.659 for the two
 // launches; 30 KB 2.743; reads before the wait 2.713 against 2.676; with gdn.rs's shared-memory
 // reservation spreading the blocks two per SM, 2.610 against 2.664.
 #define GDN_STEP_THREADS 512
-extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS)
-    gdn_step(const float* __restrict__ proj, int ldp, const float* __restrict__ conv_w, const float* window,
-             const float* __restrict__ a_log, const float* __restrict__ dt_bias, const float* state,
-             float* __restrict__ out, int hk, int hv, int dk, int dv, int* __restrict__ kh_done, float* window_out,
-             float* state_out) {
+template <bool INTO>  // window_in / state_in read, the new ones to window_out / state_out; else in place
+__device__ __forceinline__ void gdn_step_body(const float* __restrict__ proj, int ldp,
+                                              const float* __restrict__ conv_w, float* __restrict__ window,
+                                              const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                                              float* __restrict__ state, float* __restrict__ out, int hk, int hv,
+                                              int dk, int dv, int* __restrict__ kh_done,
+                                              float* __restrict__ window_into, float* __restrict__ state_into) {
+    float* const window_out = INTO ? window_into : window;
+    float* const state_out = INTO ? state_into : state;
     __shared__ __align__(16) float qk[2 * GDN_P][GDN_PLANE];
     __shared__ double sums[8];
     __shared__ int last;
@@ -352,7 +357,7 @@ extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS)
     const int cd = 2 * hk * dk + hv * dv;
     const int rpt = (dk + GDN_P - 1) / GDN_P;
     float s[GDN_RPT];
-    gdn_state_io<false>(s, const_cast<float*>(state) + (size_t)h * dk * dv, part, rpt, dk, dv, col, col_ok);
+    gdn_state_io<false>(s, state + (size_t)h * dk * dv, part, rpt, dk, dv, col, col_ok);
     // Group g of 32 channels: g < 4 q channels 32 g + lane of key head kh, g >= 4 the k channels alike
     // (at least 4 warps: at most two groups per warp). Window slots and taps before the wait (as the state).
     GdnConv4 qk_conv[2], v_conv;
@@ -411,4 +416,19 @@ extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS)
 #pragma unroll
         for (int r = 0; r < 2; ++r)
             if (chan[r] >= 0) qk_conv[r].advance(window_out, cd, chan[r]);
+}
+extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS)
+    gdn_step(const float* __restrict__ proj, int ldp, const float* __restrict__ conv_w, float* __restrict__ window,
+             const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ state,
+             float* __restrict__ out, int hk, int hv, int dk, int dv, int* __restrict__ kh_done) {
+    gdn_step_body<false>(proj, ldp, conv_w, window, a_log, dt_bias, state, out, hk, hv, dk, dv, kh_done, nullptr,
+                         nullptr);
+}
+extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS)
+    gdn_step_into(const float* __restrict__ proj, int ldp, const float* __restrict__ conv_w,
+                  float* __restrict__ window, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                  float* __restrict__ state, float* __restrict__ out, int hk, int hv, int dk, int dv,
+                  int* __restrict__ kh_done, float* __restrict__ window_out, float* __restrict__ state_out) {
+    gdn_step_body<true>(proj, ldp, conv_w, window, a_log, dt_bias, state, out, hk, hv, dk, dv, kh_done, window_out,
+                        state_out);
 }

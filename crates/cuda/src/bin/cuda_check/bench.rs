@@ -338,27 +338,39 @@ fn one_config(
                     );
                 }
                 // Chained greedy steps (chain.rs) from the prompt's end, as the runtime decodes: the
-                // graph's time plus what still separates its steps.
-                let mut chained = model.new_state(prompt_len + 64)?;
+                // graph's time plus what still separates its steps; the same tokens as the steps above.
+                let tokens = &outcome.tokens;
+                let n = 50.min(tokens.len().saturating_sub(3));
+                let mut chained = model.new_state(prompt_len + n + 8)?;
                 model.forward(&prompt, 0, &mut chained, &Wanted::last())?;
-                let mut last = next;
+                let mut got = Vec::new();
+                let at = chained.position();
+                // Two steps capture the chain's graphs, untimed.
                 let mut keep = |t: u32| {
-                    last = t;
+                    got.push(t);
                     true
                 };
-                let at = chained.position();
-                if model
-                    .greedy_chain(next, at, &mut chained, 2, &mut keep)?
-                    .is_some()
+                if n > 0
+                    && model
+                        .greedy_chain(tokens[0], at, &mut chained, 2, &mut keep)?
+                        .is_some()
                 {
-                    let (first, at) = (last, chained.position());
+                    let at = chained.position();
                     let t = Instant::now();
-                    model.greedy_chain(first, at, &mut chained, 50, &mut |_| true)?;
-                    let chain_ms = t.elapsed().as_secs_f64() * 1e3 / 50.0;
+                    model.greedy_chain(tokens[2], at, &mut chained, n, &mut keep)?;
+                    let chain_ms = t.elapsed().as_secs_f64() * 1e3 / n as f64;
+                    let same = got[..] == tokens[1..got.len() + 1];
                     println!(
-                        "bench {name}: chained greedy steps {chain_ms:.3} ms per token end to end ({:.1}% of roofline; the graph alone {ms:.3})",
-                        100.0 / (chain_ms * 1e-3) / roof
+                        "bench {name}: chained greedy steps {chain_ms:.3} ms per token end to end ({:.1}% of roofline; the graph alone {ms:.3}); tokens {}",
+                        100.0 / (chain_ms * 1e-3) / roof,
+                        if same { "identical" } else { "DIFFER" }
                     );
+                    if !same {
+                        anyhow::bail!(
+                            "chained greedy tokens {got:?} differ from the stepped ones {:?}",
+                            &tokens[1..got.len() + 1]
+                        );
+                    }
                 }
             }
         }
