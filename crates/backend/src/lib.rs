@@ -236,8 +236,8 @@ impl Model {
         }
     }
 
-    /// How the GPU runs decode steps, for logs: CUDA graphs, programmatic launch and GEMV segments, each
-    /// with why it is off when it is (a slower path, never silent). None on the CPU.
+    /// How the GPU runs decode steps, for logs: CUDA graphs, programmatic launch, GEMV segments and chained
+    /// greedy steps, each with why it is off when it is (a slower path, never silent). None on the CPU.
     pub fn device_notes(&self) -> Option<String> {
         let Model::Cuda(m) = self else {
             return None;
@@ -254,8 +254,13 @@ impl Model {
             (true, Err(why)) => format!("off ({why})"),
         };
         Some(format!(
-            "graphs {}, programmatic launch {pdl}, GEMV segments {segments}",
-            if opts.graphs { "on" } else { "off" }
+            "graphs {}, programmatic launch {pdl}, GEMV segments {segments}, greedy steps {}",
+            if opts.graphs { "on" } else { "off" },
+            if opts.chain {
+                "chained"
+            } else {
+                "one at a time (TURBOSPARK_CHAIN=0)"
+            }
         ))
     }
 

@@ -139,4 +139,10 @@ fn gpu_models_report_their_decode_paths() {
     let notes = gpu.device_notes().unwrap();
     assert!(notes.contains("programmatic launch off"), "{notes}");
     assert!(notes.contains("GEMV segments off ("), "{notes}");
+    let chained = if std::env::var("TURBOSPARK_CHAIN").as_deref() == Ok("0") {
+        "greedy steps one at a time"
+    } else {
+        "greedy steps chained"
+    };
+    assert!(notes.contains(chained), "{notes}");
 }
