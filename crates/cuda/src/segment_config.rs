@@ -67,8 +67,9 @@ fn ring_overhead(consumers: usize, pages: usize) -> usize {
 /// Bytes a block may have in flight while it copies for the stage its consumers are on (segment.cu's
 /// in-flight cap; the rest of the ring holds landed pages): fewer queued bytes stream faster and more evenly
 /// over the SMs. With the boundary's cap below, 8 / 12 / 16 pages: 4B (5 KB pages) 2.433 / 2.399 / 2.395 ms,
-/// 9B (8 KB) 4.260 / 4.269 / 4.259, 8B (8 KB) 4.364 / 4.394 / 4.390 (run 155): ~64 KB suits both.
-const FLIGHT_BYTES: usize = 64 * 1024;
+/// 9B (8 KB) 4.260 / 4.269 / 4.259, 8B (8 KB) 4.364 / 4.394 / 4.390 (run 155); with the 4B's 36-page ring,
+/// 8 / 12 / 16 / 20 pages 2.380 / 2.345 / 2.337 / 2.343 (run 165): 80 KB, which keeps 8 KB pages at 8.
+const FLIGHT_BYTES: usize = 80 * 1024;
 /// Pages a block may have in flight while it copies for a stage its consumers have not yet staged (they
 /// finish the one before, wait at the grid barrier, stage the input): the boundary's round trips wait
 /// behind fewer bytes. 4 / 8 pages: 4B 2.399 / 2.467 ms, 9B 4.269 / 4.357, 8B 4.394 / 4.479 (run 155).
@@ -404,7 +405,7 @@ mod tests {
             (flight_pages(9), flight_pages(3), flight_pages(99)),
             (8, 0, 60)
         );
-        // In the rows ~64 KB: 12 pages of the 4B's 5 KB, 8 of the 9B's / 8B's 8 KB; the boundary's 4.
+        // In the rows ~80 KB: 16 pages of the 4B's 5 KB, 8 of the 9B's / 8B's 8 KB; the boundary's 4.
         let mut c = Config::from_env();
         c.flight = None;
         let caps = |c: &Config, b| {
@@ -416,7 +417,7 @@ mod tests {
         if std::env::var_os("TURBOSPARK_SEG_FLIGHT_EDGE").is_none() {
             assert_eq!(
                 (caps(&c, 5120), caps(&c, 8192), caps(&c, 4096)),
-                ((12, 4), (8, 4), (16, 4))
+                ((16, 4), (8, 4), (20, 4))
             );
         }
         c.flight = Some(16);
