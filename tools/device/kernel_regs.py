@@ -24,7 +24,7 @@ X = os.environ.get("NVW", "/tmp/nvw/x/nvidia")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The order nvrtc.rs concatenates them in.
 ORDER = ["common.cuh", "linear.cu", "linear_mma.cu", "misc.cu", "attention.cu", "attention_tc.cu", "gdn.cu",
-         "gdn_chunk.cu", "moe.cu", "segment.cu"]
+         "gdn_chunk.cu", "moe.cu", "segment_sync.cuh", "segment.cu"]
 
 
 def main():

@@ -18,7 +18,7 @@ use cudarc::nvrtc::{result, sys};
 use crate::error::CudaError;
 
 /// The kernel sources, concatenated in this order into one module.
-pub const SOURCES: [(&str, &str); 10] = [
+pub const SOURCES: [(&str, &str); 11] = [
     ("common.cuh", include_str!("cu/common.cuh")),
     ("linear.cu", include_str!("cu/linear.cu")),
     ("linear_mma.cu", include_str!("cu/linear_mma.cu")),
@@ -28,6 +28,7 @@ pub const SOURCES: [(&str, &str); 10] = [
     ("gdn.cu", include_str!("cu/gdn.cu")),
     ("gdn_chunk.cu", include_str!("cu/gdn_chunk.cu")),
     ("moe.cu", include_str!("cu/moe.cu")),
+    ("segment_sync.cuh", include_str!("cu/segment_sync.cuh")),
     ("segment.cu", include_str!("cu/segment.cu")),
 ];
 
