@@ -42,7 +42,8 @@ pub(crate) struct ChainBufs {
     /// The two step graphs (`StepIo::MainToAlt`, `AltToMain`), each with its slot's address.
     graphs: Option<[CudaGraph; 2]>,
     pinned: Option<PinnedHostSlice<i32>>,
-    host: Box<[i32; 4]>,
+    /// The slots on the emulated or simulated device (kept alive: `slots` points into it).
+    _host: Box<[i32; 4]>,
     /// The slots' address as the kernels see it.
     slots: u64,
     events: Option<[CudaEvent; 2]>,
@@ -56,7 +57,7 @@ impl ChainBufs {
             return Ok(ChainBufs {
                 graphs: None,
                 pinned: None,
-                host,
+                _host: host,
                 slots,
                 events: None,
             });
@@ -84,7 +85,7 @@ impl ChainBufs {
         Ok(ChainBufs {
             graphs: None,
             pinned: Some(pinned),
-            host,
+            _host: host,
             slots,
             events: Some([event()?, event()?]),
         })
@@ -110,7 +111,12 @@ impl ChainBufs {
                 // visible once its event completed (CUDA's rule for mapped host memory).
                 unsafe { [p.add(at).read_volatile(), p.add(at + 1).read_volatile()] }
             }
-            _ => [self.host[at], self.host[at + 1]],
+            _ => {
+                let p = self.slots as *const i32;
+                // SAFETY: on the emulated or simulated device `slots` is the address of `host`'s 4 i32,
+                // which the launches (run as they are made) wrote through it.
+                unsafe { [p.add(at).read_volatile(), p.add(at + 1).read_volatile()] }
+            }
         };
         Ok((pair[0] as u32, pair[1] != 0))
     }
