@@ -210,7 +210,7 @@ impl Model {
                     tensor_core_gemv: env_flag("TURBOSPARK_TENSOR_CORE_GEMV")
                         .unwrap_or(ck.has_dflash && !ck.has_mtp),
                     graphs: env_flag("TURBOSPARK_CUDA_GRAPHS").unwrap_or(true),
-                    verify_graphs: env_flag("TURBOSPARK_VERIFY_GRAPHS").unwrap_or(false),
+                    verify_graphs: env_flag("TURBOSPARK_VERIFY_GRAPHS").unwrap_or(true),
                     ..LoadOptions::default()
                 },
             ) {
@@ -403,6 +403,13 @@ impl Backend for Model {
                 Backend::greedy_chain(&**m, first, start, s, max_steps, on_token)
             }
             (m, s) => Err(mismatch(m.device_name(), s.device_name())),
+        }
+    }
+
+    fn one_time_work(&self) -> u64 {
+        match self {
+            Model::Cpu(m) => Backend::one_time_work(&**m),
+            Model::Cuda(m) => Backend::one_time_work(&**m),
         }
     }
 }

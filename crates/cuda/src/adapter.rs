@@ -95,6 +95,10 @@ impl Backend for CudaModel {
             self, first, start, state, max_steps, on_token,
         )?)
     }
+
+    fn one_time_work(&self) -> u64 {
+        crate::graph_captures()
+    }
 }
 
 impl BackendState for CudaState {

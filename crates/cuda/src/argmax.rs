@@ -42,13 +42,15 @@ pub(crate) fn launch_rows(
             Arg::P(0),
             Arg::P(0),
             Arg::P(0),
+            Arg::P(0),
         ],
     )
 }
 
 /// `launch_rows` of one row that also feeds the next decode step (chain.rs): `next` = ([1] i32 id, [1]
 /// i32 start) gets the argmax (0 for a row with nothing above -inf) and start + 1, and `host_pair` (host
-/// memory the device can address) a copy of the [argmax, refused] pair.
+/// memory the device can address) a copy of the [argmax, refused] pair: at pair `*counter` (then counted
+/// up) when `counter` is not 0.
 pub(crate) fn launch_feeding(
     dev: &CudaDevice,
     logits: u64,
@@ -56,16 +58,26 @@ pub(crate) fn launch_feeding(
     out: u64,
     next: (u64, u64),
     host_pair: u64,
+    counter: u64,
 ) -> Result<(), CudaError> {
     if dev.host_ops() {
         host_rows(logits, 1, vocab, out)?;
         // SAFETY: on the emulated device these are host addresses: the one-row scratch's [1] i32 id and
-        // start, the [2] i32 pair just written and the chain's [2] i32 slot; all distinct.
+        // start, the [2] i32 pair just written, the slots (pair `counter` of them, or the first) and
+        // the [1] i32 counter; all distinct.
         unsafe {
             let pair = [*(out as *const i32), *(out as *const i32).add(1)];
             *(next.0 as *mut i32) = pair[0];
             *(next.1 as *mut i32) += 1;
-            *(host_pair as *mut [i32; 2]) = pair;
+            let c = if counter == 0 {
+                0
+            } else {
+                *(counter as *const i32) as usize
+            };
+            *(host_pair as *mut [i32; 2]).add(c) = pair;
+            if counter != 0 {
+                *(counter as *mut i32) += 1;
+            }
         }
         return Ok(());
     }
@@ -81,6 +93,7 @@ pub(crate) fn launch_feeding(
             Arg::P(next.0),
             Arg::P(next.1),
             Arg::P(host_pair),
+            Arg::P(counter),
         ],
     )
 }

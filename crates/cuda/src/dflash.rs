@@ -344,6 +344,7 @@ impl CudaDflash {
     fn capture(&mut self) -> Result<Option<CudaGraph>, CudaError> {
         use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
         let dev = self.target.dev.clone();
+        crate::note_capture();
         let stream = &dev.gpu()?.stream;
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)

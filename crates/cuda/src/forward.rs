@@ -544,6 +544,7 @@ impl CudaModel {
         slot: u64,
     ) -> Result<Option<cudarc::driver::CudaGraph>, CudaError> {
         use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        crate::note_capture();
         let stream = &self.dev.gpu()?.stream;
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -604,7 +605,15 @@ impl CudaModel {
             }
             _ => {
                 let next = (one.ids.ptr, one.start.ptr);
-                argmax::launch_feeding(dev, one.logits.ptr, self.vocab, one.argmax.ptr, next, slot)?
+                argmax::launch_feeding(
+                    dev,
+                    one.logits.ptr,
+                    self.vocab,
+                    one.argmax.ptr,
+                    next,
+                    slot,
+                    0,
+                )?
             }
         }
         if let Some(scope) = scope {

@@ -32,8 +32,8 @@ pub struct LoadOptions {
     pub gemv_max_rows: usize,
     /// Capture one-row decode steps in a CUDA graph.
     pub graphs: bool,
-    /// Also replay verify blocks (2..=16 rows) from CUDA graphs (`verify_graph.rs`; off: no end-to-end
-    /// gain measured on the testbed, run 10).
+    /// Also replay verify blocks (2..=16 rows) from CUDA graphs (`verify_graph.rs`). Default from
+    /// `TURBOSPARK_VERIFY_GRAPHS` (on unless `0`).
     pub verify_graphs: bool,
     /// Run every GEMV of up to `gemv_max_rows` rows, decode rows included, on the tensor-core kernel
     /// (linear_mma.cu) instead of the FMA kernel (linear.cu). One kernel serves both so verify rows equal
@@ -75,7 +75,7 @@ impl Default for LoadOptions {
             // Verify blocks (<= 16 rows) stay on the batch-invariant path, as the CPU engine's matvec.
             gemv_max_rows: 16,
             graphs: true,
-            verify_graphs: false,
+            verify_graphs: std::env::var("TURBOSPARK_VERIFY_GRAPHS").map_or(true, |v| v != "0"),
             tensor_core_gemv: false,
             max_pass_rows: 512,
             gdn_chunked: std::env::var("TURBOSPARK_GDN_CHUNKED").map_or(true, |v| v != "0"),

@@ -83,6 +83,9 @@ const SMALL_ROWS: usize = 17;
 enum Pass {
     /// A chained draft row: hidden and output `work`, scratch `one`.
     Step,
+    /// `Step` fed on the device (a plain-argmax proposal): its argmax becomes the next step's token and
+    /// position + 1, and goes to the next of the `feed` slots.
+    StepFed,
     /// An observe of m <= `small.sc.rows` rows: hidden `small.hid`, output `last`.
     Small(usize),
     /// An observe of m rows in `many`: hidden `many.hid`, output `last`.
@@ -115,6 +118,80 @@ pub struct CudaMtp {
     committed: usize,
     /// The observe pass whose scratch holds the last committed row's logits (the first draft).
     first: Option<Pass>,
+    /// Where fed draft steps leave their [token, refused] pairs.
+    feed: DraftSlots,
+}
+
+/// Most drafts of a fed proposal (larger blocks draft step by step).
+const FED_DRAFTS: usize = 32;
+
+/// [FED_DRAFTS] [token, refused] pairs in host memory the device writes (pinned and mapped on a GPU), and
+/// the device counter of the next one.
+struct DraftSlots {
+    pinned: Option<cudarc::driver::PinnedHostSlice<i32>>,
+    _host: Box<[i32; 2 * FED_DRAFTS]>,
+    /// The pairs' address as the kernels see it.
+    slots: u64,
+    counter: DBuf,
+}
+
+// SAFETY: the pinned slots are reached only through `&mut` of their drafter, as `OwnedGraph`.
+unsafe impl Send for DraftSlots {}
+
+impl DraftSlots {
+    fn new(dev: &crate::device::CudaDevice) -> Result<Self, CudaError> {
+        let mut host = Box::new([0i32; 2 * FED_DRAFTS]);
+        let counter = DBuf::zeros(dev, 4)?;
+        let Ok(gpu) = dev.gpu() else {
+            let slots = host.as_mut_ptr() as u64;
+            return Ok(DraftSlots {
+                pinned: None,
+                _host: host,
+                slots,
+                counter,
+            });
+        };
+        crate::buf::bind(dev)?;
+        use cudarc::driver::sys;
+        // SAFETY: written by the kernels, read after the stream synchronised.
+        let mut pinned = unsafe {
+            gpu.ctx
+                .alloc_pinned_with_flags::<i32>(2 * FED_DRAFTS, sys::CU_MEMHOSTALLOC_DEVICEMAP)
+        }
+        .map_err(CudaError::driver("allocating the MTP draft slots"))?;
+        let ptr = pinned
+            .as_mut_ptr()
+            .map_err(CudaError::driver("the MTP draft slots"))?;
+        let mut slots: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is a live page-locked allocation made with CU_MEMHOSTALLOC_DEVICEMAP.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut slots, ptr.cast(), 0) }
+            .result()
+            .map_err(CudaError::driver("mapping the MTP draft slots"))?;
+        Ok(DraftSlots {
+            pinned: Some(pinned),
+            _host: host,
+            slots,
+            counter,
+        })
+    }
+
+    /// Pair j, once the device work that wrote it completed.
+    fn pair(&self, j: usize) -> Result<(u32, bool), CudaError> {
+        let p = match &self.pinned {
+            Some(pinned) => pinned
+                .as_ptr()
+                .map_err(CudaError::driver("the MTP draft slots"))?,
+            None => self.slots as *const i32,
+        };
+        // SAFETY: 2 * FED_DRAFTS i32 live as long as `self`; the writes completed (the caller synchronised).
+        let pair = unsafe {
+            [
+                p.add(2 * j).read_volatile(),
+                p.add(2 * j + 1).read_volatile(),
+            ]
+        };
+        Ok((pair[0] as u32, pair[1] != 0))
+    }
 }
 
 impl CudaMtp {
@@ -190,7 +267,9 @@ impl CudaMtp {
             work: DBuf::f32s(&t.dev, h)?,
             committed: 0,
             first: None,
-            graphs: (0..=small_rows).map(|_| None).collect(),
+            feed: DraftSlots::new(&t.dev)?,
+            // Slot 0 the draft step, 1..=small_rows the small observes, then the fed draft step.
+            graphs: (0..=small_rows + 1).map(|_| None).collect(),
             graph_error: None,
             widths,
             w,
@@ -328,7 +407,7 @@ impl CudaMtp {
     /// The scratch `pass` runs in.
     fn io(&self, pass: Pass) -> Result<&Io, CudaError> {
         match pass {
-            Pass::Step => Ok(&self.one),
+            Pass::Step | Pass::StepFed => Ok(&self.one),
             Pass::Small(_) => Ok(&self.small),
             Pass::Many(_) => self.many.as_ref().ok_or(CudaError::Unsupported {
                 what: "an MTP pass without its scratch".into(),
@@ -342,6 +421,7 @@ impl CudaMtp {
         let slot = match pass {
             Pass::Step => Some(0),
             Pass::Small(m) => Some(m),
+            Pass::StepFed => Some(self.graphs.len() - 1),
             Pass::Many(_) => None,
         };
         let graphs_on = self.w.target.graph_ok() && self.graph_error.is_none();
@@ -372,10 +452,26 @@ impl CudaMtp {
             many,
             last,
             work,
+            feed,
             ..
         } = self;
+        if let Pass::StepFed = pass {
+            rows(w, kv, one, work.ptr, 1, work.ptr)?;
+            let t = &*w.target;
+            let next = (one.sc.ids.ptr, one.sc.start.ptr);
+            let (logits, pair) = (one.sc.logits.ptr, one.sc.argmax.ptr);
+            return argmax::launch_feeding(
+                &t.dev,
+                logits,
+                t.vocab,
+                pair,
+                next,
+                feed.slots,
+                feed.counter.ptr,
+            );
+        }
         let (io, hidden, out, m) = match pass {
-            Pass::Step => (&*one, work.ptr, work.ptr, 1),
+            Pass::Step | Pass::StepFed => (&*one, work.ptr, work.ptr, 1),
             Pass::Small(m) => (&*small, small.hid.ptr, last.ptr, m),
             Pass::Many(m) => {
                 let io = many.as_ref().ok_or(CudaError::Unsupported {
@@ -391,6 +487,7 @@ impl CudaMtp {
     fn capture(&mut self, pass: Pass) -> Result<Option<CudaGraph>, CudaError> {
         use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
         let dev = self.w.target.dev.clone();
+        crate::note_capture();
         let stream = &dev.gpu()?.stream;
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -461,6 +558,43 @@ impl CudaMtp {
         htod(dev, self.one.sc.start.ptr, &[position as i32])?;
         self.launch(Pass::Step)
     }
+
+    /// k plain-argmax drafts with the steps fed on the device: the first draft's argmax (of `first`'s
+    /// logits) and each fed step's become the next step's token and position, all k queued before one
+    /// wait. The same kernels on the same inputs as `step` by `step`, so the same drafts and KV rows.
+    /// None when a row is refused (NaN, +inf, nothing above -inf): its logits must reach the chooser.
+    fn propose_fed(&mut self, first: Pass, k: usize) -> Result<Option<Vec<u32>>, CudaError> {
+        let t = self.w.target.clone();
+        let dev = &*t.dev;
+        htod(dev, self.feed.counter.ptr, &[0i32])?;
+        // The first fed step runs at `committed`: the feeding adds one.
+        htod(dev, self.one.sc.start.ptr, &[self.committed as i32 - 1])?;
+        let sc = &self.io(first)?.sc;
+        let next = (self.one.sc.ids.ptr, self.one.sc.start.ptr);
+        let (slots, counter) = (self.feed.slots, self.feed.counter.ptr);
+        argmax::launch_feeding(
+            dev,
+            sc.logits.ptr,
+            t.vocab,
+            sc.argmax.ptr,
+            next,
+            slots,
+            counter,
+        )?;
+        for _ in 1..k {
+            self.launch(Pass::StepFed)?;
+        }
+        dev.synchronize()?;
+        let mut drafts = Vec::with_capacity(k);
+        for j in 0..k {
+            let (token, refused) = self.feed.pair(j)?;
+            if refused {
+                return Ok(None);
+            }
+            drafts.push(token);
+        }
+        Ok(Some(drafts))
+    }
 }
 
 impl Drafter for CudaMtp {
@@ -526,8 +660,15 @@ impl Drafter for CudaMtp {
         };
         if k > 1 {
             self.ensure(self.committed, k - 1)?;
-            let dev = &*self.w.target.dev;
-            dtod(dev, self.work.ptr, self.last.ptr, self.last.bytes)?;
+            let dev = self.w.target.dev.clone();
+            dtod(&dev, self.work.ptr, self.last.ptr, self.last.bytes)?;
+            if chooser.plain_argmax() && k <= FED_DRAFTS {
+                if let Some(drafts) = self.propose_fed(first, k)? {
+                    return Ok(drafts);
+                }
+                // A refused row: step by step, so the chooser sees its logits (the same KV rows rewritten).
+                dtod(&dev, self.work.ptr, self.last.ptr, self.last.bytes)?;
+            }
         }
         let mut context = history.to_vec();
         let mut out = Vec::with_capacity(k);

@@ -79,6 +79,11 @@ pub trait Backend {
     ) -> Result<Option<usize>, BackendError> {
         Ok(None)
     }
+    /// A count that grows whenever the backend does work a later identical call will not repeat (a CUDA
+    /// graph captured): whoever times calls to compare them (the block tuner) skips those that grew it.
+    fn one_time_work(&self) -> u64 {
+        0
+    }
 }
 
 /// The per-sequence state of a [`Backend`].

@@ -17,7 +17,10 @@
 //! after it (the text changes what the drafter gets right), smoothed toward the acceptance pooled over all
 //! positions (weight `PRIOR` rounds), so a position rarely reached counts as an average one rather
 //! than a bad one. cost(b) = the median seconds of the last `WINDOW` rounds of block b (drafting,
-//! verify, rollback, the drafter's observe), not counting its first round, and the lower median
+//! verify, rollback, the drafter's observe), not counting its first round nor a round during which the
+//! backend did one-time work (`Backend::one_time_work`: a CUDA graph captured, 1.1-2.3 ms against
+//! 0.3-0.7 ms rounds on the testbed's GPU, run 168, and a block's first several rounds meet new row
+//! counts), and the lower median
 //! (with two rounds, the cheaper): one-time costs only ever add, and they come later too (the GPU
 //! MTP drafter captures a graph the first time a round keeps each number of rows). A simulation with
 //! such costs (`one_time_costs_do_not_mislead_it`) reaches 93-97% of the best fixed block's rate in
@@ -99,6 +102,8 @@ pub struct BlockTuner {
     timing: Vec<Timing>, // [block]
     reached: Vec<f64>,   // [position]: rounds whose acceptance test reached it, decayed by `MEMORY`
     accepted: Vec<f64>,  // [position]: rounds that accepted it, likewise
+    /// `TURBOSPARK_TUNER_TRACE=1`: each recorded round and the modelled rates, to stderr.
+    trace: bool,
 }
 
 impl BlockTuner {
@@ -115,6 +120,7 @@ impl BlockTuner {
             timing: vec![Timing::default(); max + 1],
             reached: vec![0.0; max + 1],
             accepted: vec![0.0; max + 1],
+            trace: std::env::var("TURBOSPARK_TUNER_TRACE").as_deref() == Ok("1"),
         }
     }
 
@@ -181,9 +187,10 @@ impl BlockTuner {
     }
 
     /// One finished round that proposed `block` tokens, judged the first `judged` of them and
-    /// accepted the first `accepted`, in `seconds`.
-    pub fn record(&mut self, block: usize, judged: usize, accepted: usize, seconds: f64) {
-        if block > self.max || !seconds.is_finite() || seconds <= 0.0 {
+    /// accepted the first `accepted`, in `seconds`; None when it paid a one-time cost the caller knows
+    /// of (`Backend::one_time_work`: a CUDA graph captured), so only its acceptance counts.
+    pub fn record(&mut self, block: usize, judged: usize, accepted: usize, seconds: Option<f64>) {
+        if block > self.max || seconds.is_some_and(|s| !s.is_finite() || s <= 0.0) {
             return;
         }
         let judged = judged.min(block);
@@ -197,24 +204,39 @@ impl BlockTuner {
             }
         }
         let t = &mut self.timing[block];
-        if !t.warm {
+        let Some(seconds) = seconds.filter(|_| t.warm) else {
+            // A block's first round may pay one-time costs nobody reported (the CPU's caches, a
+            // scratch grown): never timed, and neither is a round that reported one.
             t.warm = true;
-            return;
-        }
-        t.last[t.rounds as usize % WINDOW] = seconds;
-        t.rounds = t.rounds.saturating_add(1);
-        let Some(here) = self.rate(self.current) else {
+            if self.trace {
+                eprintln!("tuner: block {block} {seconds:.2?} s: not timed");
+            }
             return;
         };
-        let mut best = (self.current, here * MARGIN);
-        for b in 0..=self.max {
-            if let Some(r) = self.rate(b).filter(|_| b != self.current) {
-                if r > best.1 {
-                    best = (b, r);
+        t.last[t.rounds as usize % WINDOW] = seconds;
+        t.rounds = t.rounds.saturating_add(1);
+        if let Some(here) = self.rate(self.current) {
+            let mut best = (self.current, here * MARGIN);
+            for b in 0..=self.max {
+                if let Some(r) = self.rate(b).filter(|_| b != self.current) {
+                    if r > best.1 {
+                        best = (b, r);
+                    }
                 }
             }
+            self.current = best.0;
         }
-        self.current = best.0;
+        if self.trace {
+            let rates: Vec<String> = (0..=self.max)
+                .filter_map(|b| Some(format!("{b}:{:.0}", self.rate(b)?)))
+                .collect();
+            eprintln!(
+                "tuner: block {block} {:.3} ms, accepted {accepted}/{judged} -> block {} (tok/s {})",
+                seconds * 1e3,
+                self.current,
+                rates.join(" ")
+            );
+        }
     }
 
     /// Modelled tokens per second of block b, once it has been timed enough.
@@ -325,7 +347,7 @@ mod tests {
                 accepted += 1;
             }
             let judged = (accepted + 1).min(b);
-            t.record(b, judged, accepted, draft * b as f64 + verify(b + 1));
+            t.record(b, judged, accepted, Some(draft * b as f64 + verify(b + 1)));
         }
         t.current()
     }
@@ -405,7 +427,7 @@ mod tests {
                 b,
                 (accepted + 1).min(b),
                 accepted,
-                draft * b as f64 + verify(b + 1),
+                Some(draft * b as f64 + verify(b + 1)),
             );
             at.push(t.current());
         }
@@ -437,11 +459,11 @@ mod tests {
         // A run's first round pays one-time costs (graph captures): 50x here.
         let mut t = BlockTuner::new(2, 8);
         let first = t.next_block();
-        t.record(first, 2, 2, 50.0);
+        t.record(first, 2, 2, Some(50.0));
         let verify = |rows: usize| 1.0 + 0.1 * (rows - 1) as f64;
         for _ in 0..300 {
             let b = t.next_block();
-            t.record(b, b, b.min(3), 0.05 * b as f64 + verify(b + 1));
+            t.record(b, b, b.min(3), Some(0.05 * b as f64 + verify(b + 1)));
         }
         assert!(t.current() >= 3, "settled at {}", t.current());
     }
@@ -454,7 +476,7 @@ mod tests {
             (0..24)
                 .map(|_| {
                     let b = t.next_block();
-                    t.record(b, 1, 0, 1.0);
+                    t.record(b, 1, 0, Some(1.0));
                     b
                 })
                 .collect()
@@ -482,60 +504,98 @@ mod tests {
     fn ignores_rounds_it_cannot_use() {
         let mut t = BlockTuner::new(2, 4);
         for _ in 0..10 {
-            t.record(3, 3, 3, 0.0);
-            t.record(3, 3, 3, f64::NAN);
-            t.record(7, 7, 7, 1.0);
+            t.record(3, 3, 3, Some(0.0));
+            t.record(3, 3, 3, Some(f64::NAN));
+            t.record(7, 7, 7, Some(1.0));
         }
         assert_eq!(t.current(), 2);
     }
+    /// A round pays a one-time cost (`once` rounds' worth) the first time it meets a new `key(block,
+    /// accepted)` (on a GPU, graphs captured for a verify block's rows, for the drafter's observe of the
+    /// rows kept, for a rollback: 1.1-2.3 ms against 0.3-0.7 ms rounds on the testbed, run 168), with
+    /// 10% timing noise besides. Averaged over 50 runs of 120 rounds: the tokens per second it reaches,
+    /// counting each round at its cost without the one-time part, as a share of the best fixed block's.
+    /// `reported`: the rounds that paid are recorded untimed, as `generate` does when the backend's
+    /// `one_time_work` grew.
+    fn share_with_one_time_costs(
+        (verify, accept): Curve,
+        key: fn(usize, usize) -> (usize, usize),
+        once: f64,
+        reported: bool,
+    ) -> f64 {
+        let draft = 0.05;
+        let cost = |b: usize| draft * b as f64 + verify(b + 1);
+        let rate = |b: usize| tokens(&accept, b) / cost(b);
+        let best = (1..=15).map(rate).fold(0.0, f64::max);
+        let mut sum = 0.0;
+        for seed in 0..50u64 {
+            let mut t = BlockTuner::new(2, 15);
+            let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (seed * 7919 + 1);
+            let mut uniform = move || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 11) as f64 / (1u64 << 53) as f64
+            };
+            let (mut committed, mut seconds) = (0.0, 0.0);
+            let mut met = std::collections::HashSet::new();
+            for _ in 0..120 {
+                let b = t.next_block();
+                let mut a = 0;
+                while a < b && uniform() < accept(a + 1) {
+                    a += 1;
+                }
+                let c = cost(b) * (1.0 + 0.1 * (uniform() - 0.5));
+                let paid = met.insert(key(b, a));
+                let timed = match (paid, reported) {
+                    (true, true) => None,
+                    (true, false) => Some(c + once),
+                    (false, _) => Some(c),
+                };
+                t.record(b, (a + 1).min(b), a, timed);
+                committed += (a + 1) as f64;
+                seconds += c;
+            }
+            sum += committed / seconds / best;
+        }
+        sum / 50.0
+    }
+
+    /// (verify cost of r rows, acceptance of position i): one nearly flat, one steeper, one where
+    /// verify rows cost about as much as decoding.
+    /// (verify cost of r rows, acceptance of position i).
+    type Curve = (fn(usize) -> f64, fn(usize) -> f64);
+
+    const CURVES: [Curve; 3] = [
+        (|r| 1.0 + 0.02 * r as f64, |i| 0.93 - 0.01 * i as f64),
+        (|r| 1.0 + 0.1 * (r as f64 - 1.0), |_| 0.85),
+        (|r| 0.5 + 0.5 * r as f64, |_| 0.8),
+    ];
+
     #[test]
     fn one_time_costs_do_not_mislead_it() {
-        // A round pays a one-time cost (3 rounds' worth) the first time it keeps a given number of
-        // rows (on a GPU, a graph captured for that row count), with 10% timing noise besides.
-        // Averaged over 50 runs of 120 rounds, the tokens per second it reaches, counting each
-        // round at its cost without the one-time part, against the best fixed block's.
-        // (verify cost of r rows, acceptance of position i, the least share of the best rate)
-        type Curve = (fn(usize) -> f64, fn(usize) -> f64, f64);
-        let curves: [Curve; 3] = [
-            (|r| 1.0 + 0.02 * r as f64, |i| 0.93 - 0.01 * i as f64, 0.9),
-            (|r| 1.0 + 0.1 * (r as f64 - 1.0), |_| 0.85, 0.92),
-            (|r| 0.5 + 0.5 * r as f64, |_| 0.8, 0.92),
-        ];
-        for (verify, accept, floor) in curves {
-            let draft = 0.05;
-            let cost = |b: usize| draft * b as f64 + verify(b + 1);
-            let rate = |b: usize| tokens(&accept, b) / cost(b);
-            let best = (1..=15).map(rate).fold(0.0, f64::max);
-            let mut sum = 0.0;
-            for seed in 0..50u64 {
-                let mut t = BlockTuner::new(2, 15);
-                let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ (seed * 7919 + 1);
-                let mut uniform = move || {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    (state >> 11) as f64 / (1u64 << 53) as f64
-                };
-                let (mut committed, mut seconds) = (0.0, 0.0);
-                let mut kept_before = std::collections::HashSet::new();
-                for _ in 0..120 {
-                    let b = t.next_block();
-                    let mut a = 0;
-                    while a < b && uniform() < accept(a + 1) {
-                        a += 1;
-                    }
-                    let c = cost(b) * (1.0 + 0.1 * (uniform() - 0.5));
-                    let once = if kept_before.insert(a) { 3.0 } else { 0.0 };
-                    t.record(b, (a + 1).min(b), a, c + once);
-                    committed += (a + 1) as f64;
-                    seconds += c;
-                }
-                sum += committed / seconds / best;
-            }
-            let got = sum / 50.0;
+        // Paid per number of rows kept, unreported: the lower median of a block's rounds absorbs them.
+        for (curve, floor) in CURVES.into_iter().zip([0.9, 0.92, 0.92]) {
+            let got = share_with_one_time_costs(curve, |_, a| (0, a), 3.0, false);
             assert!(got >= floor, "{got:.3} of the best fixed block's rate");
         }
     }
+
+    #[test]
+    fn one_time_costs_reported_by_the_backend_are_left_out() {
+        // Paid per (block, rows kept), so a block's first several rounds all pay: unreported, the
+        // flat curve reaches 0.89 of the best rate; reported (left untimed), >= 0.96 on every curve.
+        for curve in CURVES {
+            let got = share_with_one_time_costs(curve, |b, a| (b, a), 1.0, true);
+            assert!(got >= 0.95, "{got:.3} of the best fixed block's rate");
+        }
+        let unreported = share_with_one_time_costs(CURVES[0], |b, a| (b, a), 1.0, false);
+        assert!(
+            unreported < 0.92,
+            "{unreported:.3}: the case no longer tells"
+        );
+    }
+
     #[test]
     fn follows_the_text_when_it_gets_easier() {
         // The drafter's acceptance depends on where the text is: 0.6 for its first 100 tokens, then
@@ -569,7 +629,7 @@ mod tests {
                 }
                 let c = cost(b) * (1.0 + 0.1 * (uniform() - 0.5));
                 let once = if kept_before.insert(a) { 3.0 } else { 0.0 };
-                t.record(b, (a + 1).min(b), a, c + once);
+                t.record(b, (a + 1).min(b), a, Some(c + once));
                 pos += a + 1;
                 seconds += c;
             }

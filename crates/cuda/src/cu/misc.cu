@@ -153,7 +153,7 @@ __device__ __forceinline__ void argmax_take(float v, int i, float& best, int& bi
 }
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
     argmax_rows(const float* __restrict__ logits, int vocab, int* __restrict__ out, int* __restrict__ next_id,
-                int* __restrict__ next_start, int* __restrict__ host_pair) {
+                int* __restrict__ next_start, int* __restrict__ host_pair, int* __restrict__ counter) {
     PDL_ENTER();
     __shared__ float sv[32];
     __shared__ int si[32], sbad[32];
@@ -205,10 +205,13 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
         // A chained decode step's input for the next one, and its pair in mapped host memory (argmax.rs
         // launch_feeding; one row): the host reads it after the step's event, which orders it.
         if (next_id) {
+            // With a counter, pair c of host_pair, c counted up (the MTP head's draft steps, mtp.rs).
+            const int c = counter ? counter[0] : 0;
             next_id[0] = none ? 0 : bi;
             next_start[0] += 1;
-            host_pair[0] = none ? 0 : bi;
-            host_pair[1] = bad || none;
+            host_pair[2 * c] = none ? 0 : bi;
+            host_pair[2 * c + 1] = bad || none;
+            if (counter) counter[0] = c + 1;
         }
     }
 }

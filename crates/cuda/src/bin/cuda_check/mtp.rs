@@ -40,6 +40,20 @@ fn rel(a: &[f32], b: &[f32]) -> f32 {
     super::fixtures::max_abs(a, b) / scale
 }
 
+/// A plain argmax: the drafter may take it on the device and feed its draft steps there (mtp.rs
+/// `propose_fed`).
+struct PlainArgmax;
+
+impl Chooser for PlainArgmax {
+    fn choose(&mut self, logits: &[f32], _context: &[u32]) -> u32 {
+        kernels::argmax(logits) as u32
+    }
+
+    fn plain_argmax(&self) -> bool {
+        true
+    }
+}
+
 fn propose(d: &mut dyn Drafter, history: &[u32], k: usize) -> Result<(Vec<u32>, Vec<Vec<f32>>)> {
     let mut r = Recorder::default();
     let out = d.propose(history, k, &mut r)?;
@@ -164,6 +178,15 @@ pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool) -> Result<bool> {
         if same { "equal ok" } else { "DIFFER FAIL" }
     );
 
+    // Plain argmax: the draft steps fed on the device, all k queued before one wait.
+    let fed = gpu.propose(&prompt, k, &mut PlainArgmax)?;
+    let same = fed == want_ids;
+    ok &= same;
+    println!(
+        "  [{name} {mode} mtp] proposals fed on the device {fed:?} vs host head: {}",
+        if same { "equal ok" } else { "DIFFER FAIL" }
+    );
+
     // Graph replay == direct launches, and the draft step's time each way.
     let direct_target = Arc::new(CudaModel::load(dev, &ck, opts(false))?);
     let mut direct = CudaMtp::load(&direct_target, &ck)?.context("GPU MTP head")?;
@@ -189,6 +212,13 @@ pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool) -> Result<bool> {
         println!(
             "  [{name} {mode} mtp] one draft step (logits to the host): graph {g:.3} ms, direct {dl:.3} ms"
         );
+        let rounds = 20;
+        let t = std::time::Instant::now();
+        for _ in 0..rounds {
+            gpu.propose(&prompt, k, &mut PlainArgmax)?;
+        }
+        let fed_ms = t.elapsed().as_secs_f64() * 1e3 / (rounds * (k - 1)) as f64;
+        println!("  [{name} {mode} mtp] one draft step fed on the device (plain argmax, {k} drafts a wait): {fed_ms:.3} ms");
         let (g, dl) = (
             observe_ms(&mut gpu, &taps, &prompt, hd)?,
             observe_ms(&mut direct, &taps, &prompt, hd)?,
