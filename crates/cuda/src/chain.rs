@@ -159,8 +159,8 @@ impl CudaModel {
         if state.chain.is_none() {
             let mut bufs = ChainBufs::new(dev)?;
             if self.graph_ok() {
-                let a = self.capture(state, StepIo::MainToAlt, bufs.slot(0));
-                let b = self.capture(state, StepIo::AltToMain, bufs.slot(1));
+                let a = self.capture(state, StepIo::MainToAlt, bufs.slot(0), false);
+                let b = self.capture(state, StepIo::AltToMain, bufs.slot(1), false);
                 // Capture failing leaves the steps to direct launches.
                 if let (Ok(Some(a)), Ok(Some(b))) = (a, b) {
                     bufs.graphs = Some([a, b]);
@@ -223,7 +223,7 @@ impl CudaModel {
             Some(g) => g[j % 2]
                 .launch()
                 .map_err(CudaError::driver("launching a chained decode step"))?,
-            None => self.decode_body(state, &mut None, step_io(j), slot)?,
+            None => self.decode_body(state, &mut None, step_io(j), slot, false)?,
         }
         if let Some(events) = state.chain.as_ref().and_then(|b| b.events.as_ref()) {
             let dev = &*self.dev;

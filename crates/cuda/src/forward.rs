@@ -42,6 +42,9 @@ pub(crate) struct PassOut {
     pub taps: Vec<Vec<f32>>,
 }
 
+/// A graphed decode step's logits row, argmax and final-hidden row (each when asked for).
+type DecodeStepOut = (Vec<f32>, Option<Vec<u32>>, Option<Vec<f32>>);
+
 impl CudaModel {
     /// Runs `tokens` at positions start..start+n (see the module doc). An attention-only state ahead
     /// of `start` is rewound to it first, as on the CPU.
@@ -112,13 +115,24 @@ impl CudaModel {
             taps: vec![Vec::new(); wanted.taps.len()],
             ..Default::default()
         };
-        if n == 1 && wanted.taps.is_empty() && state.tape.is_none() && self.graph_ok() {
+        // One row with no taps, or the final hidden only (a drafter's plain steps): the decode graph.
+        let final_hidden = wanted.taps == [Tap::FinalHidden];
+        if n == 1
+            && (wanted.taps.is_empty() || final_hidden)
+            && state.tape.is_none()
+            && self.graph_ok()
+        {
             let want = match (first, wanted.argmax_only) {
                 (0, false) => Want::Logits,
                 (0, true) => Want::Argmax,
                 _ => Want::Nothing,
             };
-            (out.logits, out.argmax) = self.decode_graph_step(tokens[0], start, state, want)?;
+            let hidden;
+            (out.logits, out.argmax, hidden) =
+                self.decode_graph_step(tokens[0], start, state, want, final_hidden)?;
+            if let (Some(slot), Some(h)) = (out.taps.first_mut(), hidden) {
+                *slot = h;
+            }
             state.position = start + 1;
             return Ok(out);
         }
@@ -498,42 +512,61 @@ impl CudaModel {
     }
 
     /// One-row decode through the state's captured graph (captured on first use); returns what `want`
-    /// asks for: the logits row, or its argmax (the row instead when the argmax kernel refused it).
+    /// asks for: the logits row, or its argmax (the row instead when the argmax kernel refused it); and
+    /// with `final_hidden` the final-norm hidden row (the graph that also computes it).
     fn decode_graph_step(
         &self,
         token: u32,
         start: usize,
         state: &mut CudaState,
         want: Want,
-    ) -> Result<(Vec<f32>, Option<Vec<u32>>), CudaError> {
+        final_hidden: bool,
+    ) -> Result<DecodeStepOut, CudaError> {
         let dev: &CudaDevice = &self.dev;
         htod(dev, state.one.ids.ptr, &[token as i32])?;
         htod(dev, state.one.start.ptr, &[start as i32])?;
-        if state.graph.is_none() && state.graph_error.is_none() {
-            match self.capture(state, StepIo::InPlace, 0) {
+        let captured = match final_hidden {
+            false => state.graph.is_some(),
+            true => state.graph_hidden.is_some(),
+        };
+        if !captured && state.graph_error.is_none() {
+            match self.capture(state, StepIo::InPlace, 0, final_hidden) {
+                Ok(Some(g)) if final_hidden => state.graph_hidden = Some(g),
                 Ok(Some(g)) => state.graph = Some(g),
                 Ok(None) => state.graph_error = Some("capture produced an empty graph".into()),
                 Err(e) => state.graph_error = Some(e.to_string()),
             }
         }
-        match &state.graph {
+        let graph = match final_hidden {
+            false => &state.graph,
+            true => &state.graph_hidden,
+        };
+        match graph {
             Some(g) => g
                 .launch()
                 .map_err(CudaError::driver("launching the decode graph"))?,
-            None => self.decode_body(state, &mut None, StepIo::InPlace, 0)?,
+            None => self.decode_body(state, &mut None, StepIo::InPlace, 0, final_hidden)?,
         }
+        let hidden = match final_hidden {
+            true => {
+                let mut h = vec![0.0f32; self.hidden];
+                dtoh(dev, &mut h, state.one.h.ptr)?;
+                Some(h)
+            }
+            false => None,
+        };
         match want {
-            Want::Nothing => return Ok((Vec::new(), None)),
+            Want::Nothing => return Ok((Vec::new(), None, hidden)),
             Want::Argmax => {
                 if let Some(ids) = argmax::read_ids(dev, state.one.argmax.ptr, 1)? {
-                    return Ok((Vec::new(), Some(ids)));
+                    return Ok((Vec::new(), Some(ids), hidden));
                 }
             }
             Want::Logits => {}
         }
         let mut logits = vec![0.0f32; self.vocab];
         dtoh(dev, &mut logits, state.one.logits.ptr)?;
-        Ok((logits, None))
+        Ok((logits, None, hidden))
     }
 
     /// Captures the one-row decode step of `state` into a graph (nothing runs during capture).
@@ -542,6 +575,7 @@ impl CudaModel {
         state: &mut CudaState,
         io: StepIo,
         slot: u64,
+        final_hidden: bool,
     ) -> Result<Option<cudarc::driver::CudaGraph>, CudaError> {
         use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
         crate::note_capture();
@@ -549,7 +583,7 @@ impl CudaModel {
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(CudaError::driver("beginning graph capture"))?;
-        let body = self.decode_body(state, &mut None, io, slot);
+        let body = self.decode_body(state, &mut None, io, slot, final_hidden);
         // Always end the capture, also after a failed body, so the stream leaves capture mode.
         let graph = stream
             .end_capture(CUgraphInstantiate_flags(0))
@@ -560,13 +594,16 @@ impl CudaModel {
 
     /// The device work of one decode row (ids and start already in `state.one`): what the graph holds.
     /// A chained step (`io` not in place) also leaves its argmax and position + 1 as the next step's
-    /// input, and its [token, refused] pair in host memory at `slot` (`argmax::launch_feeding`).
+    /// input, and its [token, refused] pair in host memory at `slot` (`argmax::launch_feeding`). With
+    /// `final_hidden` the final-norm hidden row goes to `one.h` (the LM head stages its norm without
+    /// storing it), by the kernel `pass` normalises its rows with, so the tap has `pass`'s bits.
     pub(crate) fn decode_body(
         &self,
         state: &mut CudaState,
         prof: &mut Option<Prof>,
         io: StepIo,
         slot: u64,
+        final_hidden: bool,
     ) -> Result<(), CudaError> {
         let dev = &*self.dev;
         // GEMV runs as persistent kernels (segment.rs). A profiled step synchronises after every
@@ -615,6 +652,21 @@ impl CudaModel {
                     0,
                 )?
             }
+        }
+        if final_hidden {
+            // After the argmax: a launch here flushes the open segment, so before the LM head it would
+            // run that GEMV apart from it.
+            let h = self.hidden;
+            ops::rmsnorm(
+                dev,
+                one.x.ptr,
+                self.final_norm.ptr,
+                one.h.ptr,
+                1,
+                h,
+                self.eps,
+                self.zero_centred,
+            )?;
         }
         if let Some(scope) = scope {
             scope.finish()?;

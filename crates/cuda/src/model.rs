@@ -347,6 +347,7 @@ impl CudaModel {
             many: None,
             widths: self.widths,
             graph: None,
+            graph_hidden: None,
             graph_error: None,
             chain: None,
             verify_graphs: Vec::new(),

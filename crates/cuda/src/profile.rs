@@ -64,7 +64,7 @@ impl CudaModel {
         htod(dev, state.one.start.ptr, &[start as i32])?;
         let first = record(dev)?;
         let mut prof = Some(Prof { marks: Vec::new() });
-        self.decode_body(state, &mut prof, crate::state::StepIo::InPlace, 0)?;
+        self.decode_body(state, &mut prof, crate::state::StepIo::InPlace, 0, false)?;
         dev.synchronize()?;
         state.position = start + 1;
         summarize(&first, prof)

@@ -282,6 +282,9 @@ pub struct CudaState {
     pub(crate) many: Option<Scratch>,
     pub(crate) widths: Widths,
     pub(crate) graph: Option<CudaGraph>,
+    /// The decode graph that also leaves the final-norm hidden row in `one.h` (a drafter's tap: the
+    /// speculative loop's plain steps), captured on first use.
+    pub(crate) graph_hidden: Option<CudaGraph>,
     /// Why graph capture failed on this state (decode then uses direct launches).
     pub(crate) graph_error: Option<String>,
     /// A chain's step graphs and token slots (chain.rs), made by the first chain.
@@ -452,6 +455,11 @@ impl CudaState {
             Some(e) => Err(e.clone()),
             None => Ok(self.graph.is_some()),
         }
+    }
+
+    /// Whether the decode graph with the final-hidden tap has been captured.
+    pub fn hidden_graph_captured(&self) -> bool {
+        self.graph_hidden.is_some()
     }
 
     /// Verify blocks captured as graphs so far, or why capture failed (blocks then launch directly).

@@ -401,6 +401,33 @@ fn state_ops(gpu: &CudaModel, prompt: &[u32], name: &str, mode: &str) -> Result<
         "graph step == direct launches (bitwise)",
         bits(&g.logits, &d.logits),
     );
+    // The speculative loop's plain steps: one row with the final-hidden tap, through its own graph.
+    let tapped = Wanted {
+        logits: Rows::Last,
+        taps: vec![Tap::FinalHidden],
+        argmax_only: false,
+    };
+    let mut s4 = gpu.new_state(cap)?;
+    s4.restore(&s2)?;
+    let gt = gpu.forward(&drafts[..1], n, &mut s4, &tapped)?;
+    if s1.graph_status() == Ok(true) {
+        report(
+            "decode graph with the final-hidden tap captured",
+            s4.hidden_graph_captured(),
+        );
+    }
+    let mut s5 = gpu.new_state(cap)?;
+    s5.restore(&s2)?;
+    gpu.begin_tape(&mut s5)?;
+    let dt = gpu.forward(&drafts[..1], n, &mut s5, &tapped)?;
+    let tap = |o: &families::ForwardOut| o.taps.first().cloned().unwrap_or_default();
+    report(
+        "graph step with the final-hidden tap == direct (bitwise)",
+        bits(&gt.logits, &dt.logits)
+            && bits(&gt.logits, &g.logits)
+            && !tap(&gt).is_empty()
+            && bits(&tap(&gt), &tap(&dt)),
+    );
     s2 = s1.snapshot()?;
     drop(s2);
     Ok(ok)
