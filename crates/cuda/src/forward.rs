@@ -705,26 +705,35 @@ impl CudaModel {
                 state.many = Some(Scratch::new(dev, &state.widths, keep, rs)?);
             }
         }
-        let sc = if keep > 1 {
-            state.many.as_ref()
-        } else {
-            Some(&state.one)
-        }
-        .ok_or(CudaError::Unsupported {
-            what: "missing scratch".into(),
-        })?;
-        for ((layer, ls), lt) in self.layers.iter().zip(&state.layers).zip(&tape.layers) {
+        self.replay_tape(state, &tape, keep)?;
+        dev.synchronize()?;
+        state.position = tape.start_position + keep;
+        state.spare_tape = Some(tape);
+        Ok(true)
+    }
+
+    /// What a rollback to `keep` rows runs on the device (the caller sized the scratch): each GDN layer's S
+    /// and conv window back to the tape's start, then its recurrence over the first `keep` recorded
+    /// rows. The same kernels on the same recorded inputs, so S and the window come out bit for bit as
+    /// if only `keep` rows had run (the outputs in the scratch's `o` are discarded).
+    pub(crate) fn rollback_body(
+        &self,
+        layers: &[LayerState],
+        tape: &Tape,
+        sc: &Scratch,
+        keep: usize,
+    ) -> Result<(), CudaError> {
+        let dev = &*self.dev;
+        for ((layer, ls), lt) in self.layers.iter().zip(layers).zip(&tape.layers) {
             if let (MixerW::Gdn(g), LayerState::Recurrent { s, conv, .. }, Some(lt)) =
                 (&layer.mixer, ls, lt)
             {
                 if lt.rows == 0 {
                     continue;
                 }
-                crate::buf::dtod(dev, s.ptr, lt.s0.ptr, s.bytes)?;
-                crate::buf::dtod(dev, conv.ptr, lt.conv0.ptr, conv.bytes)?;
+                dtod(dev, s.ptr, lt.s0.ptr, s.bytes)?;
+                dtod(dev, conv.ptr, lt.conv0.ptr, conv.bytes)?;
                 if keep > 0 {
-                    // The same kernels on the same recorded inputs: S and the window come out bit for
-                    // bit as if only `keep` rows had run (the outputs in sc.o are discarded).
                     let args = self.gdn_args(g);
                     let (proj, prep, o) = (lt.proj.ptr, sc.mid.ptr, sc.o.ptr);
                     let cols = GdnCols::Split {
@@ -736,10 +745,7 @@ impl CudaModel {
                 }
             }
         }
-        dev.synchronize()?;
-        state.position = tape.start_position + keep;
-        state.spare_tape = Some(tape);
-        Ok(true)
+        Ok(())
     }
 
     /// Starts recording a tape on `state` (see `rollback_retaining`).

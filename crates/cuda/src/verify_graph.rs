@@ -30,16 +30,17 @@ use crate::error::CudaError;
 use crate::forward::PassOut;
 use crate::model::CudaModel;
 use crate::ops;
-use crate::state::{CudaState, Scratch, LOGIT_ROWS};
+use crate::state::{CudaState, Scratch, Tape, LOGIT_ROWS};
 
-/// What identifies a captured verify graph.
+/// What identifies a captured verify graph, or a rollback's tape replay (`rollback`: `rows` kept).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct VerifyKey {
     rows: usize,
     first: usize,
     final_hidden: bool,
-    /// The tape epoch the graph records into (None: no tape).
+    /// The tape epoch the graph records into or replays (None: no tape).
     tape: Option<u64>,
+    rollback: bool,
 }
 
 impl CudaModel {
@@ -91,6 +92,7 @@ impl CudaModel {
             first,
             final_hidden,
             tape: state.tape.as_ref().map(|_| state.tape_epoch),
+            rollback: false,
         };
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         {
@@ -153,6 +155,79 @@ impl CudaModel {
             argmax: None,
             taps: tap_out,
         }))
+    }
+
+    /// A rollback's device work (`rollback_body`) for `tape`, taken out of `state`, through a graph per
+    /// kept row count when verify graphs are on (the testbed's rounds: ~30 launches, ~0.1 ms direct, run
+    /// 168), else direct launches. The scratch is the one `rollback_body` reads (sized by the caller).
+    pub(crate) fn replay_tape(
+        &self,
+        state: &mut CudaState,
+        tape: &Tape,
+        keep: usize,
+    ) -> Result<(), CudaError> {
+        let eligible = self.opts.verify_graphs
+            && self.graph_ok()
+            && state.verify_graph_error.is_none()
+            && tape.layers.iter().flatten().all(|l| l.rows > 0);
+        let key = VerifyKey {
+            rows: keep,
+            first: 0,
+            final_hidden: false,
+            tape: Some(state.tape_epoch),
+            rollback: true,
+        };
+        let CudaState {
+            layers,
+            one,
+            many,
+            verify_graphs,
+            verify_graph_error,
+            ..
+        } = state;
+        let sc = match keep {
+            0 | 1 => Some(&*one),
+            _ => many.as_ref(),
+        }
+        .ok_or(CudaError::Unsupported {
+            what: "missing scratch".into(),
+        })?;
+        if !eligible {
+            return self.rollback_body(layers, tape, sc, keep);
+        }
+        if let Some((_, g)) = verify_graphs.iter().find(|(k, _)| *k == key) {
+            return g
+                .launch()
+                .map_err(CudaError::driver("launching a rollback graph"));
+        }
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        crate::note_capture();
+        let stream = &self.dev.gpu()?.stream;
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(CudaError::driver("beginning rollback graph capture"))?;
+        let body = self.rollback_body(layers, tape, sc, keep);
+        // Always end the capture, also after a failed body, so the stream leaves capture mode.
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map_err(CudaError::driver("ending rollback graph capture"));
+        match body.and(graph) {
+            Ok(Some(g)) => {
+                g.launch()
+                    .map_err(CudaError::driver("launching a rollback graph"))?;
+                verify_graphs.push((key, g));
+                Ok(())
+            }
+            // Nothing ran: this and later rollbacks of the state use direct launches.
+            Ok(None) => {
+                *verify_graph_error = Some("an empty rollback graph".into());
+                self.rollback_body(layers, tape, sc, keep)
+            }
+            Err(e) => {
+                *verify_graph_error = Some(e.to_string());
+                self.rollback_body(layers, tape, sc, keep)
+            }
+        }
     }
 
     /// Captures the device work of a verify block (nothing runs during capture).
