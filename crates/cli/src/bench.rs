@@ -32,6 +32,7 @@ use runtime::{
 };
 
 use runtime::policy::{Drafter, SpeculationPlan};
+use sampling::Shaping;
 
 use crate::progress;
 
@@ -48,6 +49,11 @@ const DEFAULT_PROMPT: &str = "def read_config(path):\n    \"\"\"Read a JSON conf
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
+    /// Also measure sampled decoding in the throughput table, side by side with greedy: Qwen3's
+    /// recommended non-thinking settings (temperature 0.7, top-p 0.8, top-k 20), seed 0. On a GPU this
+    /// prices what sampling costs the host: each token's [vocab] logits row comes back and is shaped there.
+    #[arg(long)]
+    pub sampled: bool,
     /// Checkpoint directory. Default: $TURBOSPARK_MODEL, else the embedded testbed. Ignored with --shape.
     #[arg(long, value_name = "DIR", env = "TURBOSPARK_MODEL")]
     pub model: Option<PathBuf>,
@@ -222,10 +228,21 @@ impl Bench {
         prompt: &[u32],
         speculative: Option<Speculative>,
     ) -> Result<GenerationResult> {
+        self.once_with(&self.config, session, prompt, speculative)
+    }
+
+    /// `once` with another generation config.
+    fn once_with(
+        &self,
+        config: &GenerationConfig,
+        session: &mut Session<ModelState>,
+        prompt: &[u32],
+        speculative: Option<Speculative>,
+    ) -> Result<GenerationResult> {
         session.reset_all()?;
         let request = Request {
             prompt,
-            config: &self.config,
+            config,
             eos: &[],
             detok: &NoText,
             speculative,
@@ -378,35 +395,74 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
 fn throughput(bench: &Bench, args: &BenchArgs, prompt: &[u32]) -> Result<()> {
     out!(
-        "\nthroughput: prompt {} random ids, {} greedy tokens, median of {} run(s)",
+        "\nthroughput: prompt {} random ids, {} greedy tokens{}, median of {} run(s)",
         args.prompt_tokens,
         args.gen_tokens,
+        if args.sampled {
+            " (and sampled: temperature 0.7, top-p 0.8, top-k 20, alternating runs)"
+        } else {
+            ""
+        },
         args.runs
     );
+    let sampled_config = GenerationConfig {
+        shaping: Shaping {
+            temperature: 0.7,
+            top_p: 0.8,
+            top_k: 20,
+            ..Shaping::default()
+        },
+        ..GenerationConfig::greedy(args.gen_tokens)
+    };
     out!(
-        "{:>8} | {:>14} | {:>13}",
+        "{:>8} | {:>14} | {:>13}{}",
         "threads",
         "prefill tok/s",
-        "decode tok/s"
+        "decode tok/s",
+        if args.sampled {
+            " |  sampled tok/s |   ratio"
+        } else {
+            ""
+        }
     );
-    out!("{:->8}-+-{:->14}-+-{:->13}", "", "", "");
+    out!(
+        "{:->8}-+-{:->14}-+-{:->13}{}",
+        "",
+        "",
+        "",
+        if args.sampled {
+            "-+----------------+--------"
+        } else {
+            ""
+        }
+    );
     for &threads in &args.threads_list {
-        let results = pool(threads)?.install(|| {
+        // Greedy and sampled runs alternate, so a drift of the machine's speed touches both alike.
+        let (greedy, sampled) = pool(threads)?.install(|| -> Result<_> {
             let mut session = Session::open(&bench.model)?;
-            bench.runs(args.runs, &mut session, prompt, None)
+            let (mut greedy, mut sampled) = (Vec::new(), Vec::new());
+            for _ in 0..args.runs {
+                greedy.push(bench.once(&mut session, prompt, None)?);
+                if args.sampled {
+                    sampled.push(bench.once_with(&sampled_config, &mut session, prompt, None)?);
+                }
+            }
+            Ok((greedy, sampled))
         })?;
-        let prefill: Vec<f64> = results
-            .iter()
-            .map(|r| r.prefill_tokens_per_second())
-            .collect();
-        let decode: Vec<f64> = results
-            .iter()
-            .map(|r| r.decode_tokens_per_second())
-            .collect();
+        let rate = |results: &[GenerationResult], f: fn(&GenerationResult) -> f64| {
+            median(&results.iter().map(f).collect::<Vec<_>>())
+        };
+        let decode = rate(&greedy, GenerationResult::decode_tokens_per_second);
+        let sampled_cols = if args.sampled {
+            let s = rate(&sampled, GenerationResult::decode_tokens_per_second);
+            let ratio = if decode > 0.0 { s / decode } else { 0.0 };
+            format!(" | {s:>14.2} | {ratio:>6.2}x")
+        } else {
+            String::new()
+        };
         out!(
-            "{threads:>8} | {:>14.1} | {:>13.2}",
-            median(&prefill),
-            median(&decode)
+            "{threads:>8} | {:>14.1} | {decode:>13.2}{sampled_cols}",
+            rate(&greedy, GenerationResult::prefill_tokens_per_second),
         );
     }
     Ok(())
