@@ -705,8 +705,9 @@ impl CudaModel {
                 state.many = Some(Scratch::new(dev, &state.widths, keep, rs)?);
             }
         }
+        // Not waited for: whatever reads the state next is queued behind the replay on the same stream
+        // (a wait here was a host round trip per rejected speculative round).
         self.replay_tape(state, &tape, keep)?;
-        dev.synchronize()?;
         state.position = tape.start_position + keep;
         state.spare_tape = Some(tape);
         Ok(true)
