@@ -18,7 +18,7 @@ use std::borrow::Cow;
 
 use crate::shaping::{
     block_sums, check_logits, penalized_logits, softmax_in_place, temperature_weights, warp,
-    warp_top_k, History, Shaping, SPARSE_TOP_K_MAX, SUM_BLOCK,
+    warp_top_k, warp_top_k_candidates, History, Shaping, SPARSE_TOP_K_MAX, SUM_BLOCK,
 };
 use crate::SamplingError;
 
@@ -107,6 +107,40 @@ impl ShapedDistribution {
         }
         let probs = softmax_in_place(warp(&penalized, shaping));
         Ok(Self::dense(probs))
+    }
+
+    /// [`ShapedDistribution::new`] of a row from its candidates, when that gives the same bits: a
+    /// backend that selected the row's largest logits (on a GPU, instead of bringing the whole row
+    /// back) passes their `ids` (increasing, `< vocab`) and `logits`, every logit of the row at or
+    /// above the smallest candidate being among them. None when the shaping or the candidates do not
+    /// allow it (penalties, no top-k, too few candidates, a kept value below them): shape the row.
+    pub fn from_candidates(
+        vocab: usize,
+        ids: &[u32],
+        logits: &[f32],
+        shaping: &Shaping,
+    ) -> Result<Option<Self>, SamplingError> {
+        shaping.validate()?;
+        let k = shaping.top_k as usize;
+        let sparse = !shaping.has_penalties()
+            && !shaping.is_greedy()
+            && (1..=SPARSE_TOP_K_MAX).contains(&k)
+            && k < vocab;
+        if !sparse || ids.len() != logits.len() {
+            return Ok(None);
+        }
+        if let Some(&token) = ids.iter().find(|&&i| i as usize >= vocab) {
+            return Err(SamplingError::TokenOutOfVocab {
+                what: "candidate",
+                token,
+                vocab,
+            });
+        }
+        if ids.windows(2).any(|w| w[0] >= w[1]) {
+            return Ok(None);
+        }
+        Ok(warp_top_k_candidates(ids, logits, shaping)
+            .map(|(kept, shifted)| Self::sparse(vocab, kept, shifted)))
     }
 
     /// The softmax of `shifted` logits at `ids` (increasing; -inf for dropped ids) with every
@@ -388,6 +422,131 @@ fn argmax_lowest(logits: &[f32]) -> u32 {
 mod tests {
     use super::*;
     use crate::random::uniform;
+
+    /// The K largest logits of a row with every tie of the K-th (what a backend's selection returns),
+    /// ids increasing.
+    fn candidates(row: &[f32], big_k: usize) -> (Vec<u32>, Vec<f32>) {
+        let mut sorted: Vec<f32> = row.to_vec();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let floor = sorted[big_k.min(row.len()) - 1];
+        row.iter()
+            .enumerate()
+            .filter(|(_, l)| l.total_cmp(&floor).is_ge())
+            .map(|(i, &l)| (i as u32, l))
+            .unzip()
+    }
+
+    /// Candidates give the row's distribution bit for bit (probabilities, support, draws) whenever
+    /// they answer, and they answer for the usual rows; too few candidates, or a floor above a value
+    /// top-k keeps, do not answer (shape the row instead).
+    #[test]
+    fn candidates_give_the_rows_distribution_bit_for_bit_or_nothing() {
+        let vocab = 3 * SUM_BLOCK + 77;
+        let (mut answered, mut declined) = (0, 0);
+        for seed in 0..10u64 {
+            let mut row: Vec<f32> = (0..vocab)
+                .map(|i| {
+                    let u = uniform(seed, i as u64);
+                    match i % 89 {
+                        0 => f32::NEG_INFINITY,
+                        1..=20 => (u * 6.0).floor() as f32, // exact ties, also at the boundary
+                        _ => (u * 16.0 - 8.0) as f32,
+                    }
+                })
+                .collect();
+            row[11] = -0.0;
+            row[12] = 0.0;
+            for (k, t, p, m) in [
+                (20, 0.7, 0.8, 0.0),
+                (1, 1.0, 1.0, 0.0),
+                (50, 1.3, 0.95, 0.05),
+                (5, 1e-6, 1.0, 0.0),
+            ] {
+                let shaping = Shaping {
+                    temperature: t,
+                    top_k: k,
+                    top_p: p,
+                    min_p: m,
+                    ..Shaping::default()
+                };
+                let full = ShapedDistribution::new(&row, &shaping, History::empty()).unwrap();
+                for big_k in [k as usize, 2 * k as usize + 3] {
+                    let (ids, logits) = candidates(&row, big_k);
+                    match ShapedDistribution::from_candidates(vocab, &ids, &logits, &shaping)
+                        .unwrap()
+                    {
+                        Some(d) => {
+                            answered += 1;
+                            assert_eq!(d, full, "seed {seed} k {k} K {big_k}");
+                            for j in 0..64 {
+                                let u = uniform(seed + 100, j);
+                                assert_eq!(d.draw(u), full.draw(u));
+                            }
+                        }
+                        None => declined += 1,
+                    }
+                }
+                // Fewer than k candidates never answer.
+                let (ids, logits) = candidates(&row, 1);
+                if k > 1 && ids.len() < k as usize {
+                    assert!(
+                        ShapedDistribution::from_candidates(vocab, &ids, &logits, &shaping)
+                            .unwrap()
+                            .is_none()
+                    );
+                }
+            }
+            // A kept value below the candidates: with one logit at 1e30, every small logit minus it
+            // rounds to -1e30, so top-k keeps all of them as ties of the k-th; 3 candidates cannot say.
+            let shaping = Shaping {
+                temperature: 0.7,
+                top_k: 3,
+                ..Shaping::default()
+            };
+            let mut huge = row.clone();
+            huge[100] = 1e30;
+            let (ids, logits) = candidates(&huge, 3);
+            let got = ShapedDistribution::from_candidates(vocab, &ids, &logits, &shaping).unwrap();
+            assert!(
+                got.is_none(),
+                "seed {seed}: answered for a row whose kept set it cannot see"
+            );
+            declined += 1;
+        }
+        assert!(answered > 60, "answered {answered}, declined {declined}");
+        // Penalties or no top-k: never from candidates.
+        let (ids, logits) = candidates(&[1.0, 2.0, 3.0, 0.5], 2);
+        for shaping in [
+            Shaping {
+                temperature: 0.7,
+                top_k: 2,
+                repetition_penalty: 1.1,
+                ..Shaping::default()
+            },
+            Shaping {
+                temperature: 0.7,
+                top_k: 0,
+                ..Shaping::default()
+            },
+        ] {
+            assert!(
+                ShapedDistribution::from_candidates(4, &ids, &logits, &shaping)
+                    .unwrap()
+                    .is_none()
+            );
+        }
+        assert!(ShapedDistribution::from_candidates(
+            2,
+            &[0, 5],
+            &[1.0, 2.0],
+            &Shaping {
+                temperature: 0.7,
+                top_k: 1,
+                ..Shaping::default()
+            }
+        )
+        .is_err());
+    }
 
     /// Rows with ties, masked (-inf) ids and a wide range, over a vocabulary spanning several sum
     /// blocks; the sparse top-k path must give the dense path's distribution bit for bit: every

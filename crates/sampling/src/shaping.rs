@@ -333,7 +333,6 @@ pub(crate) const SPARSE_TOP_K_MAX: usize = 1024;
 pub(crate) fn warp_top_k(penalized: &[f32], shaping: &Shaping) -> (Vec<usize>, Vec<f64>) {
     let max = penalized.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let t = shaping.temperature;
-    let scaled = |l: f32| (l as f64 - max) / t;
     let k = shaping.top_k as usize;
     // The k largest keys of a slice (a min-heap of them).
     let largest = |row: &[f32]| {
@@ -362,29 +361,47 @@ pub(crate) fn warp_top_k(penalized: &[f32], shaping: &Shaping) -> (Vec<usize>, V
         largest(penalized)
     };
     let kth = heap.peek().map_or(f32::NEG_INFINITY, |m| f32_from_key(m.0));
+    let lo = lowest_kept(max, kth, t);
+    warp_kept(max, lo, shaping, penalized.iter().copied().enumerate())
+}
+
+/// The smallest f32 that top-k keeps when `kth` is the k-th largest logit and `max` the largest:
+/// lower f32 values that scale to the same logit are ties warp keeps too, so the smallest finite x
+/// with scaled(x) >= scaled(kth), by bisection over the f32 order (the predicate is monotone; a
+/// step-by-step walk could be long: with a tiny temperature everything below scales to -inf).
+fn lowest_kept(max: f64, kth: f32, t: f64) -> f32 {
+    let scaled = |l: f32| (l as f64 - max) / t;
     let threshold = scaled(kth);
-    // Lower f32 values that scale to the same logit are ties warp keeps too: the smallest finite x
-    // with scaled(x) >= threshold, by bisection over the f32 order (the predicate is monotone; a
-    // step-by-step walk could be long: with a tiny temperature everything below scales to -inf).
-    let lo = if kth.is_finite() {
-        let (mut a, mut b) = (f32_key(-f32::MAX), f32_key(kth)); // answer in a..=b
-        while a < b {
-            let mid = a + (b - a) / 2;
-            if scaled(f32_from_key(mid)) >= threshold {
-                b = mid;
-            } else {
-                a = mid + 1;
-            }
+    if !kth.is_finite() {
+        return kth;
+    }
+    let (mut a, mut b) = (f32_key(-f32::MAX), f32_key(kth)); // answer in a..=b
+    while a < b {
+        let mid = a + (b - a) / 2;
+        if scaled(f32_from_key(mid)) >= threshold {
+            b = mid;
+        } else {
+            a = mid + 1;
         }
-        f32_from_key(a)
-    } else {
-        kth
-    };
+    }
+    f32_from_key(a)
+}
+
+/// The (id, logit) pairs at or above `lo` (not -inf) of `row`, ids increasing, with warp's shifted
+/// logits; then top-p and min-p on them.
+fn warp_kept(
+    max: f64,
+    lo: f32,
+    shaping: &Shaping,
+    row: impl Iterator<Item = (usize, f32)>,
+) -> (Vec<usize>, Vec<f64>) {
+    let t = shaping.temperature;
+    let k = shaping.top_k as usize;
     let (mut ids, mut vals) = (Vec::with_capacity(2 * k), Vec::with_capacity(2 * k));
-    for (i, &l) in penalized.iter().enumerate() {
+    for (i, l) in row {
         if l >= lo && l != f32::NEG_INFINITY {
             ids.push(i);
-            vals.push(scaled(l));
+            vals.push((l as f64 - max) / t);
         }
     }
     if shaping.top_p < 1.0 {
@@ -394,6 +411,39 @@ pub(crate) fn warp_top_k(penalized: &[f32], shaping: &Shaping) -> (Vec<usize>, V
         min_p(&mut vals, shaping.min_p);
     }
     (ids, vals)
+}
+
+/// [`warp_top_k`] from a row's candidates instead of the row: `ids` increasing, `logits` theirs,
+/// every logit of the row at or above the smallest candidate among them (a backend's selection of
+/// the K >= k largest, with their ties). The same ids and bits as `warp_top_k` of the row, or None
+/// when they might not be: fewer than k candidates, a NaN or +inf among them, or a kept value below
+/// the smallest candidate (top-k keeps lower values that scale to the k-th largest's logit).
+pub(crate) fn warp_top_k_candidates(
+    ids: &[u32],
+    logits: &[f32],
+    shaping: &Shaping,
+) -> Option<(Vec<usize>, Vec<f64>)> {
+    let k = shaping.top_k as usize;
+    if k == 0 || logits.len() < k || logits.iter().any(|l| l.is_nan() || *l == f32::INFINITY) {
+        return None;
+    }
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let mut keys: Vec<u32> = logits.iter().map(|&l| f32_key(l)).collect();
+    keys.sort_unstable_by(|a, b| b.cmp(a));
+    let kth = f32_from_key(keys[k - 1]);
+    let floor = f32_from_key(keys[keys.len() - 1]);
+    let lo = lowest_kept(max, kth, shaping.temperature);
+    // The least key `l >= lo` admits (-0.0 >= 0.0, so both zeros when lo is a zero) must be a candidate's.
+    let least = if lo == 0.0 {
+        f32_key(-0.0)
+    } else {
+        f32_key(lo)
+    };
+    if least < f32_key(floor) {
+        return None;
+    }
+    let row = ids.iter().zip(logits).map(|(&i, &l)| (i as usize, l));
+    Some(warp_kept(max, lo, shaping, row))
 }
 
 /// The bits of `x` as an unsigned key in `f32::total_cmp`'s order, and back.
