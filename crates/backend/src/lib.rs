@@ -406,6 +406,14 @@ impl Backend for Model {
         }
     }
 
+    fn last_logits(&self, state: &mut ModelState) -> Result<Option<Vec<f32>>, BackendError> {
+        match (self, state) {
+            (Model::Cpu(m), ModelState::Cpu(s)) => Backend::last_logits(&**m, s),
+            (Model::Cuda(m), ModelState::Cuda(s)) => Backend::last_logits(&**m, s),
+            (m, s) => Err(mismatch(m.device_name(), s.device_name())),
+        }
+    }
+
     fn one_time_work(&self) -> u64 {
         match self {
             Model::Cpu(m) => Backend::one_time_work(&**m),

@@ -158,6 +158,7 @@ fn score_window<B: Backend>(
             logits,
             taps: Vec::new(),
             argmax_only: false,
+            candidates: 0,
         };
         let out = model.forward(&window[pos..end], pos, &mut state, &wanted)?;
         for i in 0..out.rows {

@@ -96,6 +96,10 @@ impl Backend for CudaModel {
         )?)
     }
 
+    fn last_logits(&self, state: &mut CudaState) -> Result<Option<Vec<f32>>, BackendError> {
+        Ok(CudaModel::last_logits(self, state)?)
+    }
+
     fn one_time_work(&self) -> u64 {
         crate::graph_captures()
     }

@@ -59,6 +59,7 @@ pub const KERNELS: &[&str] = &[
     "silu_mul",
     "dflash_regroup",
     "argmax_rows",
+    "topk_candidates",
     "fill_normal_bf16",
     "read_stream",
     "moe_route",

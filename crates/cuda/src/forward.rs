@@ -12,10 +12,11 @@
 //! captured once as a CUDA graph and replayed at any position: only the token id and position are
 //! copied in before each launch, and the logits row is copied out after it.
 
-use families::{ForwardOut, ModelError, Rows, Tap, Wanted};
+use families::{Candidates, ForwardOut, ModelError, Rows, Tap, Wanted};
 
 use crate::argmax;
 use crate::buf::{dtod, dtoh, htod, DBuf};
+use crate::candidates::CandidateBufs;
 use crate::device::CudaDevice;
 use crate::error::CudaError;
 use crate::gdn::GdnOut;
@@ -32,6 +33,8 @@ enum Want {
     Nothing,
     Logits,
     Argmax,
+    /// The row's candidates (K), else its logits (candidates.rs).
+    Candidates(usize),
 }
 
 /// What one pass returns to the host.
@@ -39,11 +42,21 @@ pub(crate) struct PassOut {
     pub logits: Vec<f32>,
     /// The logits rows' argmax instead of `logits` (argmax_only, no row refused: argmax.rs).
     pub argmax: Option<Vec<u32>>,
+    /// The logits rows' candidates instead of `logits` (`Wanted::candidates`, no row flagged).
+    pub candidates: Option<Vec<Candidates>>,
     pub taps: Vec<Vec<f32>>,
 }
 
-/// A graphed decode step's logits row, argmax and final-hidden row (each when asked for).
-type DecodeStepOut = (Vec<f32>, Option<Vec<u32>>, Option<Vec<f32>>);
+/// The LM head's logits rows, or their argmax, or their candidates (lm_head_rows).
+type HeadOut = (Vec<f32>, Option<Vec<u32>>, Option<Vec<Candidates>>);
+
+/// A graphed decode step's logits row, argmax, candidates and final-hidden row (each when asked for).
+type DecodeStepOut = (
+    Vec<f32>,
+    Option<Vec<u32>>,
+    Option<Vec<Candidates>>,
+    Option<Vec<f32>>,
+);
 
 impl CudaModel {
     /// Runs `tokens` at positions start..start+n (see the module doc). An attention-only state ahead
@@ -115,6 +128,8 @@ impl CudaModel {
             taps: vec![Vec::new(); wanted.taps.len()],
             ..Default::default()
         };
+        state.last_logits = None;
+        let candidates = self.candidate_rows(state, wanted)?;
         // One row with no taps, or the final hidden only (a drafter's plain steps): the decode graph.
         let final_hidden = wanted.taps == [Tap::FinalHidden];
         if n == 1
@@ -122,13 +137,14 @@ impl CudaModel {
             && state.tape.is_none()
             && self.graph_ok()
         {
-            let want = match (first, wanted.argmax_only) {
-                (0, false) => Want::Logits,
-                (0, true) => Want::Argmax,
+            let want = match (first, wanted.argmax_only, candidates) {
+                (0, true, _) => Want::Argmax,
+                (0, false, 0) => Want::Logits,
+                (0, false, k) => Want::Candidates(k),
                 _ => Want::Nothing,
             };
             let hidden;
-            (out.logits, out.argmax, hidden) =
+            (out.logits, out.argmax, out.candidates, hidden) =
                 self.decode_graph_step(tokens[0], start, state, want, final_hidden)?;
             if let (Some(slot), Some(h)) = (out.taps.first_mut(), hidden) {
                 *slot = h;
@@ -136,8 +152,11 @@ impl CudaModel {
             state.position = start + 1;
             return Ok(out);
         }
-        if let Some(pass) = self.graphed_verify(tokens, start, state, first, &wanted.taps)? {
+        if let Some(pass) =
+            self.graphed_verify(tokens, start, state, first, &wanted.taps, candidates)?
+        {
             out.logits = pass.logits;
+            out.candidates = pass.candidates;
             out.taps = pass.taps;
             state.position = start + n;
             return Ok(out);
@@ -155,10 +174,12 @@ impl CudaModel {
                 first.saturating_sub(p0).min(p1 - p0),
                 &wanted.taps,
                 argmax_only,
+                if n <= pass_rows { candidates } else { 0 },
                 &mut None,
             )?;
             out.logits.extend_from_slice(&pass.logits);
             out.argmax = pass.argmax;
+            out.candidates = pass.candidates;
             for (slot, t) in out.taps.iter_mut().zip(pass.taps) {
                 slot.extend_from_slice(&t);
             }
@@ -182,6 +203,7 @@ impl CudaModel {
         first: usize,
         taps: &[Tap],
         argmax_only: bool,
+        candidates: usize,
         prof: &mut Option<Prof>,
     ) -> Result<PassOut, CudaError> {
         let dev = &*self.dev;
@@ -223,6 +245,8 @@ impl CudaModel {
             one,
             many,
             tap_stage,
+            candidates: candidate_bufs,
+            last_logits,
             ..
         } = state;
         let stage = tap_stage.as_ref().map_or(0, |b| b.ptr);
@@ -272,7 +296,7 @@ impl CudaModel {
         }
         let final_hidden = taps.contains(&Tap::FinalHidden);
         let from = if final_hidden { 0 } else { first };
-        let (mut logits, mut argmax) = (Vec::new(), None);
+        let (mut logits, mut argmax, mut chosen) = (Vec::new(), None, None);
         if from < m {
             let h = self.hidden;
             self.final_norm_rows(sc, from, m)?;
@@ -285,7 +309,13 @@ impl CudaModel {
                     }
                 }
             }
-            (logits, argmax) = self.lm_head_rows(sc, first, m, argmax_only)?;
+            let cands = candidate_bufs.as_ref().filter(|_| candidates > 0);
+            let head =
+                self.lm_head_rows(sc, first, m, argmax_only, cands.map(|b| (b, candidates)))?;
+            (logits, argmax, chosen) = head;
+            if chosen.is_some() {
+                *last_logits = Some((sc.logits.ptr, m - first));
+            }
             let head = self.lm_head.as_ref().unwrap_or(&self.embed);
             mark(
                 prof,
@@ -300,6 +330,7 @@ impl CudaModel {
         Ok(PassOut {
             logits,
             argmax,
+            candidates: chosen,
             taps: tap_out,
         })
     }
@@ -332,7 +363,8 @@ impl CudaModel {
         first: usize,
         m: usize,
         argmax_only: bool,
-    ) -> Result<(Vec<f32>, Option<Vec<u32>>), CudaError> {
+        candidates: Option<(&CandidateBufs, usize)>,
+    ) -> Result<HeadOut, CudaError> {
         let dev = &*self.dev;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         let mut logits = vec![0.0f32; (m - first) * self.vocab];
@@ -352,14 +384,20 @@ impl CudaModel {
             if argmax_only && g == m - first {
                 argmax::launch_rows(dev, sc.logits.ptr, g, self.vocab, sc.argmax.ptr)?;
                 if let Some(ids) = argmax::read_ids(dev, sc.argmax.ptr, g)? {
-                    return Ok((Vec::new(), Some(ids)));
+                    return Ok((Vec::new(), Some(ids), None));
+                }
+            }
+            if let Some((bufs, k)) = candidates.filter(|_| g == m - first) {
+                bufs.launch(dev, sc.logits.ptr, g, self.vocab, k)?;
+                if let Some(c) = bufs.read(dev, g)? {
+                    return Ok((Vec::new(), None, Some(c)));
                 }
             }
             let at = (r - first) * self.vocab;
             dtoh(dev, &mut logits[at..at + g * self.vocab], sc.logits.ptr)?;
             r += g;
         }
-        Ok((logits, None))
+        Ok((logits, None, None))
     }
 
     /// The RMSNorm with weight `w` and the model's eps / centring.
@@ -556,17 +594,77 @@ impl CudaModel {
             false => None,
         };
         match want {
-            Want::Nothing => return Ok((Vec::new(), None, hidden)),
+            Want::Nothing => return Ok((Vec::new(), None, None, hidden)),
             Want::Argmax => {
                 if let Some(ids) = argmax::read_ids(dev, state.one.argmax.ptr, 1)? {
-                    return Ok((Vec::new(), Some(ids), hidden));
+                    return Ok((Vec::new(), Some(ids), None, hidden));
+                }
+            }
+            Want::Candidates(k) => {
+                let logits = state.one.logits.ptr;
+                if let Some(c) = self.select_candidates(state, logits, 1, k)? {
+                    return Ok((Vec::new(), None, Some(c), hidden));
                 }
             }
             Want::Logits => {}
         }
         let mut logits = vec![0.0f32; self.vocab];
         dtoh(dev, &mut logits, state.one.logits.ptr)?;
-        Ok((logits, None, hidden))
+        Ok((logits, None, None, hidden))
+    }
+
+    /// `Wanted::candidates` as this forward can serve it: K when the rows' logits would come back
+    /// (not argmax-only) and K fits the selection, with its buffers made; else 0 (logits).
+    fn candidate_rows(&self, state: &mut CudaState, wanted: &Wanted) -> Result<usize, CudaError> {
+        let k = wanted.candidates;
+        if k == 0
+            || !self.opts.candidates
+            || wanted.argmax_only
+            || k >= self.vocab
+            || k > crate::candidates::CAP / 2
+        {
+            return Ok(0);
+        }
+        if state.candidates.is_none() {
+            state.candidates = Some(crate::candidates::CandidateBufs::new(
+                &self.dev, LOGIT_ROWS,
+            )?);
+        }
+        Ok(k)
+    }
+
+    /// The candidates of `rows` logits rows at `logits` (device), remembering the rows for
+    /// `last_logits`; None when a row is flagged (the caller copies the rows).
+    pub(crate) fn select_candidates(
+        &self,
+        state: &mut CudaState,
+        logits: u64,
+        rows: usize,
+        k: usize,
+    ) -> Result<Option<Vec<Candidates>>, CudaError> {
+        let Some(bufs) = &state.candidates else {
+            return Ok(None);
+        };
+        if rows > LOGIT_ROWS {
+            return Ok(None);
+        }
+        bufs.launch(&self.dev, logits, rows, self.vocab, k)?;
+        let got = bufs.read(&self.dev, rows)?;
+        if got.is_some() {
+            state.last_logits = Some((logits, rows));
+        }
+        Ok(got)
+    }
+
+    /// The rows the last forward answered with candidates (`Backend::last_logits`).
+    pub fn last_logits(&self, state: &mut CudaState) -> Result<Option<Vec<f32>>, CudaError> {
+        check_signature(state, &self.signature)?;
+        let Some((ptr, rows)) = state.last_logits else {
+            return Ok(None);
+        };
+        let mut logits = vec![0.0f32; rows * self.vocab];
+        dtoh(&self.dev, &mut logits, ptr)?;
+        Ok(Some(logits))
     }
 
     /// Captures the one-row decode step of `state` into a graph (nothing runs during capture).

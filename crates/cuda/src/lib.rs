@@ -27,6 +27,7 @@
 pub mod adapter;
 mod argmax;
 mod buf;
+mod candidates;
 mod chain;
 pub mod device;
 mod dflash;

@@ -66,6 +66,9 @@ pub struct LoadOptions {
     /// Greedy sequential decoding queues each step before the host reads the previous one's token
     /// (`chain.rs`). Default from `TURBOSPARK_CHAIN` (on unless `0`).
     pub chain: bool,
+    /// Sampled top-k rows come back as their candidates when the caller can take them
+    /// (`Wanted::candidates`, candidates.rs). Default from `TURBOSPARK_CANDIDATES` (on unless `0`).
+    pub candidates: bool,
 }
 
 impl Default for LoadOptions {
@@ -84,6 +87,7 @@ impl Default for LoadOptions {
             attention_tc_splits: 0,
             rope_table: true,
             chain: std::env::var("TURBOSPARK_CHAIN").map_or(true, |v| v != "0"),
+            candidates: std::env::var("TURBOSPARK_CANDIDATES").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -348,6 +352,8 @@ impl CudaModel {
             widths: self.widths,
             graph: None,
             graph_hidden: None,
+            candidates: None,
+            last_logits: None,
             graph_error: None,
             chain: None,
             verify_graphs: Vec::new(),

@@ -88,7 +88,7 @@ impl CudaModel {
         }
         let first = record(dev)?;
         let mut prof = Some(Prof { marks: Vec::new() });
-        self.pass(tokens, start, state, n - 1, &[], false, &mut prof)?;
+        self.pass(tokens, start, state, n - 1, &[], false, 0, &mut prof)?;
         dev.synchronize()?;
         state.position = start + n;
         summarize(&first, prof)
@@ -199,7 +199,7 @@ impl CudaModel {
         self.begin_tape(state)?;
         let first = record(dev)?;
         let mut prof = Some(Prof { marks: Vec::new() });
-        self.pass(tokens, start, state, 0, &[], false, &mut prof)?;
+        self.pass(tokens, start, state, 0, &[], false, 0, &mut prof)?;
         state.position = start + n;
         self.rollback_retaining(state, 0)?;
         mark(&mut prof, dev, "rollback (tape replay)", 0)?;

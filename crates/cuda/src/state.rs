@@ -294,6 +294,12 @@ pub struct CudaState {
     pub(crate) verify_graph_error: Option<String>,
     /// Counts tape buffer allocations (verify graphs hold the tape's buffers).
     pub(crate) tape_epoch: u64,
+    /// Where sampled rows' candidates are selected (candidates.rs), made by the first forward that wants
+    /// them, for LOGIT_ROWS rows.
+    pub(crate) candidates: Option<crate::candidates::CandidateBufs>,
+    /// The logits rows (device address, rows) the last forward answered with candidates instead of
+    /// copying (`CudaModel::last_logits`); None after any other forward.
+    pub(crate) last_logits: Option<(u64, usize)>,
     /// Layer-output tap rows of the current pass, copied here on the device as their layers finish and
     /// read back once at its end (forward.rs `pass`), grown on demand.
     pub(crate) tap_stage: Option<DBuf>,

@@ -53,6 +53,7 @@ impl CudaModel {
         state: &mut CudaState,
         first: usize,
         taps: &[Tap],
+        candidates: usize,
     ) -> Result<Option<PassOut>, CudaError> {
         let n = tokens.len();
         let gm = self.opts.gemv_max_rows;
@@ -135,11 +136,25 @@ impl CudaModel {
                 }
             },
         }
+        let logits_at = state
+            .many
+            .as_ref()
+            .ok_or(CudaError::Unsupported {
+                what: "missing scratch".into(),
+            })?
+            .logits
+            .ptr;
+        // Sampled rows' candidates instead of the rows, when asked for and no row is flagged.
+        let chosen = match (candidates, first < n) {
+            (k @ 1.., true) => self.select_candidates(state, logits_at, n - first, k)?,
+            _ => None,
+        };
         let sc = state.many.as_ref().ok_or(CudaError::Unsupported {
             what: "missing scratch".into(),
         })?;
-        let mut logits = vec![0.0f32; (n - first) * self.vocab];
-        if first < n {
+        let mut logits = Vec::new();
+        if first < n && chosen.is_none() {
+            logits = vec![0.0f32; (n - first) * self.vocab];
             dtoh(dev, &mut logits, sc.logits.ptr)?;
         }
         let mut tap_out = vec![Vec::new(); taps.len()];
@@ -153,6 +168,7 @@ impl CudaModel {
         Ok(Some(PassOut {
             logits,
             argmax: None,
+            candidates: chosen,
             taps: tap_out,
         }))
     }

@@ -61,6 +61,7 @@ fn exact() -> LoadOptions {
         segments: false,
         rope_table: true,
         chain: true,
+        candidates: true,
     }
 }
 
@@ -225,6 +226,7 @@ fn taps_and_rows_match_the_cpu_engine() {
         logits: Rows::From(15),
         taps: vec![Tap::LayerOutput(2), Tap::FinalHidden],
         argmax_only: false,
+        candidates: 0,
     };
     let mut gs = m.new_state(32).unwrap();
     let g = m.forward(&prompt, 0, &mut gs, &wanted).unwrap();

@@ -142,6 +142,7 @@ fn setup(dir: &Path, dev: &Arc<CudaDevice>, opts: LoadOptions) -> Setup {
         logits: Rows::None,
         taps: vec![Tap::FinalHidden],
         argmax_only: false,
+        candidates: 0,
     };
     let mut state = cpu.new_state();
     let taps = cpu

@@ -367,6 +367,48 @@ fn simulated_tensor_core_prefill_attention_agrees_with_split_k() {
     }
 }
 
+/// `Wanted::candidates`: a sampled decode row comes back as its candidates (the device's selection, no
+/// logits), they shape Qwen3's card (top-k 20) into the distribution the whole row gives, bit for bit,
+/// and `last_logits` returns that row.
+#[test]
+fn simulated_sampled_rows_come_back_as_candidates_with_the_rows_distribution() {
+    let Some(dev) = simulated() else { return };
+    let dir = fixture("qwen3_5");
+    let ck = Checkpoint::open(&dir).unwrap();
+    let m = CudaModel::load(&dev, &ck, LoadOptions::default()).unwrap();
+    let prompt: Vec<u32> = (0..6).map(|i| (i * 37 + 5) % m.vocab as u32).collect();
+    let shaping = sampling::Shaping {
+        temperature: 0.7,
+        top_k: 20,
+        top_p: 0.8,
+        ..sampling::Shaping::default()
+    };
+    let mut s = m.new_state(16).unwrap();
+    m.forward(&prompt, 0, &mut s, &Wanted::none()).unwrap();
+    let snap = s.snapshot().unwrap();
+    let full = m
+        .forward(&[3], prompt.len(), &mut s, &Wanted::last())
+        .unwrap();
+    s.restore(&snap).unwrap();
+    let wanted = Wanted {
+        candidates: 40,
+        ..Wanted::last()
+    };
+    let got = m.forward(&[3], prompt.len(), &mut s, &wanted).unwrap();
+    let c = &got.candidates.as_ref().expect("candidates")[0];
+    assert!(got.logits.is_empty() && c.ids.len() >= 40);
+    let want = sampling::ShapedDistribution::new(full.row(0), &shaping, sampling::History::empty())
+        .unwrap();
+    let from = sampling::ShapedDistribution::from_candidates(m.vocab, &c.ids, &c.logits, &shaping)
+        .unwrap()
+        .expect("the candidates shape the row");
+    assert_eq!(from, want);
+    assert!(bits_eq(
+        &m.last_logits(&mut s).unwrap().unwrap(),
+        full.row(0)
+    ));
+}
+
 /// `Wanted::argmax_only`: a decode row and a 3-row verify forward return the argmax of the logits the
 /// same forward returns without it (the device kernel, not the host scan), and no logits.
 #[test]
@@ -380,6 +422,7 @@ fn simulated_argmax_only_forwards_return_the_logits_argmax() {
         logits,
         taps: Vec::new(),
         argmax_only: true,
+        candidates: 0,
     };
     let mut s = m.new_state(16).unwrap();
     m.forward(&prompt, 0, &mut s, &Wanted::none()).unwrap();
@@ -396,6 +439,7 @@ fn simulated_argmax_only_forwards_return_the_logits_argmax() {
                 &mut s,
                 &Wanted {
                     argmax_only: false,
+                    candidates: 0,
                     ..ids_only(rows.clone())
                 },
             )

@@ -85,6 +85,7 @@ fn setup() -> Setup {
         logits: Rows::None,
         taps: drafter.taps(),
         argmax_only: false,
+        candidates: 0,
     };
     let taps = target
         .forward(&prompt, 0, &mut state, &wanted)

@@ -40,6 +40,7 @@ fn check(name: &str) {
         logits: families::Rows::None,
         taps: vec![Tap::FinalHidden],
         argmax_only: false,
+        candidates: 0,
     };
     let out = target.forward(&prompt, 0, &mut state, &wanted).unwrap();
     let h = &out.taps[0];

@@ -55,6 +55,7 @@ fn testbed_target_and_mtp_match_transformers() {
                 logits: Rows::From(t - 4),
                 taps: vec![Tap::FinalHidden],
                 argmax_only: false,
+                candidates: 0,
             },
         )
         .unwrap();

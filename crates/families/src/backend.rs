@@ -79,6 +79,11 @@ pub trait Backend {
     ) -> Result<Option<usize>, BackendError> {
         Ok(None)
     }
+    /// The logits rows of the last `forward` on `state` that answered with `ForwardOut::candidates`, as
+    /// its `logits` would have held them (for a row its candidates cannot shape). None: not kept.
+    fn last_logits(&self, _state: &mut Self::State) -> Result<Option<Vec<f32>>, BackendError> {
+        Ok(None)
+    }
     /// A count that grows whenever the backend does work a later identical call will not repeat (a CUDA
     /// graph captured): whoever times calls to compare them (the block tuner) skips those that grew it.
     fn one_time_work(&self) -> u64 {

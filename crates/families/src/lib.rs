@@ -14,7 +14,7 @@ pub mod tape;
 
 pub use backend::{Backend, BackendError, BackendState, HostHead, SharedHead, TargetHead};
 pub use error::ModelError;
-pub use model::{ForwardOut, Rows, Tap, Transformer, Wanted};
+pub use model::{Candidates, ForwardOut, Rows, Tap, Transformer, Wanted};
 pub use state::State;
 pub use tape::LayerTape;
 

@@ -85,6 +85,12 @@ pub struct Wanted {
     /// (the GPU: 4 bytes per row across the bus instead of the whole row); it must send the logits
     /// whenever a row holds a NaN, +inf or nothing but -inf, so that the caller reports it.
     pub argmax_only: bool,
+    /// K > 0: the caller can shape each returned row from its candidates, every logit at or above the
+    /// row's K-th largest (sampling's `ShapedDistribution::from_candidates`: top-k requests). A
+    /// backend may then answer with `ForwardOut::candidates` and no logits (the GPU: ~K values per row
+    /// across the bus instead of the row), keeping the rows for `Backend::last_logits`; it must send
+    /// the logits whenever a row holds a NaN or +inf.
+    pub candidates: usize,
 }
 
 impl Wanted {
@@ -93,6 +99,7 @@ impl Wanted {
             logits: Rows::Last,
             taps: Vec::new(),
             argmax_only: false,
+            candidates: 0,
         }
     }
     pub fn all() -> Self {
@@ -100,6 +107,7 @@ impl Wanted {
             logits: Rows::All,
             taps: Vec::new(),
             argmax_only: false,
+            candidates: 0,
         }
     }
     pub fn none() -> Self {
@@ -107,6 +115,7 @@ impl Wanted {
             logits: Rows::None,
             taps: Vec::new(),
             argmax_only: false,
+            candidates: 0,
         }
     }
 }
@@ -123,6 +132,18 @@ pub struct ForwardOut {
     /// The returned rows' argmax instead of their logits (`logits` then empty), when the caller set
     /// `Wanted::argmax_only` and the backend took that path.
     pub argmax: Option<Vec<u32>>,
+    /// The returned rows' candidates instead of their logits (`logits` then empty), when the caller set
+    /// `Wanted::candidates` and the backend took that path.
+    pub candidates: Option<Vec<Candidates>>,
+}
+
+/// A logits row's largest values: every logit at or above the row's K-th largest (ties included).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Candidates {
+    /// Increasing token ids.
+    pub ids: Vec<u32>,
+    /// Their logits.
+    pub logits: Vec<f32>,
 }
 
 impl ForwardOut {

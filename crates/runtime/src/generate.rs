@@ -33,6 +33,9 @@ use crate::tuner::BlockTuner;
 /// and progress are polled often.
 pub const PREFILL_CHUNK: usize = 256;
 
+/// Largest top-k whose rows may come back as candidates (`Selector::candidates`: 2 top-k of them).
+const CANDIDATES_TOP_K_MAX: usize = 256;
+
 /// How a rejected suffix is removed from recurrent state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rollback {
@@ -124,9 +127,34 @@ impl Selector<'_> {
         )?)
     }
 
+    /// `Wanted::candidates` for this shaping: twice top-k for a top-k request without penalties (its rows
+    /// shape from the backend's candidates: 40 values of a 151936-logit row for Qwen3's card), else 0.
+    fn candidates(&self) -> usize {
+        let s = self.shaping;
+        let k = s.top_k as usize;
+        match !s.is_greedy() && !s.has_penalties() && (1..=CANDIDATES_TOP_K_MAX).contains(&k) {
+            true => 2 * k,
+            false => 0,
+        }
+    }
+
+    /// Whether every row of `out` that came back as candidates shapes from them (else the rows are
+    /// needed: `settle_candidates`).
+    fn candidates_answer(&self, out: &ForwardOut, vocab: usize) -> Result<bool, RuntimeError> {
+        for c in out.candidates.iter().flatten() {
+            if ShapedDistribution::from_candidates(vocab, &c.ids, &c.logits, self.shaping)?
+                .is_none()
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// The distribution of returned row `i` of a forward: the point mass at the backend's argmax when it
-    /// answered `Wanted::argmax_only` with one (only asked for a plain-argmax shaping), else shaped from
-    /// the row's logits.
+    /// answered `Wanted::argmax_only` with one (only asked for a plain-argmax shaping), the top-k
+    /// distribution of its candidates when it answered `Wanted::candidates` (the row's bits), else
+    /// shaped from the row's logits.
     fn row_distribution(
         &self,
         out: &ForwardOut,
@@ -134,6 +162,21 @@ impl Selector<'_> {
         vocab: usize,
         history: &[u32],
     ) -> Result<ShapedDistribution, RuntimeError> {
+        if let Some(rows) = &out.candidates {
+            let c = rows.get(i).ok_or_else(|| {
+                RuntimeError::Device(
+                    format!(
+                        "the backend returned {} candidate rows, row {i} was asked for",
+                        rows.len()
+                    )
+                    .into(),
+                )
+            })?;
+            return ShapedDistribution::from_candidates(vocab, &c.ids, &c.logits, self.shaping)?
+                .ok_or_else(|| {
+                    RuntimeError::Device(format!("row {i}'s candidates do not shape it").into())
+                });
+        }
         match &out.argmax {
             Some(ids) => {
                 let token = ids.get(i).copied().ok_or_else(|| {
@@ -246,8 +289,10 @@ pub fn generate<B: Backend>(
             logits: if last { Rows::Last } else { Rows::None },
             taps: taps.clone(),
             argmax_only,
+            candidates: sel.candidates(),
         };
         let mut out = model.forward(&prompt[pos..end], pos, &mut session.state, &wanted)?;
+        settle_candidates(model, &mut session.state, &mut out, &sel, vocab)?;
         session.tokens.extend_from_slice(&prompt[pos..end]);
         if let Some(d) = session.drafter.as_mut().filter(|_| !taps.is_empty()) {
             if last {
@@ -348,8 +393,10 @@ pub fn generate<B: Backend>(
             logits: Rows::All,
             taps: taps.clone(),
             argmax_only,
+            candidates: sel.candidates(),
         };
-        let out = model.forward(&feed, base, &mut session.state, &wanted)?;
+        let mut out = model.forward(&feed, base, &mut session.state, &wanted)?;
+        settle_candidates(model, &mut session.state, &mut out, &sel, vocab)?;
         session.tokens.extend_from_slice(&feed);
         let verify_seconds = verify_start.elapsed().as_secs_f64();
 
@@ -471,6 +518,36 @@ pub fn generate<B: Backend>(
         decode_seconds,
         stats,
     )
+}
+
+/// Rows that came back as candidates stay so when every one of them shapes from its candidates; else
+/// they come back whole (`Backend::last_logits`; rare: top-k keeping a value below the candidates).
+fn settle_candidates<B: Backend>(
+    model: &B,
+    state: &mut B::State,
+    out: &mut ForwardOut,
+    sel: &Selector<'_>,
+    vocab: usize,
+) -> Result<(), RuntimeError> {
+    if out.candidates.is_none() || sel.candidates_answer(out, vocab)? {
+        return Ok(());
+    }
+    let logits = model.last_logits(state)?.ok_or_else(|| {
+        RuntimeError::Device("the backend answered with candidates but kept no rows".into())
+    })?;
+    if logits.len() != out.rows * vocab {
+        return Err(RuntimeError::Device(
+            format!(
+                "the backend kept {} logits for {} rows",
+                logits.len(),
+                out.rows
+            )
+            .into(),
+        ));
+    }
+    out.logits = logits;
+    out.candidates = None;
+    Ok(())
 }
 
 /// Runs the rest of a plain greedy generation through `Backend::greedy_chain`, committing each token as

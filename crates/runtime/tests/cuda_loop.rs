@@ -239,14 +239,16 @@ fn greedy_speculative_equals_sequential_on_cuda_dense() {
     check_greedy_exactness("qwen3", false);
 }
 
-fn sampled(seed: u64, max: usize) -> GenerationConfig {
+/// Top-k 8, top-p 0.95, with a repetition penalty or without (then the device answers with the rows'
+/// candidates instead of the rows: `Wanted::candidates`).
+fn sampled(seed: u64, max: usize, penalty: bool) -> GenerationConfig {
     GenerationConfig {
         seed,
         shaping: Shaping {
             temperature: 1.0,
             top_k: 8,
             top_p: 0.95,
-            repetition_penalty: 1.1,
+            repetition_penalty: if penalty { 1.1 } else { 1.0 },
             ..Shaping::greedy()
         },
         ..GenerationConfig::greedy(max)
@@ -277,9 +279,9 @@ fn check_sampled_determinism(name: &str) {
     let mut full = p.clone();
     full.extend_from_slice(&greedy_ids);
     let mut streams = std::collections::BTreeSet::new();
-    for seed in 0..4u64 {
+    for (seed, penalty) in (0..4u64).flat_map(|s| [(s, true), (s, false)]) {
         let case = Case {
-            config: sampled(seed, 24),
+            config: sampled(seed, 24, penalty),
             ..greedy_case(p.clone(), 24)
         };
         for block in [None, Some(3)] {
@@ -287,7 +289,7 @@ fn check_sampled_determinism(name: &str) {
             let (a, _, _) = run(&gpu, &d, &case, spec(&gpu));
             let (b, _, _) = run(&gpu, &d, &case, spec(&gpu));
             let (c, _, _) = run(&cpu_model, &d, &case, spec(&cpu_model));
-            let label = format!("{name} seed {seed} block {block:?}");
+            let label = format!("{name} seed {seed} penalty {penalty} block {block:?}");
             assert_eq!(a.token_ids.len(), 24, "{label}");
             assert_eq!(a.token_ids, b.token_ids, "{label}: rerun");
             assert_eq!(a.text, b.text, "{label}: rerun text");

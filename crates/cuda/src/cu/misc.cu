@@ -215,3 +215,88 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
         }
     }
 }
+
+// Sampling candidates of logits rows (candidates.rs): every logit whose key in the total order (sampling's
+// f32_key: -NaN < -inf < ... < -0 < +0 < ... < +inf < NaN) is at least the row's K-th largest key, so a
+// top-k request (k <= K) is shaped from them on the host as from the whole row (sampling's
+// ShapedDistribution::from_candidates). The K-th largest key by radix selection, 8 bits a pass from the top
+// (a pass counts the digits of the keys that match the prefix chosen so far; lanes of a warp holding the
+// same digit add once, __match_any_sync, as logits crowd into a few exponents), then one pass collects.
+// One block of TOPK_THREADS per row. ids / vals [rows, cap] in no particular order (the host sorts them);
+// meta [rows, 2] = [candidates, flags]: bit 0 a NaN or +inf in the row, bit 1 more than cap candidates
+// (only cap of them stored). Either flag sends the host back to the row.
+#define TOPK_THREADS 1024
+__device__ __forceinline__ unsigned topk_key(float x) {
+    const unsigned b = __float_as_uint(x);
+    return (b >> 31) ? ~b : (b | 0x80000000u);
+}
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
+    topk_candidates(const float* __restrict__ logits, int vocab, int K, int cap, int* __restrict__ ids,
+                    float* __restrict__ vals, int* __restrict__ meta) {
+    PDL_ENTER();
+    __shared__ unsigned hist[256];
+    __shared__ unsigned s_prefix, s_left;
+    __shared__ int s_count, s_bad;
+    const float* row = logits + (size_t)blockIdx.x * vocab;
+    const int tid = threadIdx.x, lane = tid & 31;
+    // Every lane runs every round (a shuffle needs the whole warp), past the row's end as `ok` false.
+    const int rounds = (vocab + (int)blockDim.x - 1) / (int)blockDim.x;
+    if (tid == 0) {
+        s_prefix = 0;
+        s_left = (unsigned)min(K, vocab);
+        s_count = 0;
+        s_bad = 0;
+    }
+    unsigned mask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
+        __syncthreads();
+        const unsigned prefix = s_prefix;
+        int bad = 0;
+        for (int r = 0; r < rounds; ++r) {
+            const int i = r * (int)blockDim.x + tid;
+            const bool ok = i < vocab;
+            const float v = ok ? row[i] : 0.0f;
+            const unsigned key = topk_key(v), u = __float_as_uint(v) & 0x7fffffffu;
+            if (shift == 24 && ok && u >= 0x7f800000u && (u > 0x7f800000u || v > 0.0f)) bad = 1;  // NaN or +inf
+            const bool in = ok && (key & mask) == prefix;
+            const int digit = in ? (int)((key >> shift) & 255u) : -1;
+            const unsigned peers = __match_any_sync(0xffffffffu, digit);
+            if (in && (peers & ((1u << lane) - 1u)) == 0u) atomicAdd(&hist[digit], (unsigned)__popc(peers));
+        }
+        if (bad) atomicAdd(&s_bad, 1);
+        __syncthreads();
+        if (tid == 0) {
+            // The digit holding the K-th largest among the keys with this prefix (from the top).
+            unsigned above = 0, left = s_left;
+            int d = 255;
+            for (; d > 0; --d) {
+                if (above + hist[d] >= left) break;
+                above += hist[d];
+            }
+            s_prefix = prefix | ((unsigned)d << shift);
+            s_left = left - above;
+        }
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    const unsigned kth = s_prefix;
+    for (int r = 0; r < rounds; ++r) {
+        const int i = r * (int)blockDim.x + tid;
+        if (i < vocab) {
+            const float v = row[i];
+            if (topk_key(v) >= kth) {
+                const int slot = atomicAdd(&s_count, 1);
+                if (slot < cap) {
+                    ids[(size_t)blockIdx.x * cap + slot] = i;
+                    vals[(size_t)blockIdx.x * cap + slot] = v;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        meta[2 * blockIdx.x] = s_count;
+        meta[2 * blockIdx.x + 1] = (s_bad ? 1 : 0) | (s_count > cap ? 2 : 0);
+    }
+}

@@ -315,5 +315,13 @@ template <class T> inline T __shfl_up_sync(unsigned, T v, unsigned d) {
     return sim::shfl(v, s, s >= 0);
 }
 template <class T> inline T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
+// The lanes holding the same value as this one (all 32 lanes take part, as in a shuffle).
+template <class T> inline unsigned __match_any_sync(unsigned, T v) {
+    unsigned m = 0;
+    for (int s = 0; s < 32; ++s)
+        if (sim::shfl(v, s, true) == v) m |= 1u << s;
+    return m;
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 template <class T> inline T atomicExch(T* p, T v) { T old = *p; *p = v; return old; }
 inline void* sim_dyn_smem() { return sim::blk->dyn_smem.data(); }

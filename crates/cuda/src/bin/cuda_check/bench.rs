@@ -168,6 +168,7 @@ pub fn verify_curve(
     let rounds = 10;
     let wanted = Wanted {
         argmax_only: ids_only,
+        candidates: 0,
         ..Wanted::all()
     };
     let mut out = Vec::new();
@@ -253,6 +254,7 @@ fn one_config(
     // row, which the modes compare.
     let greedy = Wanted {
         argmax_only: true,
+        candidates: 0,
         ..Wanted::last()
     };
     let t = Instant::now();

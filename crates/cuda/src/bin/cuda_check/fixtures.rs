@@ -243,6 +243,7 @@ pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool, tensor_cores: bool)
         logits: families::Rows::All,
         taps,
         argmax_only: false,
+        candidates: 0,
     };
     let mut cs = cpu.new_state();
     let c_out = cpu.forward(&r.prompt, 0, &mut cs, &wanted)?;
@@ -406,6 +407,7 @@ fn state_ops(gpu: &CudaModel, prompt: &[u32], name: &str, mode: &str) -> Result<
         logits: Rows::Last,
         taps: vec![Tap::FinalHidden],
         argmax_only: false,
+        candidates: 0,
     };
     let mut s4 = gpu.new_state(cap)?;
     s4.restore(&s2)?;
@@ -485,6 +487,7 @@ pub fn spec_rounds(
         logits: Rows::All,
         taps: taps.to_vec(),
         argmax_only: false,
+        candidates: 0,
     };
     let (mut done, mut round) = (0usize, 0usize);
     while done + 7 < steps {

@@ -116,6 +116,7 @@ pub fn check(dev: &Arc<CudaDevice>, dir: &Path, exact: bool) -> Result<bool> {
         logits: Rows::None,
         taps: vec![Tap::FinalHidden],
         argmax_only: false,
+        candidates: 0,
     };
     let mut cs = cpu.new_state();
     let taps = cpu.forward(&prompt, 0, &mut cs, &wanted)?.taps.remove(0);

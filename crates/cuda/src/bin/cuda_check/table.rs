@@ -53,6 +53,7 @@ fn decode(
 ) -> Result<(f64, f64, cuda_backend::CudaState, u32)> {
     let greedy = Wanted {
         argmax_only: true,
+        candidates: 0,
         ..Wanted::last()
     };
     let token = |out: &families::ForwardOut| match &out.argmax {
