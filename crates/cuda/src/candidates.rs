@@ -25,22 +25,30 @@ const TOPK_THREADS: u32 = 1024;
 /// Candidates a row may return (K of them plus ties); more sends the caller back to the row.
 pub(crate) const CAP: usize = 1024;
 
-/// Device buffers for the candidates of up to `rows` rows.
+/// Device buffers for the candidates of up to `rows` rows: one allocation, [meta | ids | vals] (4-byte
+/// words: rows * 2, rows * CAP, rows * CAP), so a row set comes back in one copy.
 pub(crate) struct CandidateBufs {
     rows: usize,
-    ids: DBuf,
-    vals: DBuf,
-    meta: DBuf,
+    all: DBuf,
 }
 
 impl CandidateBufs {
     pub(crate) fn new(dev: &CudaDevice, rows: usize) -> Result<Self, CudaError> {
         Ok(CandidateBufs {
             rows,
-            ids: DBuf::zeros(dev, rows * CAP * 4)?,
-            vals: DBuf::zeros(dev, rows * CAP * 4)?,
-            meta: DBuf::zeros(dev, rows * 2 * 4)?,
+            all: DBuf::zeros(dev, Self::words(rows) * 4)?,
         })
+    }
+
+    fn words(rows: usize) -> usize {
+        rows * 2 + 2 * rows * CAP
+    }
+
+    /// Device addresses of (meta, ids, vals).
+    fn parts(&self) -> (u64, u64, u64) {
+        let meta = self.all.ptr;
+        let ids = meta + (self.rows * 2 * 4) as u64;
+        (meta, ids, ids + (self.rows * CAP * 4) as u64)
     }
 
     /// Selects the candidates of `rows` rows of logits [rows, vocab] (K of each, with ties).
@@ -60,6 +68,7 @@ impl CandidateBufs {
         if dev.host_ops() {
             return self.host_rows(logits, rows, vocab, k);
         }
+        let (meta, ids, vals) = self.parts();
         launch(
             dev,
             "topk_candidates",
@@ -70,9 +79,9 @@ impl CandidateBufs {
                 Arg::I(vocab as i32),
                 Arg::I(k as i32),
                 Arg::I(CAP as i32),
-                Arg::P(self.ids.ptr),
-                Arg::P(self.vals.ptr),
-                Arg::P(self.meta.ptr),
+                Arg::P(ids),
+                Arg::P(vals),
+                Arg::P(meta),
             ],
         )
     }
@@ -84,15 +93,23 @@ impl CandidateBufs {
         dev: &CudaDevice,
         rows: usize,
     ) -> Result<Option<Vec<Candidates>>, CudaError> {
-        let mut meta = vec![0i32; rows * 2];
-        dtoh(dev, &mut meta, self.meta.ptr)?;
+        // One copy of everything (8 KB a row) rather than the counts first: each copy waits for the device.
+        let mut words = vec![0u32; Self::words(self.rows)];
+        dtoh(dev, &mut words, self.all.ptr)?;
+        let meta: Vec<i32> = words[..rows * 2].iter().map(|&w| w as i32).collect();
         if meta.chunks_exact(2).any(|m| m[1] != 0 || m[0] <= 0) {
             return Ok(None);
         }
-        let mut ids = vec![0i32; rows * CAP];
-        let mut vals = vec![0f32; rows * CAP];
-        dtoh(dev, &mut ids, self.ids.ptr)?;
-        dtoh(dev, &mut vals, self.vals.ptr)?;
+        let at = self.rows * 2;
+        let ids: Vec<i32> = words[at..at + rows * CAP]
+            .iter()
+            .map(|&w| w as i32)
+            .collect();
+        let at = at + self.rows * CAP;
+        let vals: Vec<f32> = words[at..at + rows * CAP]
+            .iter()
+            .map(|&w| f32::from_bits(w))
+            .collect();
         let mut out = Vec::with_capacity(rows);
         for (r, m) in meta.chunks_exact(2).enumerate() {
             let n = m[0] as usize;
@@ -112,12 +129,13 @@ impl CandidateBufs {
     fn host_rows(&self, logits: u64, rows: usize, vocab: usize, k: usize) -> Result<(), CudaError> {
         // SAFETY: on the emulated device addresses are host addresses: `logits` holds rows * vocab f32
         // (the caller's scratch), the buffers rows * CAP ids / values and rows * 2 meta (`new`).
+        let (meta, ids, vals) = self.parts();
         let (x, ids, vals, meta) = unsafe {
             (
                 std::slice::from_raw_parts(logits as *const f32, rows * vocab),
-                std::slice::from_raw_parts_mut(self.ids.ptr as *mut i32, rows * CAP),
-                std::slice::from_raw_parts_mut(self.vals.ptr as *mut f32, rows * CAP),
-                std::slice::from_raw_parts_mut(self.meta.ptr as *mut i32, rows * 2),
+                std::slice::from_raw_parts_mut(ids as *mut i32, rows * CAP),
+                std::slice::from_raw_parts_mut(vals as *mut f32, rows * CAP),
+                std::slice::from_raw_parts_mut(meta as *mut i32, rows * 2),
             )
         };
         for (r, row) in x.chunks_exact(vocab.max(1)).enumerate() {
