@@ -13,6 +13,12 @@
 # then on the device (carry [".carry"]): mkdir -p /tmp/b && tar xJf .carry/bins.tar.xz -C /tmp/b && bash tools/device/topk_two_stage.sh
 # Read: the seeded sampled gates pass (the candidates path against the CPU engine's tokens), topk_parts + topk_merge
 # microseconds against topk_candidates', and sampled / greedy for ts2 against ts. If they pass and pay: apply the patch.
+# The same call can take `wip/argmax-two-stage.patch` (argmax_rows split the same way: 24-27 us of each greedy 4B
+# step in run 173; applies on HEAD alone, or with --3way after the topk patch): build its cuda_check as
+# `bash tools/device/build_variants.sh main arg=argmax-two-stage` and add, with ARGMAX=1:
+#   full checks (chains, fed drafts: `CUDA_CHECK_BIN=/tmp/b/cc_arg bash tools/device/cuda_check.sh --no-bench --only qwen3_5
+#   --testbed models/testbed`) and the decode graph A/B (`VARIANTS="X=0" bash tools/device/segments_ab.sh /tmp/b/cc_main
+#   /tmp/b/cc_arg /tmp/b/cc_main /tmp/b/cc_arg`, which needs `pack.sh trim weights`: a separate call from the testbed runs).
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
