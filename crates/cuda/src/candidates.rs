@@ -13,11 +13,13 @@
 //! than `CAP` candidates, is never answered by candidates — the caller copies the rows, so errors read
 //! as they would from the row.
 
-use families::Candidates;
+use families::{Candidates, Wanted};
 
 use crate::buf::{dtoh, launch, Arg, DBuf};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
+use crate::model::CudaModel;
+use crate::state::{check_signature, CudaState, LOGIT_ROWS};
 
 /// Threads per row (TOPK_THREADS in misc.cu).
 const TOPK_THREADS: u32 = 1024;
@@ -157,6 +159,66 @@ impl CandidateBufs {
             meta[2 * r + 1] = i32::from(bad) | if n > CAP { 2 } else { 0 };
         }
         Ok(())
+    }
+}
+
+impl CudaModel {
+    /// `Wanted::candidates` as this forward can serve it: K when the rows' logits would come back
+    /// (not argmax-only) and K fits the selection, with its buffers made; else 0 (logits).
+    pub(crate) fn candidate_rows(
+        &self,
+        state: &mut CudaState,
+        wanted: &Wanted,
+    ) -> Result<usize, CudaError> {
+        let k = wanted.candidates;
+        if k == 0
+            || !self.opts.candidates
+            || wanted.argmax_only
+            || k >= self.vocab
+            || k > crate::candidates::CAP / 2
+        {
+            return Ok(0);
+        }
+        if state.candidates.is_none() {
+            state.candidates = Some(crate::candidates::CandidateBufs::new(
+                &self.dev, LOGIT_ROWS,
+            )?);
+        }
+        Ok(k)
+    }
+
+    /// The candidates of `rows` logits rows at `logits` (device), remembering the rows for
+    /// `last_logits`; None when a row is flagged (the caller copies the rows).
+    pub(crate) fn select_candidates(
+        &self,
+        state: &mut CudaState,
+        logits: u64,
+        rows: usize,
+        k: usize,
+    ) -> Result<Option<Vec<Candidates>>, CudaError> {
+        let Some(bufs) = &state.candidates else {
+            return Ok(None);
+        };
+        if rows > LOGIT_ROWS {
+            return Ok(None);
+        }
+        bufs.launch(&self.dev, logits, rows, self.vocab, k)?;
+        let got = bufs.read(&self.dev, rows)?;
+        if got.is_some() {
+            state.last_logits = Some((logits, rows));
+        }
+        Ok(got)
+    }
+
+    /// The rows the last forward answered with candidates (`Backend::last_logits`).
+    pub fn last_logits(&self, state: &mut CudaState) -> Result<Option<Vec<f32>>, CudaError> {
+        check_signature(state, &self.signature)?;
+        let Some((ptr, rows)) = state.last_logits else {
+            return Ok(None);
+        };
+        let mut logits = vec![0.0f32; rows * self.vocab];
+        dtoh(&self.dev, &mut logits, ptr)?;
+        Ok(Some(logits))
     }
 }
 

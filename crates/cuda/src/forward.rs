@@ -539,7 +539,7 @@ impl CudaModel {
     }
 
     /// The recurrence parameters of a GDN layer.
-    fn gdn_args(&self, g: &crate::model::GdnW) -> GdnArgs {
+    pub(crate) fn gdn_args(&self, g: &crate::model::GdnW) -> GdnArgs {
         GdnArgs {
             conv_w: g.conv_w.ptr,
             a_log: g.a_log.ptr,
@@ -611,60 +611,6 @@ impl CudaModel {
         let mut logits = vec![0.0f32; self.vocab];
         dtoh(dev, &mut logits, state.one.logits.ptr)?;
         Ok((logits, None, None, hidden))
-    }
-
-    /// `Wanted::candidates` as this forward can serve it: K when the rows' logits would come back
-    /// (not argmax-only) and K fits the selection, with its buffers made; else 0 (logits).
-    fn candidate_rows(&self, state: &mut CudaState, wanted: &Wanted) -> Result<usize, CudaError> {
-        let k = wanted.candidates;
-        if k == 0
-            || !self.opts.candidates
-            || wanted.argmax_only
-            || k >= self.vocab
-            || k > crate::candidates::CAP / 2
-        {
-            return Ok(0);
-        }
-        if state.candidates.is_none() {
-            state.candidates = Some(crate::candidates::CandidateBufs::new(
-                &self.dev, LOGIT_ROWS,
-            )?);
-        }
-        Ok(k)
-    }
-
-    /// The candidates of `rows` logits rows at `logits` (device), remembering the rows for
-    /// `last_logits`; None when a row is flagged (the caller copies the rows).
-    pub(crate) fn select_candidates(
-        &self,
-        state: &mut CudaState,
-        logits: u64,
-        rows: usize,
-        k: usize,
-    ) -> Result<Option<Vec<Candidates>>, CudaError> {
-        let Some(bufs) = &state.candidates else {
-            return Ok(None);
-        };
-        if rows > LOGIT_ROWS {
-            return Ok(None);
-        }
-        bufs.launch(&self.dev, logits, rows, self.vocab, k)?;
-        let got = bufs.read(&self.dev, rows)?;
-        if got.is_some() {
-            state.last_logits = Some((logits, rows));
-        }
-        Ok(got)
-    }
-
-    /// The rows the last forward answered with candidates (`Backend::last_logits`).
-    pub fn last_logits(&self, state: &mut CudaState) -> Result<Option<Vec<f32>>, CudaError> {
-        check_signature(state, &self.signature)?;
-        let Some((ptr, rows)) = state.last_logits else {
-            return Ok(None);
-        };
-        let mut logits = vec![0.0f32; rows * self.vocab];
-        dtoh(&self.dev, &mut logits, ptr)?;
-        Ok(Some(logits))
     }
 
     /// Captures the one-row decode step of `state` into a graph (nothing runs during capture).
@@ -770,86 +716,5 @@ impl CudaModel {
             scope.finish()?;
         }
         mark(prof, dev, "argmax", 0)
-    }
-
-    /// Keeps the first `keep` rows run since `begin_tape` and drops the rest: GDN layers are rebuilt by
-    /// replaying their tape on the GPU, attention layers move the cursor. Ends the tape. Returns false
-    /// (state untouched) when there is no tape or `keep` exceeds what was recorded.
-    pub fn rollback_retaining(
-        &self,
-        state: &mut CudaState,
-        keep: usize,
-    ) -> Result<bool, CudaError> {
-        check_signature(state, &self.signature)?;
-        let Some(tape) = state.tape.take() else {
-            return Ok(false);
-        };
-        let recorded = state.position - tape.start_position;
-        if keep > recorded {
-            state.tape = Some(tape);
-            return Ok(false);
-        }
-        if keep == recorded {
-            state.spare_tape = Some(tape);
-            return Ok(true);
-        }
-        let dev = &*self.dev;
-        if keep > 1 {
-            let fits = state.many.as_ref().is_some_and(|s| s.rows >= keep);
-            if !fits {
-                let rs = state.many.as_ref().map_or(1, |s| s.row_splits);
-                state.many = None;
-                state.verify_graphs.clear();
-                state.many = Some(Scratch::new(dev, &state.widths, keep, rs)?);
-            }
-        }
-        // Not waited for: whatever reads the state next is queued behind the replay on the same stream
-        // (a wait here was a host round trip per rejected speculative round).
-        self.replay_tape(state, &tape, keep)?;
-        state.position = tape.start_position + keep;
-        state.spare_tape = Some(tape);
-        Ok(true)
-    }
-
-    /// What a rollback to `keep` rows runs on the device (the caller sized the scratch): each GDN layer's S
-    /// and conv window back to the tape's start, then its recurrence over the first `keep` recorded
-    /// rows. The same kernels on the same recorded inputs, so S and the window come out bit for bit as
-    /// if only `keep` rows had run (the outputs in the scratch's `o` are discarded).
-    pub(crate) fn rollback_body(
-        &self,
-        layers: &[LayerState],
-        tape: &Tape,
-        sc: &Scratch,
-        keep: usize,
-    ) -> Result<(), CudaError> {
-        let dev = &*self.dev;
-        for ((layer, ls), lt) in self.layers.iter().zip(layers).zip(&tape.layers) {
-            if let (MixerW::Gdn(g), LayerState::Recurrent { s, conv, .. }, Some(lt)) =
-                (&layer.mixer, ls, lt)
-            {
-                if lt.rows == 0 {
-                    continue;
-                }
-                dtod(dev, s.ptr, lt.s0.ptr, s.bytes)?;
-                dtod(dev, conv.ptr, lt.conv0.ptr, conv.bytes)?;
-                if keep > 0 {
-                    let args = self.gdn_args(g);
-                    let (proj, prep, o) = (lt.proj.ptr, sc.mid.ptr, sc.o.ptr);
-                    let cols = GdnCols::Split {
-                        done: Some(sc.gdn_done.ptr),
-                    };
-                    ops::gdn_recurrence(
-                        dev, g.shape, &args, proj, conv.ptr, prep, s.ptr, o, keep, cols,
-                    )?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Starts recording a tape on `state` (see `rollback_retaining`).
-    pub fn begin_tape(&self, state: &mut CudaState) -> Result<usize, CudaError> {
-        check_signature(state, &self.signature)?;
-        state.begin_tape()
     }
 }

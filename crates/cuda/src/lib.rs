@@ -43,6 +43,7 @@ mod mtp;
 pub mod nvrtc;
 mod ops;
 mod profile;
+mod rollback;
 mod segment;
 mod segment_config;
 mod segment_trace;
