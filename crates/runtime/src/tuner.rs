@@ -209,7 +209,11 @@ impl BlockTuner {
             // scratch grown): never timed, and neither is a round that reported one.
             t.warm = true;
             if self.trace {
-                eprintln!("tuner: block {block} {seconds:.2?} s: not timed");
+                let why = match seconds {
+                    Some(_) => "its first round",
+                    None => "one-time work",
+                };
+                eprintln!("tuner: block {block} not timed ({why}), accepted {accepted}/{judged}");
             }
             return;
         };
