@@ -269,7 +269,7 @@ impl TargetHead for Transformer {
 #[derive(Clone, Debug)]
 pub struct HostHead {
     embed: Vec<f32>,         // [vocab, hidden]
-    lm_head: Option<Linear>, // [vocab, hidden]; None when tied to the embeddings
+    lm_head: Option<Linear>, // [vocab, hidden]; None when tied to f32 embeddings (`Linear::tied_head`)
     vocab: usize,
     hidden: usize,
     layers: usize,
@@ -282,7 +282,7 @@ impl HostHead {
         let embed = t.get("embed_tokens.weight", &[c.vocab_size, c.hidden_size])?;
         let root = Tensors::new(&ck.tensors, "");
         let lm_head = if c.tie_word_embeddings {
-            None
+            Linear::tied_head(&t, "embed_tokens.weight", c.vocab_size, c.hidden_size)?
         } else {
             Some(Linear::load(
                 &root,

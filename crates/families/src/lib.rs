@@ -44,7 +44,7 @@ pub fn load(ck: &Checkpoint) -> Result<Transformer, ModelError> {
     let root = Tensors::new(&ck.tensors, "");
     // Tied checkpoints read the embeddings even if an `lm_head.weight` copy is stored (as transformers does).
     let lm_head = if c.tie_word_embeddings {
-        None
+        Linear::tied_head(&t, "embed_tokens.weight", c.vocab_size, c.hidden_size)?
     } else {
         Some(Linear::load(
             &root,

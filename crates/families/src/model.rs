@@ -160,7 +160,8 @@ pub struct Transformer {
     pub embed: Vec<f32>, // [vocab, hidden]
     pub layers: Vec<Layer>,
     pub final_norm: Norm,
-    /// None when tied to the embeddings.
+    /// None when tied to f32 embeddings (the head reads `embed`); tied bf16 embeddings get a bf16 copy here
+    /// (`Linear::tied_head`).
     pub lm_head: Option<Linear>, // [vocab, hidden]
     pub vocab: usize,
     pub hidden: usize,
@@ -324,25 +325,5 @@ impl Transformer {
         }
         out.taps = taps;
         Ok(out)
-    }
-
-    pub fn parameter_count(&self) -> usize {
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                l.input_norm.weight.len()
-                    + l.post_norm.weight.len()
-                    + l.ffn.params()
-                    + match &l.mixer {
-                        Mixer::Attention(a) => a.params(),
-                        Mixer::Linear(g) => g.params(),
-                    }
-            })
-            .sum();
-        self.embed.len()
-            + layers
-            + self.final_norm.weight.len()
-            + self.lm_head.as_ref().map_or(0, Linear::params)
     }
 }

@@ -60,3 +60,28 @@ fn hybrid_rows_are_independent_of_batch_size() {
 fn moe_rows_are_independent_of_batch_size() {
     check("qwen3_next");
 }
+
+/// A tied checkpoint stored in bf16 (the testbed) gets a bf16 copy of its embeddings as the LM head (half
+/// the bytes a token streams) whose logits are the f32 embeddings' bit for bit.
+#[test]
+fn a_tied_bf16_head_streams_bf16_with_the_f32_embeddings_bits() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/testbed");
+    let ck = Checkpoint::open(&dir).unwrap();
+    assert!(ck.config.tie_word_embeddings);
+    let m = families::load(&ck).unwrap();
+    let head = m
+        .lm_head
+        .as_ref()
+        .expect("a bf16 head for the tied bf16 embeddings");
+    assert!(matches!(head.w, families::layers::Weights::Bf16(_)));
+    let h: Vec<f32> = (0..3 * m.hidden)
+        .map(|i| ((i * 7919) % 1013) as f32 * 0.003 - 1.5)
+        .collect();
+    let mut want = vec![0.0; 3 * m.vocab];
+    kernels::linear(&h, &m.embed, 3, m.hidden, m.vocab, &mut want);
+    let got = m.lm_head(&h, 3);
+    assert!(got
+        .iter()
+        .zip(&want)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+}

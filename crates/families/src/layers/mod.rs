@@ -82,6 +82,21 @@ impl Linear {
         Ok(Linear { w, out_dim, in_dim })
     }
 
+    /// The LM head of a checkpoint that ties it to the embeddings `name`: a bf16 copy when they are stored
+    /// bf16 (the embedding lookup keeps its f32 rows; the head then streams half the bytes a token, with
+    /// the f32 widening's bits), else None (the head reads the f32 embeddings).
+    pub fn tied_head(
+        t: &Tensors<'_>,
+        name: &str,
+        out_dim: usize,
+        in_dim: usize,
+    ) -> Result<Option<Self>, LoadError> {
+        match t.store.dtype(&t.full_name(name))? {
+            DType::BF16 => Ok(Some(Self::load(t, name, out_dim, in_dim)?)),
+            _ => Ok(None),
+        }
+    }
+
     pub fn from_rows(w: Vec<f32>, out_dim: usize, in_dim: usize) -> Self {
         Linear {
             w: Weights::F32(w),
