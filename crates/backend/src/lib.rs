@@ -265,11 +265,12 @@ impl Model {
     }
 
     /// Most proposals per speculative round whose verify pass computes every row exactly as a one-row
-    /// decode step (so speculative decoding reproduces sequential decoding): unbounded on the CPU; on
-    /// the GPU, rows up to `LoadOptions::gemv_max_rows` stay on the batch-invariant kernel.
+    /// decode step (so speculative decoding reproduces sequential decoding): on the CPU the kernels' row
+    /// paths (`families::EXACT_ROWS` rows: 16 proposals); on the GPU, rows up to
+    /// `LoadOptions::gemv_max_rows` stay on the batch-invariant kernel.
     pub fn max_exact_block(&self) -> Option<usize> {
         match self {
-            Model::Cpu(_) => None,
+            Model::Cpu(_) => Some(families::EXACT_ROWS - 1),
             Model::Cuda(m) => Some(m.options().gemv_max_rows.saturating_sub(1)),
         }
     }

@@ -18,6 +18,10 @@ pub use model::{Candidates, ForwardOut, Rows, Tap, Transformer, Wanted};
 pub use state::State;
 pub use tape::LayerTape;
 
+/// Most rows a forward computes each exactly as a one-row step would (the CPU kernels' row paths): the
+/// largest verify block of a speculative round that reproduces sequential decoding on the CPU.
+pub const EXACT_ROWS: usize = kernels::MATVEC_MAX_ROWS;
+
 use layers::{Linear, Norm, Tensors};
 use model_io::{Checkpoint, Family};
 

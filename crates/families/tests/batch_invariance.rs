@@ -15,7 +15,8 @@ fn load(name: &str) -> Transformer {
 fn check(name: &str) {
     let m = load(name);
     let prompt: Vec<u32> = (0..20u32).map(|i| (i * 37 + 11) % m.vocab as u32).collect();
-    let tail: Vec<u32> = (0..16u32).map(|i| (i * 53 + 5) % m.vocab as u32).collect();
+    // 17 rows: the verify block of the largest MTP / DFlash block (16 proposals and the token before them).
+    let tail: Vec<u32> = (0..17u32).map(|i| (i * 53 + 5) % m.vocab as u32).collect();
     let mut base = m.new_state();
     m.forward(&prompt, 0, &mut base, &Wanted::none()).unwrap();
     // Sequential: one row at a time.

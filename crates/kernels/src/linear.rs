@@ -19,8 +19,10 @@ use crate::simd::{self, Isa, WeightElem};
 /// Largest `n` served by the matvec path. `kbench paths` on the 2-core AVX2 development machine (Xeon, 260 MiB
 /// L3, quiet), 4096x4096, GFLOP/s matvec vs gemm with 1 thread: n=1 13 vs 10, n=4 31 vs 15, n=8 33 vs 25,
 /// n=16 43 vs 40, n=24 48 vs 48; with 2 threads: n=8 93 vs 52, n=16 95 vs 74, n=24 93 vs 85. Verify blocks
-/// of speculative decoding (n = 1 + drafts) live in this range, so it matters.
-pub const MATVEC_MAX_ROWS: usize = 16;
+/// of speculative decoding (n = 1 + drafts) live in this range, so it matters; and their rows must equal
+/// one-row steps bit for bit, so it covers the largest block (MTP's and DFlash's 16 proposals: 17 rows;
+/// at 16 a 17-row verify took the GEMM and its rows differed from decoding's, families batch_invariance).
+pub const MATVEC_MAX_ROWS: usize = 17;
 
 /// Below this many multiply-adds the matvec runs on the calling thread: rayon's fork/join costs more.
 const MATVEC_SERIAL_WORK: usize = 1 << 16;

@@ -113,10 +113,11 @@ fn matvec_rows_are_bitwise_independent_of_n() {
     let w: Vec<f32> = (0..m * k)
         .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 700.0)
         .collect();
-    let x: Vec<f32> = (0..16 * k)
+    let rows = crate::MATVEC_MAX_ROWS;
+    let x: Vec<f32> = (0..rows * k)
         .map(|i| ((i * 104729 % 997) as f32 - 498.0) / 300.0)
         .collect();
-    let single: Vec<Vec<f32>> = (0..16)
+    let single: Vec<Vec<f32>> = (0..rows)
         .map(|r| {
             let mut o = vec![0.0; m];
             crate::linear(&x[r * k..(r + 1) * k], &w, 1, k, m, &mut o);
