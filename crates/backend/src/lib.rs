@@ -284,7 +284,7 @@ impl Model {
     }
 
     /// What host drafters read from this target: the CPU engine itself, or for a GPU model the
-    /// embedding table and LM head of `ck` loaded to host memory (f32; loaded on each call).
+    /// embedding table (f32) and LM head of `ck` loaded to host memory (loaded on each call).
     pub fn head(&self, ck: &Checkpoint) -> Result<SharedHead, BackendError> {
         Ok(match self {
             Model::Cpu(m) => m.clone(),
