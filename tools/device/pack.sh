@@ -6,6 +6,8 @@
 #   bash tools/device/pack.sh bins cc=target/release/cuda_check [loop=target/release/deps/cuda_loop-HASH ...]
 #   bash tools/device/pack.sh trim weights    # testbed weights out: cuda_check, --table, segments_ab.sh runs
 #   bash tools/device/pack.sh trim fixtures   # the largest fixtures out: testbed runs (cuda_loop, bench)
+#   bash tools/device/pack.sh trim lean       # the DFlash weights and CPU-only fixtures out: every fixture check and
+#                                             # the testbed's MTP runs in one call, with ~7 MB of binaries
 #   bash tools/device/pack.sh restore         # everything back: before local tests and every commit
 #   bash tools/device/pack.sh size            # what the device would receive besides the carry
 # On the device (run(carry=[".carry"], ...)): mkdir -p /tmp/b && tar xJf .carry/bins.tar.xz -C /tmp/b, then
@@ -16,6 +18,8 @@ STASH=.carry-stash
 WEIGHTS=(models/testbed/model-00001-of-00003.safetensors models/testbed/model-00002-of-00003.safetensors
          models/testbed/model-00003-of-00003.safetensors models/testbed/dflash/model.safetensors)
 FIXTURES=(fixtures/qwen3_5_vl fixtures/qwen3_next fixtures/tokenizers fixtures/qwen3_realtok)
+# What neither cuda_check's fixture checks nor the MTP runs on the testbed read: room for more binaries.
+LEAN=(models/testbed/dflash/model.safetensors fixtures/tokenizers fixtures/qwen3_5_vl)
 
 trim() {
   local p
@@ -46,11 +50,12 @@ case "${1:-}" in
     case "${2:-}" in
       weights) trim "${WEIGHTS[@]}" ;;
       fixtures) trim "${FIXTURES[@]}" ;;
-      *) echo "usage: pack.sh trim weights|fixtures" >&2; exit 2 ;;
+      lean) trim "${LEAN[@]}" ;;
+      *) echo "usage: pack.sh trim weights|fixtures|lean" >&2; exit 2 ;;
     esac
     ;;
   restore)
-    for p in "${WEIGHTS[@]}" "${FIXTURES[@]}"; do
+    for p in "${WEIGHTS[@]}" "${FIXTURES[@]}" "${LEAN[@]}"; do
       if [ -e "$STASH/$p" ] && [ ! -e "$p" ]; then
         mkdir -p "$(dirname "$p")"
         mv "$STASH/$p" "$p"
