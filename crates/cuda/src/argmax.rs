@@ -11,12 +11,64 @@ use crate::buf::{dtoh, launch, Arg};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
 
-/// Threads per row (ARGMAX_THREADS in misc.cu).
-const ARGMAX_THREADS: u32 = 1024;
+/// Threads of a chunk's block (ARGMAX_PART_THREADS in misc.cu); a row is split into at most MAX_PARTS
+/// chunks of at least MIN_CHUNK logits (a block reads 16 of them a thread in one round trip), merged by
+/// one warp.
+const ARGMAX_PART_THREADS: u32 = 256;
+const MAX_PARTS: usize = 64;
+const MIN_CHUNK: usize = 4096;
 
-/// Device bytes of the [id, flag] pairs of `rows` rows.
+/// Logits per chunk and chunks of a row of `vocab`.
+fn chunking(vocab: usize) -> (usize, usize) {
+    let chunk = vocab.div_ceil(MAX_PARTS).next_multiple_of(4).max(MIN_CHUNK);
+    (chunk, vocab.div_ceil(chunk).max(1))
+}
+
+/// Device bytes of the argmax buffer of `rows` rows: their [id, flag] pairs, then the chunks' partial
+/// results ([rows, MAX_PARTS, 3] i32) between the two kernels.
 pub(crate) fn pair_bytes(rows: usize) -> usize {
-    rows * 2 * 4
+    rows * 2 * 4 + rows * MAX_PARTS * 3 * 4
+}
+
+/// The two kernels: the chunks of `rows` rows, then each row's merge into `out`'s pairs (and the feeding).
+#[allow(clippy::too_many_arguments)]
+fn launch_both(
+    dev: &CudaDevice,
+    logits: u64,
+    rows: usize,
+    vocab: usize,
+    out: u64,
+    feed: [u64; 4],
+) -> Result<(), CudaError> {
+    let (chunk, parts) = chunking(vocab);
+    let partial = out + (rows * 2 * 4) as u64;
+    launch(
+        dev,
+        "argmax_parts",
+        (parts as u32, rows as u32, 1),
+        ARGMAX_PART_THREADS,
+        &[
+            Arg::P(logits),
+            Arg::I(vocab as i32),
+            Arg::I(chunk as i32),
+            Arg::P(partial),
+        ],
+    )?;
+    launch(
+        dev,
+        "argmax_rows",
+        (rows as u32, 1, 1),
+        32,
+        &[
+            Arg::P(partial),
+            Arg::I(parts as i32),
+            Arg::P(out),
+            Arg::P(feed[0]),
+            Arg::P(feed[1]),
+            Arg::P(feed[2]),
+            Arg::P(feed[3]),
+        ],
+    )
 }
 
 /// out [rows, 2] i32 = [argmax, refused] of each row of logits [rows, vocab].
@@ -30,21 +82,7 @@ pub(crate) fn launch_rows(
     if dev.host_ops() {
         return host_rows(logits, rows, vocab, out);
     }
-    launch(
-        dev,
-        "argmax_rows",
-        (rows as u32, 1, 1),
-        ARGMAX_THREADS,
-        &[
-            Arg::P(logits),
-            Arg::I(vocab as i32),
-            Arg::P(out),
-            Arg::P(0),
-            Arg::P(0),
-            Arg::P(0),
-            Arg::P(0),
-        ],
-    )
+    launch_both(dev, logits, rows, vocab, out, [0; 4])
 }
 
 /// `launch_rows` of one row that also feeds the next decode step (chain.rs): `next` = ([1] i32 id, [1]
@@ -81,20 +119,13 @@ pub(crate) fn launch_feeding(
         }
         return Ok(());
     }
-    launch(
+    launch_both(
         dev,
-        "argmax_rows",
-        (1, 1, 1),
-        ARGMAX_THREADS,
-        &[
-            Arg::P(logits),
-            Arg::I(vocab as i32),
-            Arg::P(out),
-            Arg::P(next.0),
-            Arg::P(next.1),
-            Arg::P(host_pair),
-            Arg::P(counter),
-        ],
+        logits,
+        1,
+        vocab,
+        out,
+        [next.0, next.1, host_pair, counter],
     )
 }
 

@@ -4,13 +4,15 @@
 //! scanning the row (sampling's `ShapedDistribution::from_candidates`, the row's bits). H200, 4B shape,
 //! Qwen3's card: sampled decoding 0.80 -> 0.89x of greedy (run 171).
 //!
-//! Algorithm: per row, the K-th largest key in `f32::total_cmp`'s order by radix selection (four passes
-//! of 8 bits over the row, counting the digits of the keys that match the prefix chosen so far), then a
-//! pass that collects every logit whose key is at or above it: the K largest and all their ties.
+//! Algorithm: per chunk of 8192 logits (in shared memory), the keys at or above the chunk's K-th largest in
+//! `f32::total_cmp`'s order (radix selection: four passes of 8 bits, counting the digits of the keys that
+//! match the prefix chosen so far); then per row the same selection over the union of its chunks' sets,
+//! which holds every row candidate (fewer than K of the row's keys exceed one, so fewer exceed it in its
+//! chunk): the K largest and all their ties.
 //!
 //! Invariant: a row's candidates are exactly {i : key(row[i]) >= key(K-th largest)} (sorted by id here),
-//! so every logit at or above the smallest candidate is one; a row with a NaN or +inf, or with more
-//! than `CAP` candidates, is never answered by candidates — the caller copies the rows, so errors read
+//! so every logit at or above the smallest candidate is one; a row with a NaN or +inf, with more than
+//! `CAP` candidates, or with fewer than K logits above -inf, is never answered by candidates — the caller copies the rows, so errors read
 //! as they would from the row.
 
 use families::{Candidates, Wanted};
@@ -21,24 +23,35 @@ use crate::error::CudaError;
 use crate::model::CudaModel;
 use crate::state::{check_signature, CudaState, LOGIT_ROWS};
 
-/// Threads per row (TOPK_THREADS in misc.cu).
-const TOPK_THREADS: u32 = 1024;
+/// Logits per chunk of the first kernel and its threads; the second kernel's threads (misc.cu).
+const TOPK_CHUNK: usize = 8192;
+const TOPK_PART_THREADS: u32 = 256;
+const TOPK_MERGE_THREADS: u32 = 1024;
 
 /// Candidates a row may return (K of them plus ties); more sends the caller back to the row.
 pub(crate) const CAP: usize = 1024;
 
+/// Candidates a chunk may pass on to the merge (K <= CAP / 2 of them plus ties).
+const CHUNK_CAP: usize = 512;
+
 /// Device buffers for the candidates of up to `rows` rows: one allocation, [meta | ids | vals] (4-byte
-/// words: rows * 2, rows * CAP, rows * CAP), so a row set comes back in one copy.
+/// words: rows * 2, rows * CAP, rows * CAP), so a row set comes back in one copy; and the chunks'
+/// [ids | vals | meta] between the two kernels.
 pub(crate) struct CandidateBufs {
     rows: usize,
+    parts: usize,
     all: DBuf,
+    chunks: DBuf,
 }
 
 impl CandidateBufs {
-    pub(crate) fn new(dev: &CudaDevice, rows: usize) -> Result<Self, CudaError> {
+    pub(crate) fn new(dev: &CudaDevice, rows: usize, vocab: usize) -> Result<Self, CudaError> {
+        let parts = vocab.div_ceil(TOPK_CHUNK).max(1);
         Ok(CandidateBufs {
             rows,
+            parts,
             all: DBuf::zeros(dev, Self::words(rows) * 4)?,
+            chunks: DBuf::zeros(dev, rows * parts * (2 * CHUNK_CAP + 2) * 4)?,
         })
     }
 
@@ -62,23 +75,48 @@ impl CandidateBufs {
         vocab: usize,
         k: usize,
     ) -> Result<(), CudaError> {
-        if rows > self.rows {
+        if rows > self.rows || vocab.div_ceil(TOPK_CHUNK) > self.parts {
             return Err(CudaError::Unsupported {
-                what: format!("candidates of {rows} rows in buffers for {}", self.rows),
+                what: format!(
+                    "candidates of {rows} rows of {vocab} in buffers for {}",
+                    self.rows
+                ),
             });
         }
         if dev.host_ops() {
             return self.host_rows(logits, rows, vocab, k);
         }
-        let (meta, ids, vals) = self.parts();
+        let parts = vocab.div_ceil(TOPK_CHUNK);
+        let per = rows * parts * CHUNK_CAP * 4;
+        let (c_ids, c_vals) = (self.chunks.ptr, self.chunks.ptr + per as u64);
+        let c_meta = c_vals + per as u64;
         launch(
             dev,
-            "topk_candidates",
-            (rows as u32, 1, 1),
-            TOPK_THREADS,
+            "topk_parts",
+            (parts as u32, rows as u32, 1),
+            TOPK_PART_THREADS,
             &[
                 Arg::P(logits),
                 Arg::I(vocab as i32),
+                Arg::I(k as i32),
+                Arg::I(CHUNK_CAP as i32),
+                Arg::P(c_ids),
+                Arg::P(c_vals),
+                Arg::P(c_meta),
+            ],
+        )?;
+        let (meta, ids, vals) = self.parts();
+        launch(
+            dev,
+            "topk_merge",
+            (rows as u32, 1, 1),
+            TOPK_MERGE_THREADS,
+            &[
+                Arg::P(c_ids),
+                Arg::P(c_vals),
+                Arg::P(c_meta),
+                Arg::I(parts as i32),
+                Arg::I(CHUNK_CAP as i32),
                 Arg::I(k as i32),
                 Arg::I(CAP as i32),
                 Arg::P(ids),
@@ -155,8 +193,10 @@ impl CandidateBufs {
                     n += 1;
                 }
             }
+            // As the kernels: fewer than K logits above -inf send the caller back to the row too.
+            let finite = row.iter().filter(|v| **v > f32::NEG_INFINITY).count();
             meta[2 * r] = n as i32;
-            meta[2 * r + 1] = i32::from(bad) | if n > CAP { 2 } else { 0 };
+            meta[2 * r + 1] = i32::from(bad) | if n > CAP || finite < k { 2 } else { 0 };
         }
         Ok(())
     }
@@ -181,7 +221,7 @@ impl CudaModel {
         }
         if state.candidates.is_none() {
             state.candidates = Some(crate::candidates::CandidateBufs::new(
-                &self.dev, LOGIT_ROWS,
+                &self.dev, LOGIT_ROWS, self.vocab,
             )?);
         }
         Ok(k)
@@ -231,8 +271,10 @@ mod tests {
     /// with every tie, signed zeros and -inf in the row, flags for NaN / +inf and overflow.
     #[test]
     fn device_candidates_are_the_k_largest_with_their_ties() {
+        // Several chunks (151936: Qwen's vocabulary; 20011: a short last chunk), one chunk, the emulation.
         for (dev, vocab) in [
-            (CudaDevice::simulated().expect("simulator"), 5000usize),
+            (CudaDevice::simulated().expect("simulator"), 151_936usize),
+            (CudaDevice::simulated().expect("simulator"), 20_011),
             (CudaDevice::simulated().expect("simulator"), 1001),
             (CudaDevice::emulated(), 1001),
         ] {
@@ -241,6 +283,7 @@ mod tests {
                 .collect();
             let mut rows: Vec<Vec<f32>> = vec![base.clone()];
             let mut ties = base.clone();
+            // Ties of the largest value in different chunks.
             for i in [3, vocab / 2, vocab - 1] {
                 ties[i] = 7.5;
             }
@@ -265,7 +308,7 @@ mod tests {
             let flat: Vec<f32> = rows.concat();
             let x = DBuf::zeros(&dev, flat.len() * 4).unwrap();
             htod(&dev, x.ptr, &flat).unwrap();
-            let bufs = CandidateBufs::new(&dev, rows.len()).unwrap();
+            let bufs = CandidateBufs::new(&dev, rows.len(), vocab.max(CAP + 1)).unwrap();
             for k in [1usize, 2, 40] {
                 let want = |row: &[f32]| {
                     let mut sorted = row.to_vec();
@@ -297,6 +340,21 @@ mod tests {
                     assert!(bufs.read(&dev, 1).unwrap().is_none(), "row {r} not flagged");
                 }
             }
+            // Fewer than K logits above -inf: flagged (the rest are candidates only as -inf ties).
+            let mut few = vec![f32::NEG_INFINITY; vocab];
+            for i in 0..10 {
+                few[vocab - 1 - 97 * i] = i as f32;
+            }
+            let z = DBuf::zeros(&dev, vocab * 4).unwrap();
+            htod(&dev, z.ptr, &few).unwrap();
+            bufs.launch(&dev, z.ptr, 1, vocab, 10).unwrap();
+            let got = bufs.read(&dev, 1).unwrap().expect("10 of 10");
+            assert_eq!(got[0].ids.len(), 10);
+            bufs.launch(&dev, z.ptr, 1, vocab, 11).unwrap();
+            assert!(
+                bufs.read(&dev, 1).unwrap().is_none(),
+                "11 of 10 not flagged"
+            );
             // More than CAP candidates (all equal): flagged.
             let flat_row = vec![1.0f32; vocab.max(CAP + 1)];
             let y = DBuf::zeros(&dev, flat_row.len() * 4).unwrap();

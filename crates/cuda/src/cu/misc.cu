@@ -142,44 +142,49 @@ extern "C" __global__ void __launch_bounds__(512) read_stream(const uint4* __res
 // The greedy token of each logits row without the row leaving the device (argmax.rs): out[2r] = the lowest
 // index of the row's largest value, NaN skipped (kernels::argmax's rule); out[2r + 1] = 1 when the host
 // would refuse the row (a NaN or +inf, or nothing but -inf: sampling's check_logits), so that the caller
-// copies it and lets the host say what is wrong. One block of ARGMAX_THREADS per row; within a thread the
-// indices rise, so a strict `>` keeps the first of equal values and the merges break ties by index.
-#define ARGMAX_THREADS 1024
+// copies it and lets the host say what is wrong. Within a thread the indices rise, so a strict `>` keeps the
+// first of equal values, and the merges break ties by index.
 __device__ __forceinline__ void argmax_take(float v, int i, float& best, int& bi) {
     if (v > best || (v == best && i < bi)) {
         best = v;
         bi = i;
     }
 }
-extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
-    argmax_rows(const float* __restrict__ logits, int vocab, int* __restrict__ out, int* __restrict__ next_id,
-                int* __restrict__ next_start, int* __restrict__ host_pair, int* __restrict__ counter) {
+// argmax_parts: each block takes a chunk of a row ([part, row] grid, ARGMAX_PART_THREADS threads) and leaves
+// its [best value's bits, its index, flags] in parts [rows, nparts, 3]; argmax_rows (one warp a row) merges a
+// row's parts in order. The first form, one block of 1024 threads reading the whole row, took 24-27 us of each
+// greedy 4B step (run 173, ncu): latency-bound.
+#define ARGMAX_PART_THREADS 256
+__device__ __forceinline__ void argmax_see(float v, int i, float& best, int& bi, int& bad) {
+    const unsigned u = __float_as_uint(v);
+    bad |= (u & 0x7fffffffu) > 0x7f800000u || u == 0x7f800000u;  // NaN or +inf
+    if (v > best) {
+        best = v;
+        bi = i;
+    }
+}
+extern "C" __global__ void __launch_bounds__(ARGMAX_PART_THREADS)
+    argmax_parts(const float* __restrict__ logits, int vocab, int chunk, int* __restrict__ parts) {
     PDL_ENTER();
-    __shared__ float sv[32];
-    __shared__ int si[32], sbad[32];
-    const float* row = logits + (size_t)blockIdx.x * vocab;
+    __shared__ float sv[ARGMAX_PART_THREADS / 32];
+    __shared__ int si[ARGMAX_PART_THREADS / 32], sbad[ARGMAX_PART_THREADS / 32];
+    const int part = blockIdx.x, row = blockIdx.y, base = part * chunk;
+    const int n = max(0, min(chunk, vocab - base));
+    const float* x = logits + (size_t)row * vocab + base;
     float best = NEG_INF;
     int bi = 0x7fffffff, bad = 0;
-    auto see = [&](float v, int i) {
-        const unsigned u = __float_as_uint(v);
-        bad |= (u & 0x7fffffffu) > 0x7f800000u || u == 0x7f800000u;  // NaN or +inf
-        if (v > best) {
-            best = v;
-            bi = i;
-        }
-    };
-    if ((vocab & 3) == 0 && ((unsigned long long)row & 15) == 0) {
-        const float4* r4 = reinterpret_cast<const float4*>(row);
+    if (((n | base | vocab) & 3) == 0 && ((unsigned long long)x & 15) == 0) {
+        const float4* x4 = reinterpret_cast<const float4*>(x);
 #pragma unroll 4
-        for (int j = threadIdx.x; j < (vocab >> 2); j += blockDim.x) {
-            const float4 v = r4[j];
-            see(v.x, 4 * j);
-            see(v.y, 4 * j + 1);
-            see(v.z, 4 * j + 2);
-            see(v.w, 4 * j + 3);
+        for (int j = threadIdx.x; j < (n >> 2); j += blockDim.x) {
+            const float4 v = x4[j];
+            argmax_see(v.x, base + 4 * j, best, bi, bad);
+            argmax_see(v.y, base + 4 * j + 1, best, bi, bad);
+            argmax_see(v.z, base + 4 * j + 2, best, bi, bad);
+            argmax_see(v.w, base + 4 * j + 3, best, bi, bad);
         }
     } else {
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) see(row[i], i);
+        for (int i = threadIdx.x; i < n; i += blockDim.x) argmax_see(x[i], base + i, best, bi, bad);
     }
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, best, o);
@@ -199,6 +204,31 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
             argmax_take(sv[w], si[w], best, bi);
             bad |= sbad[w];
         }
+        int* o = parts + ((size_t)row * gridDim.x + part) * 3;
+        o[0] = __float_as_int(best);
+        o[1] = bi;
+        o[2] = bad;
+    }
+}
+extern "C" __global__ void __launch_bounds__(32)
+    argmax_rows(const int* __restrict__ parts, int nparts, int* __restrict__ out, int* __restrict__ next_id,
+                int* __restrict__ next_start, int* __restrict__ host_pair, int* __restrict__ counter) {
+    PDL_ENTER();
+    const int* pr = parts + (size_t)blockIdx.x * nparts * 3;
+    float best = NEG_INF;
+    int bi = 0x7fffffff, bad = 0;
+    // Lane l takes parts l, l + 32, ...: indices rise within a lane, and the merge breaks ties by index.
+    for (int p = threadIdx.x; p < nparts; p += 32) {
+        argmax_take(__int_as_float(__ldcg(pr + 3 * p)), __ldcg(pr + 3 * p + 1), best, bi);
+        bad |= __ldcg(pr + 3 * p + 2);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+        argmax_take(ov, oi, best, bi);
+    }
+    if (threadIdx.x == 0) {
         const bool none = bi == 0x7fffffff;  // nothing above -inf
         out[2 * blockIdx.x] = none ? 0 : bi;
         out[2 * blockIdx.x + 1] = bad || none;
@@ -219,84 +249,157 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 // Sampling candidates of logits rows (candidates.rs): every logit whose key in the total order (sampling's
 // f32_key: -NaN < -inf < ... < -0 < +0 < ... < +inf < NaN) is at least the row's K-th largest key, so a
 // top-k request (k <= K) is shaped from them on the host as from the whole row (sampling's
-// ShapedDistribution::from_candidates). The K-th largest key by radix selection, 8 bits a pass from the top
-// (a pass counts the digits of the keys that match the prefix chosen so far; lanes of a warp holding the
-// same digit add once, __match_any_sync, as logits crowd into a few exponents), then one pass collects.
-// One block of TOPK_THREADS per row. ids / vals [rows, cap] in no particular order (the host sorts them);
-// meta [rows, 2] = [candidates, flags]: bit 0 a NaN or +inf in the row, bit 1 more than cap candidates
-// (only cap of them stored). Either flag sends the host back to the row.
-#define TOPK_THREADS 1024
+// ShapedDistribution::from_candidates). Two kernels: topk_parts selects, per chunk of TOPK_CHUNK logits held
+// in shared memory, the keys at or above the chunk's K-th largest (a chunk's set holds every row candidate
+// inside it: fewer than K of the row's keys exceed a candidate); topk_merge selects the row's set from the
+// union of its chunks'. The K-th largest by radix selection, 8 bits a pass from the top (a pass counts the
+// digits of the keys that match the prefix chosen so far). The first form, one block scanning the row from
+// L2 five times, took 294 us a 151936-logit row (run 173: latency-bound), 0.28 ms of a 2.59 ms sampled step.
+// ids / vals [rows, cap] in no particular order (the host sorts them); meta [rows, 2] = [candidates, flags]:
+// bit 0 a NaN or +inf in the row, bit 1 more candidates than a buffer holds (only some stored), or fewer than K
+// logits above -inf. Either flag sends the host back to the row.
+#define TOPK_PART_THREADS 256
+#define TOPK_CHUNK 8192
+#define TOPK_MERGE_THREADS 1024
+#define TOPK_MERGE_MAX 4096
 __device__ __forceinline__ unsigned topk_key(float x) {
     const unsigned b = __float_as_uint(x);
     return (b >> 31) ? ~b : (b | 0x80000000u);
 }
-extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
-    topk_candidates(const float* __restrict__ logits, int vocab, int K, int cap, int* __restrict__ ids,
-                    float* __restrict__ vals, int* __restrict__ meta) {
-    PDL_ENTER();
-    __shared__ unsigned hist[256];
-    __shared__ unsigned s_prefix, s_left;
-    __shared__ int s_count, s_bad;
-    const float* row = logits + (size_t)blockIdx.x * vocab;
-    const int tid = threadIdx.x, lane = tid & 31;
-    // Every lane runs every round (a shuffle needs the whole warp), past the row's end as `ok` false.
-    const int rounds = (vocab + (int)blockDim.x - 1) / (int)blockDim.x;
-    if (tid == 0) {
-        s_prefix = 0;
-        s_left = (unsigned)min(K, vocab);
-        s_count = 0;
-        s_bad = 0;
+__device__ __forceinline__ float topk_value(unsigned k) {
+    return __uint_as_float((k >> 31) ? (k & 0x7fffffffu) : ~k);
+}
+// The K-th largest of keys[0..n) (shared memory), K <= n: radix selection over hist[256] (shared).
+__device__ unsigned topk_select(const unsigned* keys, int n, int K, unsigned* hist, unsigned* s_prefix,
+                                unsigned* s_left) {
+    if (threadIdx.x == 0) {
+        *s_prefix = 0;
+        *s_left = (unsigned)K;
     }
     unsigned mask = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
         __syncthreads();
-        const unsigned prefix = s_prefix;
-        int bad = 0;
-        for (int r = 0; r < rounds; ++r) {
-            const int i = r * (int)blockDim.x + tid;
-            const bool ok = i < vocab;
-            const float v = ok ? row[i] : 0.0f;
-            const unsigned key = topk_key(v), u = __float_as_uint(v) & 0x7fffffffu;
-            if (shift == 24 && ok && u >= 0x7f800000u && (u > 0x7f800000u || v > 0.0f)) bad = 1;  // NaN or +inf
-            const bool in = ok && (key & mask) == prefix;
-            const int digit = in ? (int)((key >> shift) & 255u) : -1;
-            const unsigned peers = __match_any_sync(0xffffffffu, digit);
-            if (in && (peers & ((1u << lane) - 1u)) == 0u) atomicAdd(&hist[digit], (unsigned)__popc(peers));
+        const unsigned prefix = *s_prefix;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const unsigned key = keys[i];
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
         }
-        if (bad) atomicAdd(&s_bad, 1);
         __syncthreads();
-        if (tid == 0) {
+        if (threadIdx.x == 0) {
             // The digit holding the K-th largest among the keys with this prefix (from the top).
-            unsigned above = 0, left = s_left;
+            unsigned above = 0, left = *s_left;
             int d = 255;
             for (; d > 0; --d) {
                 if (above + hist[d] >= left) break;
                 above += hist[d];
             }
-            s_prefix = prefix | ((unsigned)d << shift);
-            s_left = left - above;
+            *s_prefix = prefix | ((unsigned)d << shift);
+            *s_left = left - above;
         }
         mask |= 255u << shift;
         __syncthreads();
     }
-    const unsigned kth = s_prefix;
-    for (int r = 0; r < rounds; ++r) {
-        const int i = r * (int)blockDim.x + tid;
-        if (i < vocab) {
-            const float v = row[i];
-            if (topk_key(v) >= kth) {
-                const int slot = atomicAdd(&s_count, 1);
-                if (slot < cap) {
-                    ids[(size_t)blockIdx.x * cap + slot] = i;
-                    vals[(size_t)blockIdx.x * cap + slot] = v;
-                }
+    return *s_prefix;
+}
+// Grid (parts, rows). part_ids / part_vals [rows, parts, capb]; part_meta [rows, parts, 2] as meta.
+extern "C" __global__ void __launch_bounds__(TOPK_PART_THREADS)
+    topk_parts(const float* __restrict__ logits, int vocab, int K, int capb, int* __restrict__ part_ids,
+               float* __restrict__ part_vals, int* __restrict__ part_meta) {
+    PDL_ENTER();
+    __shared__ unsigned keys[TOPK_CHUNK];
+    __shared__ unsigned hist[256];
+    __shared__ unsigned s_prefix, s_left;
+    __shared__ int s_count, s_bad;
+    const int part = blockIdx.x, parts = gridDim.x, row = blockIdx.y;
+    const int base = part * TOPK_CHUNK, n = min(TOPK_CHUNK, vocab - base);
+    const float* x = logits + (size_t)row * vocab + base;
+    if (threadIdx.x == 0) {
+        s_count = 0;
+        s_bad = 0;
+    }
+    int bad = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = __ldcg(x + i);
+        const unsigned u = __float_as_uint(v) & 0x7fffffffu;
+        if (u > 0x7f800000u || (u == 0x7f800000u && v > 0.0f)) bad = 1;  // NaN or +inf
+        keys[i] = topk_key(v);
+    }
+    __syncthreads();
+    if (bad) atomicAdd(&s_bad, 1);
+    const unsigned kth = topk_select(keys, n, min(K, n), hist, &s_prefix, &s_left);
+    const size_t at = ((size_t)row * parts + part) * capb;
+    // -inf (masked) logits stay out: a chunk of them would overflow, and they are candidates only when
+    // the row has fewer than K other values (the merge then sends the host back to the row).
+    const unsigned neg_inf = topk_key(-__uint_as_float(0x7f800000u));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        if (keys[i] >= kth && keys[i] > neg_inf) {
+            const int slot = atomicAdd(&s_count, 1);
+            if (slot < capb) {
+                part_ids[at + slot] = base + i;
+                part_vals[at + slot] = topk_value(keys[i]);
             }
         }
     }
     __syncthreads();
-    if (tid == 0) {
-        meta[2 * blockIdx.x] = s_count;
-        meta[2 * blockIdx.x + 1] = (s_bad ? 1 : 0) | (s_count > cap ? 2 : 0);
+    if (threadIdx.x == 0) {
+        const size_t m = ((size_t)row * parts + part) * 2;
+        part_meta[m] = s_count;
+        part_meta[m + 1] = (s_bad ? 1 : 0) | (s_count > capb ? 2 : 0);
+    }
+}
+// Grid rows: the row's candidates from its parts' (topk_parts, `parts` of them).
+extern "C" __global__ void __launch_bounds__(TOPK_MERGE_THREADS)
+    topk_merge(const int* __restrict__ part_ids, const float* __restrict__ part_vals,
+               const int* __restrict__ part_meta, int parts, int capb, int K, int cap, int* __restrict__ ids,
+               float* __restrict__ vals, int* __restrict__ meta) {
+    PDL_ENTER();
+    __shared__ unsigned keys[TOPK_MERGE_MAX];
+    __shared__ unsigned hist[256];
+    __shared__ unsigned s_prefix, s_left;
+    __shared__ int s_offset[65], s_flags, s_count;
+    const int row = blockIdx.x;
+    const int* pm = part_meta + (size_t)row * parts * 2;
+    if (threadIdx.x == 0) {
+        int total = 0, flags = parts > 64 ? 2 : 0;
+        for (int p = 0; p < parts && p < 64; ++p) {
+            s_offset[p] = total;
+            total += min(pm[2 * p], capb);
+            flags |= pm[2 * p + 1];
+        }
+        s_offset[min(parts, 64)] = total;
+        if (total > TOPK_MERGE_MAX || total < K) flags |= 2;
+        s_flags = flags;
+        s_count = 0;
+    }
+    __syncthreads();
+    if (s_flags) {
+        if (threadIdx.x == 0) {
+            meta[2 * row] = 0;
+            meta[2 * row + 1] = s_flags;
+        }
+        return;
+    }
+    const int total = s_offset[parts];
+    const size_t at = (size_t)row * parts * capb;
+    for (int p = 0; p < parts; ++p)
+        for (int i = threadIdx.x; i < s_offset[p + 1] - s_offset[p]; i += blockDim.x)
+            keys[s_offset[p] + i] = topk_key(__ldcg(part_vals + at + (size_t)p * capb + i));
+    __syncthreads();
+    const unsigned kth = topk_select(keys, total, min(K, total), hist, &s_prefix, &s_left);
+    for (int p = 0; p < parts; ++p)
+        for (int i = threadIdx.x; i < s_offset[p + 1] - s_offset[p]; i += blockDim.x) {
+            if (keys[s_offset[p] + i] >= kth) {
+                const int slot = atomicAdd(&s_count, 1);
+                if (slot < cap) {
+                    ids[(size_t)row * cap + slot] = __ldcg(part_ids + at + (size_t)p * capb + i);
+                    vals[(size_t)row * cap + slot] = topk_value(keys[s_offset[p] + i]);
+                }
+            }
+        }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        meta[2 * row] = s_count;
+        meta[2 * row + 1] = s_count > cap ? 2 : 0;
     }
 }
