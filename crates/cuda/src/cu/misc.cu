@@ -269,9 +269,13 @@ __device__ __forceinline__ unsigned topk_key(float x) {
 __device__ __forceinline__ float topk_value(unsigned k) {
     return __uint_as_float((k >> 31) ? (k & 0x7fffffffu) : ~k);
 }
-// The K-th largest of keys[0..n) (shared memory), K <= n: radix selection over hist[256] (shared).
+// The K-th largest of keys[0..n) (shared memory), K <= n: radix selection over hist[256] (shared). Whole warps
+// (blockDim a multiple of 32). A warp's lanes with the same digit count it with one shared atomic (the top
+// digits of a row of logits are mostly equal: one address 32 times a warp otherwise), and warp 0 finds the digit
+// holding the K-th largest by a scan over its lanes' 8 bins each (thread 0 walking the 256 bins took ~1 us a pass).
 __device__ unsigned topk_select(const unsigned* keys, int n, int K, unsigned* hist, unsigned* s_prefix,
                                 unsigned* s_left) {
+    const int lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
         *s_prefix = 0;
         *s_left = (unsigned)K;
@@ -281,21 +285,41 @@ __device__ unsigned topk_select(const unsigned* keys, int n, int K, unsigned* hi
         for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
         __syncthreads();
         const unsigned prefix = *s_prefix;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const unsigned key = keys[i];
-            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        for (int i = threadIdx.x; i - lane < n; i += blockDim.x) {  // the warp's trip count: whole warps
+            const unsigned key = i < n ? keys[i] : 0u;
+            const bool counted = i < n && (key & mask) == prefix;
+            const unsigned digit = counted ? (key >> shift) & 255u : 256u;
+            const unsigned peers = __match_any_sync(0xffffffffu, digit);
+            if (counted && lane == __ffs(peers) - 1) atomicAdd(&hist[digit], (unsigned)__popc(peers));
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            // The digit holding the K-th largest among the keys with this prefix (from the top).
-            unsigned above = 0, left = *s_left;
-            int d = 255;
-            for (; d > 0; --d) {
-                if (above + hist[d] >= left) break;
-                above += hist[d];
+        if (threadIdx.x < 32) {
+            // Lane l holds bins 255 - 8 l .. 248 - 8 l (from the top); the digit is the first d from 255 down
+            // with (keys above d's bin) + hist[d] >= left, or 0.
+            unsigned c[8], sum = 0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sum += (c[j] = hist[255 - 8 * lane - j]);
+            unsigned incl = sum;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned t = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += t;
             }
-            *s_prefix = prefix | ((unsigned)d << shift);
-            *s_left = left - above;
+            const unsigned left = *s_left;
+            const unsigned reached = __ballot_sync(0xffffffffu, incl >= left);
+            const int first = reached ? __ffs(reached) - 1 : 31;
+            if (lane == first) {
+                unsigned above = incl - sum;
+                int d = 255 - 8 * lane;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    if (d == 0 || above + c[j] >= left) break;
+                    above += c[j];
+                    --d;
+                }
+                *s_prefix = prefix | ((unsigned)d << shift);
+                *s_left = left - above;
+            }
         }
         mask |= 255u << shift;
         __syncthreads();

@@ -323,5 +323,13 @@ template <class T> inline unsigned __match_any_sync(unsigned, T v) {
     return m;
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+// The lanes whose predicate is true (all 32 lanes take part, as in a shuffle).
+inline unsigned __ballot_sync(unsigned, int pred) {
+    unsigned m = 0;
+    for (int s = 0; s < 32; ++s)
+        if (sim::shfl(pred != 0, s, true)) m |= 1u << s;
+    return m;
+}
 template <class T> inline T atomicExch(T* p, T v) { T old = *p; *p = v; return old; }
 inline void* sim_dyn_smem() { return sim::blk->dyn_smem.data(); }
