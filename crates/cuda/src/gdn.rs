@@ -189,12 +189,6 @@ pub(crate) fn gdn_recurrence_into(
     if let (Some(counter), true) = (done, fused_here) {
         // A decode row: conv and recurrence in one launch (gdn_step), the counter as kh_done.
         let into = (into != GdnOut { state, window }).then_some(into);
-        // gdn_step leaves `prep` unused: a deferred norm takes its gates there, formed by gdn_step.
-        let gate = if defer && gates_formed_in_step() {
-            prep
-        } else {
-            0
-        };
         let mut args = vec![
             Arg::P(proj),
             Arg::I(ldp),
@@ -209,7 +203,6 @@ pub(crate) fn gdn_recurrence_into(
             Arg::I(s.dk as i32),
             Arg::I(s.dv as i32),
             Arg::P(counter),
-            Arg::P(gate),
         ];
         if let Some(into) = into {
             args.extend([Arg::P(into.window), Arg::P(into.state)]);
@@ -226,7 +219,7 @@ pub(crate) fn gdn_recurrence_into(
             step_smem(),
             &args,
         )?;
-        return finish_gated_norm(dev, s, g, proj, o, gate, rows, defer);
+        return finish_gated_norm(dev, s, g, proj, o, rows, defer);
     }
     conv_prep(dev, s, g, proj, window, prep, rows)?;
     let done = if defer { None } else { done };
@@ -255,7 +248,7 @@ pub(crate) fn gdn_recurrence_into(
         ],
     )?;
     if defer {
-        return finish_gated_norm(dev, s, g, proj, o, 0, rows, true);
+        return finish_gated_norm(dev, s, g, proj, o, rows, true);
     }
     if cb == 1 || done.is_some() {
         return Ok(());
@@ -271,13 +264,6 @@ fn step_fused(s: GdnShape, threads: usize) -> bool {
         && threads.is_multiple_of(32)
         && (128..=512).contains(&threads)
         && *ON.get_or_init(|| std::env::var("TURBOSPARK_GDN_STEP").map_or(true, |v| v != "0"))
-}
-
-/// Whether gdn_step forms a deferred norm's gates z * sigmoid(z) for the segment's staging (SEG_GATE_READY);
-/// `TURBOSPARK_GDN_GATE=0` leaves them to the staging (A/B measurements; the same bits either way).
-fn gates_formed_in_step() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TURBOSPARK_GDN_GATE").map_or(true, |v| v != "0"))
 }
 
 /// The dynamic shared memory of a gdn_step launch ([`GDN_STEP_SMEM`]).
@@ -301,7 +287,6 @@ fn finish_gated_norm(
     g: &GdnArgs,
     proj: u64,
     o: u64,
-    gate: u64,
     rows: usize,
     defer: bool,
 ) -> Result<(), CudaError> {
@@ -309,7 +294,6 @@ fn finish_gated_norm(
         let norm = crate::segment::GatedNorm {
             o,
             z: proj + (s.conv_dim() * 4) as u64,
-            gate,
             w: g.norm_w,
             eps: g.eps,
             dv: s.dv,

@@ -162,7 +162,6 @@ fn gemv(
                 // linear.cu normalises only a staged input.
                 norm_w: if mode.stage { norm.w } else { 0 },
                 gate_z: 0,
-                gate: 0,
                 gated_dv: 0,
                 cols: w.cols,
                 rows: w.rows,

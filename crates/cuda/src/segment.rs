@@ -41,8 +41,6 @@ pub(crate) struct Stage {
     /// A GDN layer's gated RMSNorm of the input first, per group of `gated_dv`, gated by silu(z)
     /// (`defer_gated_norm`; 0: none).
     pub gate_z: u64,
-    /// The gates silu(z) already formed (gdn_step), which the kernel stages instead of z; 0: none.
-    pub gate: u64,
     pub gated_dv: usize,
     pub cols: usize,
     pub rows: usize,
@@ -74,8 +72,6 @@ struct Queued {
 pub(crate) struct GatedNorm {
     pub o: u64,
     pub z: u64,
-    /// silu(z) already formed there (gdn_step's `gate`), or 0.
-    pub gate: u64,
     pub w: u64,
     pub eps: f32,
     pub dv: usize,
@@ -151,13 +147,12 @@ pub(crate) fn queue(dev: &CudaDevice, mut st: Stage) -> Result<bool, CudaError> 
             && g.dv <= 128
             && st.norm_w == 0
             && g.w.is_multiple_of(16)
-            && g.z.is_multiple_of(16)
-            && g.gate.is_multiple_of(16);
+            && g.z.is_multiple_of(16);
         if !fits {
             flush(dev)?;
             return queue(dev, st);
         }
-        (st.norm_w, st.gate_z, st.gate, st.gated_dv, st.eps) = (g.w, g.z, g.gate, g.dv, g.eps);
+        (st.norm_w, st.gate_z, st.gated_dv, st.eps) = (g.w, g.z, g.dv, g.eps);
     }
     let eligible = !seg.failed()
         && st.cols.is_multiple_of(8)
@@ -280,7 +275,7 @@ fn launch_stages(
 }
 
 /// The kernel's SegParams (segment.cu) as 8-byte words: 8 SegStage of 80 bytes (w, x, y, norm_w,
-/// gate_z (or the formed gates), then in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces, gated_dv, eps, opts as
+/// gate_z, then in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces, gated_dv, eps, norm_staged as
 /// 4-byte fields), then n, page_bytes, pages, flags, xs_floats, pad, the barrier's address and
 /// MAX_PREFETCH ranges (address, bytes): 736 bytes.
 fn params(
@@ -303,11 +298,10 @@ fn params(
             pieces as u32,
             s.gated_dv as u32,
             s.eps.to_bits(),
-            norm_staged(s) as u32 | ((s.gate != 0) as u32) << 1,
+            norm_staged(s) as u32,
         ];
         let at = i * 10;
-        let gate = if s.gate != 0 { s.gate } else { s.gate_z };
-        words[at..at + 5].copy_from_slice(&[s.w, s.x, s.y, s.norm_w, gate]);
+        words[at..at + 5].copy_from_slice(&[s.w, s.x, s.y, s.norm_w, s.gate_z]);
         for (k, pair) in fields.chunks_exact(2).enumerate() {
             words[at + 5 + k] = pair[0] as u64 | (pair[1] as u64) << 32;
         }
@@ -435,7 +429,6 @@ fn launch_one(dev: &CudaDevice, s: &Stage) -> Result<(), CudaError> {
             &GatedNorm {
                 o,
                 z,
-                gate: 0,
                 w,
                 eps,
                 dv,
@@ -514,7 +507,6 @@ pub(crate) fn test_gemv(cols: usize, rows: usize) -> Stage {
         y: 0x3000,
         norm_w: 0x4000,
         gate_z: 0,
-        gate: 0,
         gated_dv: 0,
         cols,
         rows,
@@ -546,13 +538,8 @@ mod tests {
         };
         // A normed stage whose x and weights fit MAX_IN stages its weights with x (norm_staged).
         let narrow = gemv(2560, 9216);
-        // Gates formed by gdn_step: the kernel reads them in z's place, told by opts bit 1.
-        let formed = Stage {
-            gate: 0x7000,
-            ..gated
-        };
         let words = params(
-            &[st, gated, narrow, formed],
+            &[st, gated, narrow],
             &Ring::of(5120),
             1,
             0xbeef,
@@ -571,10 +558,8 @@ mod tests {
             "18432 floats: weights not staged"
         );
         assert_eq!(words[29], 1e-6f32.to_bits() as u64 | 1 << 32);
-        assert_eq!(&words[30..35], &[0x1000, 0x2000, 0x3000, 0x4000, 0x7000]);
-        assert_eq!(words[39], 1e-6f32.to_bits() as u64 | 2 << 32);
         assert_eq!(words[4], 0, "no gate: a null pointer");
-        assert_eq!(words[80], 4 | 5120 << 32);
+        assert_eq!(words[80], 3 | 5120 << 32);
         assert_eq!(words[81], 44 | 1 << 32);
         assert_eq!(
             words[82] & 0xffff_ffff,

@@ -322,9 +322,7 @@ struct GdnConv4 {
 
 // gdn_step: a decode row's gdn_conv_prep and gdn_rec in one launch (conv kernel 4), grid (hv, cb) and
 // threads (4 to GDN_STEP_THREADS / 32 whole warps) as gdn_rec's; the gated norm is left to the caller (a
-// segment's staging, or gated_rmsnorm); with `gate` (else null) each block also leaves its columns' gate
-// z * sigmoid_f(z) there (gated_norm_warp's expression) for a segment's staging to apply as it is (SEG_GATE_READY).
-// A block convolves what it reads: its key head's 2 dk q / k
+// segment's staging, or gated_rmsnorm). A block convolves what it reads: its key head's 2 dk q / k
 // channels (the same for the head group's blocks), L2-normalised with gdn_conv_prep's grouping (32
 // channels per warp sum, the groups added in its order: the same bits), its columns' v channels, its
 // head's beta and decay; then gdn_rec's row. The state, the window's slots and the conv taps are read
@@ -344,7 +342,7 @@ __device__ __forceinline__ void gdn_step_body(const float* __restrict__ proj, in
                                               const float* __restrict__ conv_w, float* __restrict__ window,
                                               const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                                               float* __restrict__ state, float* __restrict__ out, int hk, int hv,
-                                              int dk, int dv, int* __restrict__ kh_done, float* __restrict__ gate,
+                                              int dk, int dv, int* __restrict__ kh_done,
                                               float* __restrict__ window_into, float* __restrict__ state_into) {
     float* const window_out = INTO ? window_into : window;
     float* const state_out = INTO ? state_into : state;
@@ -378,8 +376,6 @@ __device__ __forceinline__ void gdn_step_body(const float* __restrict__ proj, in
     PDL_ENTER();
     const float* pr = proj + cd + hv * dv;
     const float b_in = pr[h], a_in = pr[hv + h];
-    const bool gates = gate && part == 0 && col_ok;
-    const float zz = gates ? proj[cd + (size_t)h * dv + col] : 0.0f;
     float cv[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) cv[r] = chan[r] >= 0 ? qk_conv[r].finish(proj, chan[r]) : 0.0f;
@@ -410,7 +406,6 @@ __device__ __forceinline__ void gdn_step_body(const float* __restrict__ proj, in
     __syncthreads();
     const float o = gdn_rec_row(s, &qk[0][0], part, rpt, dk, v_c, beta_c, decay_c);
     if (part == 0 && col_ok) out[(size_t)h * dv + col] = o;
-    if (gates) gate[(size_t)h * dv + col] = zz * sigmoid_f(zz);
     gdn_state_io<true>(s, state_out + (size_t)h * dk * dv, part, rpt, dk, dv, col, col_ok);
     if (tid == 0) {
         last = ticket == group * (int)gridDim.y - 1;
@@ -425,17 +420,15 @@ __device__ __forceinline__ void gdn_step_body(const float* __restrict__ proj, in
 extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS)
     gdn_step(const float* __restrict__ proj, int ldp, const float* __restrict__ conv_w, float* __restrict__ window,
              const float* __restrict__ a_log, const float* __restrict__ dt_bias, float* __restrict__ state,
-             float* __restrict__ out, int hk, int hv, int dk, int dv, int* __restrict__ kh_done,
-             float* __restrict__ gate) {
-    gdn_step_body<false>(proj, ldp, conv_w, window, a_log, dt_bias, state, out, hk, hv, dk, dv, kh_done, gate, nullptr,
+             float* __restrict__ out, int hk, int hv, int dk, int dv, int* __restrict__ kh_done) {
+    gdn_step_body<false>(proj, ldp, conv_w, window, a_log, dt_bias, state, out, hk, hv, dk, dv, kh_done, nullptr,
                          nullptr);
 }
 extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS)
     gdn_step_into(const float* __restrict__ proj, int ldp, const float* __restrict__ conv_w,
                   float* __restrict__ window, const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                   float* __restrict__ state, float* __restrict__ out, int hk, int hv, int dk, int dv,
-                  int* __restrict__ kh_done, float* __restrict__ gate, float* __restrict__ window_out,
-                  float* __restrict__ state_out) {
-    gdn_step_body<true>(proj, ldp, conv_w, window, a_log, dt_bias, state, out, hk, hv, dk, dv, kh_done, gate, window_out,
+                  int* __restrict__ kh_done, float* __restrict__ window_out, float* __restrict__ state_out) {
+    gdn_step_body<true>(proj, ldp, conv_w, window, a_log, dt_bias, state, out, hk, hv, dk, dv, kh_done, window_out,
                         state_out);
 }

@@ -40,12 +40,8 @@ struct SegStage {
     const float* gate_z;   // or null: x first gets a GDN layer's gated RMSNorm, per group of gated_dv values
     int in, out, accumulate, wpr, swiglu_inter, zero_centred, pieces, gated_dv;
     float eps;
-    // bit 0 (SEG_NORM_STAGED): RMSNorm weights staged after x (xs[in ..]) with it, not read as they are applied;
-    // bit 1 (SEG_GATE_READY): gate_z holds the gate z * sigmoid(z) already (gdn_step's `gate`), not z.
-    int opts;
+    int norm_staged;  // RMSNorm weights staged after x (xs[in ..]) with it, not read as they are applied
 };
-#define SEG_NORM_STAGED 1
-#define SEG_GATE_READY 2
 #define SEG_MAX_PREFETCH 4
 struct SegPrefetch {
     const unsigned char* p;  // 16-byte aligned
@@ -148,44 +144,6 @@ __device__ __forceinline__ float seg_rcp_fast(float y, bool& slow) {
 }
 
 __device__ __forceinline__ int seg_x_at(int i, int in) { return ((i >> 2) & 1) * (in >> 1) + ((i >> 3) << 2) + (i & 3); }
-
-// A gated norm whose gate g = z * sigmoid(z) is staged in place of z (SEG_GATE_READY): per group of dv values
-// x <- ((x * inv) * w) * g, inv from the group's sum of squares as in the z path below (4 heads a warp at once).
-template <int C>
-__device__ __forceinline__ void seg_gated_norm_ready(const SegStage& st, float* xs, const float (&gw)[4], int warp,
-                                                     int lane, bool dv_pow2, double inv_dv) {
-    const int dv = st.gated_dv, heads = st.in / dv;
-    for (int h0 = warp; h0 < heads; h0 += 4 * C) {
-        float xv[4][4];
-        double ss[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int h = h0 + r * C;
-            ss[r] = 0.0;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int i = lane + 32 * k;
-                const bool ok = h < heads && i < dv;
-                xv[r][k] = ok ? xs[seg_x_at(h * dv + i, st.in)] : 0.0f;
-                if (ok) ss[r] += (double)xv[r][k] * (double)xv[r][k];
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < 4; ++r) ss[r] = warp_sum_d(ss[r]);
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-            const int h = h0 + r * C;
-            if (h >= heads) break;
-            const double mean = dv_pow2 ? ss[r] * inv_dv : ss[r] / (double)dv;
-            const float inv = 1.0f / sqrtf((float)mean + st.eps);
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int i = lane + 32 * k;
-                if (i < dv) xs[seg_x_at(h * dv + i, st.in)] = ((xv[r][k] * inv) * gw[k]) * xs[st.in + h * dv + i];
-            }
-        }
-    }
-}
 
 // block_sum_d's arithmetic for 256 threads (the first 8 consumer warps), on the consumers' barrier.
 template <int C>
@@ -575,7 +533,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         if ((p.flags & (1u << 22)) && threadIdx.x == 0) *(volatile int*)staged = s + 1;
         // The input was written by every block in the previous stage: L2 only (L1 may hold an old copy).
         float gw[4];  // a gated norm's weights w[lane + 32 k] (gated_dv <= 128)
-        const bool norm_staged = (st.opts & SEG_NORM_STAGED) && !(p.flags & 64);
+        const bool norm_staged = st.norm_staged && !(p.flags & 64);
         if (!skip_stage || s == 0) {
             // x, then a gated norm's z (plainly, after x), loaded together, and the norm's weights of
             // this lane: one round trip (run 90: 6.8 us of staging with them loaded in the norm's loop).
@@ -618,11 +576,6 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             const bool dv_pow2 = (dv & (dv - 1)) == 0;
             const double inv_dv = 1.0 / (double)dv;
             for (int pass = 0; pass < ((TRACE && (p.flags & 256)) ? 2 : 1); ++pass) {
-            if (st.opts & SEG_GATE_READY) {
-                // The gate came with the input (gdn_step formed z * sigmoid_f(z), the expression below): only
-                // the sums and 3 multiplies a value are left here, the same bits.
-                seg_gated_norm_ready<C>(st, xs, gw, warp, lane, dv_pow2, inv_dv);
-            } else
             for (int h0 = warp; h0 < heads; h0 += 4 * C) {
                 // The branch-free work for all 16 values of the lane first (loads, sums of squares, the
                 // gates' denominators 1 + expf(-z)), so their latencies overlap; then the divisions, whose
