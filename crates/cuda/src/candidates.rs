@@ -23,10 +23,28 @@ use crate::error::CudaError;
 use crate::model::CudaModel;
 use crate::state::{check_signature, CudaState, LOGIT_ROWS};
 
-/// Logits per chunk of the first kernel and its threads; the second kernel's threads (misc.cu).
+/// The first kernel's largest chunk of logits (its shared memory) and its threads; the second kernel's threads,
+/// the keys it holds and the chunks it merges (misc.cu).
 const TOPK_CHUNK: usize = 8192;
-const TOPK_PART_THREADS: u32 = 256;
+const TOPK_PART_THREADS: u32 = 1024;
 const TOPK_MERGE_THREADS: u32 = 1024;
+const TOPK_MERGE_MAX: usize = 10240;
+const TOPK_MAX_PARTS: usize = 128;
+/// The smallest chunk: more chunks spread the selection over more SMs.
+const MIN_CHUNK: usize = 2048;
+
+/// Logits per chunk for K candidates of a `vocab` row: the smallest of 2048 / 4096 / 8192 whose chunks' sets
+/// (K each, with a quarter more for ties) fit the merge, else the largest (a row that overflows it is flagged
+/// and copied).
+fn chunk_for(vocab: usize, k: usize) -> usize {
+    [MIN_CHUNK, 2 * MIN_CHUNK, TOPK_CHUNK]
+        .into_iter()
+        .find(|&c| {
+            let parts = vocab.div_ceil(c);
+            parts <= TOPK_MAX_PARTS && parts * (k + k / 4) <= TOPK_MERGE_MAX
+        })
+        .unwrap_or(TOPK_CHUNK)
+}
 
 /// Candidates a row may return (K of them plus ties); more sends the caller back to the row.
 pub(crate) const CAP: usize = 1024;
@@ -46,7 +64,7 @@ pub(crate) struct CandidateBufs {
 
 impl CandidateBufs {
     pub(crate) fn new(dev: &CudaDevice, rows: usize, vocab: usize) -> Result<Self, CudaError> {
-        let parts = vocab.div_ceil(TOPK_CHUNK).max(1);
+        let parts = vocab.div_ceil(MIN_CHUNK).max(1);
         Ok(CandidateBufs {
             rows,
             parts,
@@ -75,7 +93,9 @@ impl CandidateBufs {
         vocab: usize,
         k: usize,
     ) -> Result<(), CudaError> {
-        if rows > self.rows || vocab.div_ceil(TOPK_CHUNK) > self.parts {
+        let chunk = chunk_for(vocab, k);
+        let parts = vocab.div_ceil(chunk);
+        if rows > self.rows || parts > self.parts {
             return Err(CudaError::Unsupported {
                 what: format!(
                     "candidates of {rows} rows of {vocab} in buffers for {}",
@@ -86,7 +106,6 @@ impl CandidateBufs {
         if dev.host_ops() {
             return self.host_rows(logits, rows, vocab, k);
         }
-        let parts = vocab.div_ceil(TOPK_CHUNK);
         let per = rows * parts * CHUNK_CAP * 4;
         let (c_ids, c_vals) = (self.chunks.ptr, self.chunks.ptr + per as u64);
         let c_meta = c_vals + per as u64;
@@ -98,6 +117,7 @@ impl CandidateBufs {
             &[
                 Arg::P(logits),
                 Arg::I(vocab as i32),
+                Arg::I(chunk as i32),
                 Arg::I(k as i32),
                 Arg::I(CHUNK_CAP as i32),
                 Arg::P(c_ids),
@@ -271,6 +291,10 @@ mod tests {
     /// with every tie, signed zeros and -inf in the row, flags for NaN / +inf and overflow.
     #[test]
     fn device_candidates_are_the_k_largest_with_their_ties() {
+        assert_eq!(
+            [40, 200, 400].map(|k| chunk_for(151_936, k)),
+            [2048, 4096, 8192]
+        );
         // Several chunks (151936: Qwen's vocabulary; 20011: a short last chunk), one chunk, the emulation.
         for (dev, vocab) in [
             (CudaDevice::simulated().expect("simulator"), 151_936usize),
@@ -309,7 +333,8 @@ mod tests {
             let x = DBuf::zeros(&dev, flat.len() * 4).unwrap();
             htod(&dev, x.ptr, &flat).unwrap();
             let bufs = CandidateBufs::new(&dev, rows.len(), vocab.max(CAP + 1)).unwrap();
-            for k in [1usize, 2, 40] {
+            // At 151936 logits K 40 / 200 / 400 take chunks of 2048 / 4096 / 8192.
+            for k in [1usize, 2, 40, 200, 400] {
                 let want = |row: &[f32]| {
                     let mut sorted = row.to_vec();
                     sorted.sort_by(|a, b| b.total_cmp(a));
@@ -322,9 +347,11 @@ mod tests {
                         .unzip();
                     Candidates { ids, logits }
                 };
-                // The good rows together, then each flagged row alone.
-                bufs.launch(&dev, x.ptr, 3, vocab, k).unwrap();
-                let got = bufs.read(&dev, 3).unwrap().expect("no flags");
+                // The good rows together (row 2 has 62 finite logits: fewer than K 200 / 400, which
+                // flags it), then each flagged row alone.
+                let good = if k <= 60 { 3 } else { 2 };
+                bufs.launch(&dev, x.ptr, good, vocab, k).unwrap();
+                let got = bufs.read(&dev, good).unwrap().expect("no flags");
                 for (r, c) in got.iter().enumerate() {
                     let w = want(&rows[r]);
                     assert_eq!(c.ids, w.ids, "vocab {vocab} k {k} row {r}: ids");

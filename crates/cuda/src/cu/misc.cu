@@ -249,19 +249,21 @@ extern "C" __global__ void __launch_bounds__(32)
 // Sampling candidates of logits rows (candidates.rs): every logit whose key in the total order (sampling's
 // f32_key: -NaN < -inf < ... < -0 < +0 < ... < +inf < NaN) is at least the row's K-th largest key, so a
 // top-k request (k <= K) is shaped from them on the host as from the whole row (sampling's
-// ShapedDistribution::from_candidates). Two kernels: topk_parts selects, per chunk of TOPK_CHUNK logits held
-// in shared memory, the keys at or above the chunk's K-th largest (a chunk's set holds every row candidate
+// ShapedDistribution::from_candidates). Two kernels: topk_parts selects, per chunk of logits held in shared
+// memory (2048 to TOPK_CHUNK: the smallest whose sets fit the merge, candidates.rs), the keys at or above the chunk's K-th largest (a chunk's set holds every row candidate
 // inside it: fewer than K of the row's keys exceed a candidate); topk_merge selects the row's set from the
 // union of its chunks'. The K-th largest by radix selection, 8 bits a pass from the top (a pass counts the
 // digits of the keys that match the prefix chosen so far). The first form, one block scanning the row from
-// L2 five times, took 294 us a 151936-logit row (run 173: latency-bound), 0.28 ms of a 2.59 ms sampled step.
+// L2 five times, took 294 us a 151936-logit row (run 173: latency-bound), 0.28 ms of a 2.59 ms sampled step;
+// 19 chunks of 8192 and a merge, 56 + 43 us (run 174).
 // ids / vals [rows, cap] in no particular order (the host sorts them); meta [rows, 2] = [candidates, flags]:
 // bit 0 a NaN or +inf in the row, bit 1 more candidates than a buffer holds (only some stored), or fewer than K
 // logits above -inf. Either flag sends the host back to the row.
-#define TOPK_PART_THREADS 256
-#define TOPK_CHUNK 8192
+#define TOPK_PART_THREADS 1024
+#define TOPK_CHUNK 8192  // the largest chunk (shared memory); a launch's `chunk` (candidates.rs) may be smaller
 #define TOPK_MERGE_THREADS 1024
-#define TOPK_MERGE_MAX 4096
+#define TOPK_MERGE_MAX 10240
+#define TOPK_MAX_PARTS 128
 __device__ __forceinline__ unsigned topk_key(float x) {
     const unsigned b = __float_as_uint(x);
     return (b >> 31) ? ~b : (b | 0x80000000u);
@@ -326,9 +328,10 @@ __device__ unsigned topk_select(const unsigned* keys, int n, int K, unsigned* hi
     }
     return *s_prefix;
 }
-// Grid (parts, rows). part_ids / part_vals [rows, parts, capb]; part_meta [rows, parts, 2] as meta.
+// Grid (parts, rows), chunks of `chunk` logits. part_ids / part_vals [rows, parts, capb]; part_meta [rows, parts, 2]
+// as meta.
 extern "C" __global__ void __launch_bounds__(TOPK_PART_THREADS)
-    topk_parts(const float* __restrict__ logits, int vocab, int K, int capb, int* __restrict__ part_ids,
+    topk_parts(const float* __restrict__ logits, int vocab, int chunk, int K, int capb, int* __restrict__ part_ids,
                float* __restrict__ part_vals, int* __restrict__ part_meta) {
     PDL_ENTER();
     __shared__ unsigned keys[TOPK_CHUNK];
@@ -336,18 +339,29 @@ extern "C" __global__ void __launch_bounds__(TOPK_PART_THREADS)
     __shared__ unsigned s_prefix, s_left;
     __shared__ int s_count, s_bad;
     const int part = blockIdx.x, parts = gridDim.x, row = blockIdx.y;
-    const int base = part * TOPK_CHUNK, n = min(TOPK_CHUNK, vocab - base);
+    const int base = part * chunk, n = min(chunk, vocab - base);
     const float* x = logits + (size_t)row * vocab + base;
     if (threadIdx.x == 0) {
         s_count = 0;
         s_bad = 0;
     }
     int bad = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = __ldcg(x + i);
-        const unsigned u = __float_as_uint(v) & 0x7fffffffu;
-        if (u > 0x7f800000u || (u == 0x7f800000u && v > 0.0f)) bad = 1;  // NaN or +inf
-        keys[i] = topk_key(v);
+    for (int i0 = threadIdx.x; i0 < n; i0 += 4 * blockDim.x) {
+        float v[4];  // four loads in flight before the stores
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int i = i0 + q * blockDim.x;
+            v[q] = i < n ? __ldcg(x + i) : 0.0f;
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int i = i0 + q * blockDim.x;
+            if (i < n) {
+                const unsigned u = __float_as_uint(v[q]) & 0x7fffffffu;
+                if (u > 0x7f800000u || (u == 0x7f800000u && v[q] > 0.0f)) bad = 1;  // NaN or +inf
+                keys[i] = topk_key(v[q]);
+            }
+        }
     }
     __syncthreads();
     if (bad) atomicAdd(&s_bad, 1);
@@ -372,7 +386,9 @@ extern "C" __global__ void __launch_bounds__(TOPK_PART_THREADS)
         part_meta[m + 1] = (s_bad ? 1 : 0) | (s_count > capb ? 2 : 0);
     }
 }
-// Grid rows: the row's candidates from its parts' (topk_parts, `parts` of them).
+// Grid rows: the row's candidates from its parts' (topk_parts, `parts` of them). Warp 0 lays the parts' sets out
+// (a scan over 4 parts a lane), then a warp per part moves them in and out (a loop over the parts in one thread
+// took most of the first form's 43 us, run 174: one dependent global load after another).
 extern "C" __global__ void __launch_bounds__(TOPK_MERGE_THREADS)
     topk_merge(const int* __restrict__ part_ids, const float* __restrict__ part_vals,
                const int* __restrict__ part_meta, int parts, int capb, int K, int cap, int* __restrict__ ids,
@@ -381,20 +397,40 @@ extern "C" __global__ void __launch_bounds__(TOPK_MERGE_THREADS)
     __shared__ unsigned keys[TOPK_MERGE_MAX];
     __shared__ unsigned hist[256];
     __shared__ unsigned s_prefix, s_left;
-    __shared__ int s_offset[65], s_flags, s_count;
-    const int row = blockIdx.x;
+    __shared__ int s_offset[TOPK_MAX_PARTS + 1], s_flags, s_count;
+    const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int* pm = part_meta + (size_t)row * parts * 2;
-    if (threadIdx.x == 0) {
-        int total = 0, flags = parts > 64 ? 2 : 0;
-        for (int p = 0; p < parts && p < 64; ++p) {
-            s_offset[p] = total;
-            total += min(pm[2 * p], capb);
-            flags |= pm[2 * p + 1];
+    if (warp == 0) {
+        int cnt[4], sum = 0, flags = 0;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int p = 4 * lane + q;
+            cnt[q] = p < parts ? min(pm[2 * p], capb) : 0;
+            flags |= p < parts ? pm[2 * p + 1] : 0;
+            sum += cnt[q];
         }
-        s_offset[min(parts, 64)] = total;
-        if (total > TOPK_MERGE_MAX || total < K) flags |= 2;
-        s_flags = flags;
-        s_count = 0;
+        int incl = sum;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int t = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += t;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) flags |= __shfl_xor_sync(0xffffffffu, flags, o);
+        int at = incl - sum;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int p = 4 * lane + q;
+            if (p < parts) s_offset[p] = at;
+            at += cnt[q];
+        }
+        const int total = __shfl_sync(0xffffffffu, incl, 31);
+        if (lane == 0) {
+            if (parts > TOPK_MAX_PARTS || total > TOPK_MERGE_MAX || total < K) flags |= 2;
+            s_offset[min(parts, TOPK_MAX_PARTS)] = total;
+            s_flags = flags;
+            s_count = 0;
+        }
     }
     __syncthreads();
     if (s_flags) {
@@ -406,13 +442,13 @@ extern "C" __global__ void __launch_bounds__(TOPK_MERGE_THREADS)
     }
     const int total = s_offset[parts];
     const size_t at = (size_t)row * parts * capb;
-    for (int p = 0; p < parts; ++p)
-        for (int i = threadIdx.x; i < s_offset[p + 1] - s_offset[p]; i += blockDim.x)
+    for (int p = warp; p < parts; p += warps)
+        for (int i = lane; i < s_offset[p + 1] - s_offset[p]; i += 32)
             keys[s_offset[p] + i] = topk_key(__ldcg(part_vals + at + (size_t)p * capb + i));
     __syncthreads();
     const unsigned kth = topk_select(keys, total, min(K, total), hist, &s_prefix, &s_left);
-    for (int p = 0; p < parts; ++p)
-        for (int i = threadIdx.x; i < s_offset[p + 1] - s_offset[p]; i += blockDim.x) {
+    for (int p = warp; p < parts; p += warps)
+        for (int i = lane; i < s_offset[p + 1] - s_offset[p]; i += 32) {
             if (keys[s_offset[p] + i] >= kth) {
                 const int slot = atomicAdd(&s_count, 1);
                 if (slot < cap) {
