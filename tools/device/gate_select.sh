@@ -21,20 +21,8 @@ TURBOSPARK_TEST_GPU=1 CUDA_CHECK_BIN=/tmp/b/loop timeout 240 bash tools/device/c
 echo "#### 3. 4B decode graph: gates formed by gdn_step (X=0) against the staging's (TURBOSPARK_GDN_GATE=0)"
 CUDA_CHECK_CONFIGS=0,1 VARIANTS="X=0 TURBOSPARK_GDN_GATE=0 X=0 TURBOSPARK_GDN_GATE=0" \
   bash tools/device/segments_ab.sh /tmp/b/cc
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 echo "#### 4. selection kernels under ncu (run 174: topk_parts 56 + topk_merge 43 us)"
-CUDA_CHECK_BIN=/tmp/b/ts CUDA_CHECK_WRAP="$NCU -k regex:topk|argmax --launch-count 12 --metrics gpu__time_duration.sum --csv --page raw --log-file /tmp/sel.csv" \
-  timeout 300 bash tools/device/cuda_check.sh bench --device cuda --shape qwen35-4b --sampled --gen-tokens 6 --prompt-tokens 64 \
-  --runs 1 --speculative off --threads-list 1 > /dev/null 2>&1
-python3 - <<'PY'
-import csv
-rows = list(csv.reader(open("/tmp/sel.csv")))
-hdr = next((r for r in rows if "Kernel Name" in r), None)
-for r in rows:
-    if hdr and len(r) == len(hdr) and r is not hdr:
-        d = dict(zip(hdr, r))
-        print(d.get("Kernel Name"), d.get("gpu__time_duration.sum"), "ns")
-PY
+bash tools/device/ncu_sampled_kernels.sh /tmp/b/ts "topk|argmax" 12
 echo "#### 5. 4B sampled against greedy (run 174: 405.0 / 433.5 tok/s, 0.93x)"
 for g in 1 0; do
   echo "TURBOSPARK_GDN_GATE=$g"

@@ -8,20 +8,8 @@
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 echo "#### 1. topk kernels under ncu (run 174, before the warp-aggregated select: topk_parts 56 + topk_merge 43 us)"
-CUDA_CHECK_BIN=/tmp/b/ts CUDA_CHECK_WRAP="$NCU -k regex:topk --launch-count 8 --metrics gpu__time_duration.sum --csv --page raw --log-file /tmp/sel.csv" \
-  timeout 300 bash tools/device/cuda_check.sh bench --device cuda --shape qwen35-4b --sampled --gen-tokens 6 --prompt-tokens 64 \
-  --runs 1 --speculative off --threads-list 1 > /dev/null 2>&1
-python3 - <<'PY'
-import csv
-rows = list(csv.reader(open("/tmp/sel.csv")))
-hdr = next((r for r in rows if "Kernel Name" in r), None)
-for r in rows:
-    if hdr and len(r) == len(hdr) and r is not hdr:
-        d = dict(zip(hdr, r))
-        print(d.get("Kernel Name"), d.get("gpu__time_duration.sum"), "ns")
-PY
+bash tools/device/ncu_sampled_kernels.sh /tmp/b/ts "topk" 8
 echo "#### 2. what the mixer cores cost now (run 125, at 2.543 ms: attention 13.5 us a layer, gdn_step 5.0)"
 bash tools/device/whatifs.sh /tmp/b/cc "" gdn_step attn_prep,attn_split_1,attn_split_2,attn_split_4,attn_combine attn_prep ""
 echo "#### 3. 4B sampled against greedy, twice (run 175: 413.2 / 433.6, 0.95x)"
