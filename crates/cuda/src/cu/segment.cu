@@ -671,7 +671,9 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             if (lane == 0 && s < 4 && warp < 16) tr[SEG_TR_WARPS + 16 * s + warp] = SEG_CLOCK();
             ring.waited = 0;
         }
-        if (s + 1 < p.n && !skip_barrier) {
+        // (Measurements, flags bit 23: no grid barrier after a SwiGLU stage, the price of an MLP whose down
+        // projection needs no barrier after gate_up; wrong sums.)
+        if (s + 1 < p.n && !skip_barrier && !((p.flags & (1u << 23)) && st.swiglu_inter)) {
             seg_grid_sync<C, TRACE>(p.barrier, ts);
         } else if (TRACE) {
             seg_consumers_sync<C>();
