@@ -1,10 +1,11 @@
-//! Sampling candidates of logits rows taken on the device (`topk_candidates` in misc.cu), for forwards
-//! whose caller shapes top-k requests (`families::Wanted::candidates`): a sampled step then copies ~2k
-//! values instead of the [vocab] row (608 KB at Qwen's 151936) and the host shapes k of them instead of
+//! Sampling candidates of logits rows taken on the device (`topk_parts` + `topk_merge` in misc.cu), for
+//! forwards whose caller shapes top-k requests (`families::Wanted::candidates`): a sampled step then copies
+//! ~2k values instead of the [vocab] row (608 KB at Qwen's 151936) and the host shapes k of them instead of
 //! scanning the row (sampling's `ShapedDistribution::from_candidates`, the row's bits). H200, 4B shape,
-//! Qwen3's card: sampled decoding 0.80 -> 0.89x of greedy (run 171).
+//! Qwen3's card: sampled decoding 0.80x of greedy with the rows copied, 0.96-0.97x with candidates (the two
+//! kernels 10 + 17 us a row, run 177).
 //!
-//! Algorithm: per chunk of 8192 logits (in shared memory), the keys at or above the chunk's K-th largest in
+//! Algorithm: per chunk of 2048-8192 logits (in shared memory; `chunk_for`), the keys at or above the chunk's K-th largest in
 //! `f32::total_cmp`'s order (radix selection: four passes of 8 bits, counting the digits of the keys that
 //! match the prefix chosen so far); then per row the same selection over the union of its chunks' sets,
 //! which holds every row candidate (fewer than K of the row's keys exceed one, so fewer exceed it in its
