@@ -19,7 +19,7 @@ use backend::ModelState;
 use model_io::Checkpoint;
 use runtime::{
     ChatMessage, DrafterRequest, Engine, Event, GenerationConfig, GenerationResult, RenderOptions,
-    RuntimeError, Session, Speculation, SpeculationPlan, Speculative,
+    RuntimeError, Session, Speculation, Speculative,
 };
 use sampling::Shaping;
 
@@ -79,11 +79,11 @@ fn flag_reason(err: RuntimeError) -> String {
     }
 }
 
-fn parse_speculation(value: &str) -> Result<Speculation, String> {
+pub fn parse_speculation(value: &str) -> Result<Speculation, String> {
     value.parse().map_err(flag_reason)
 }
 
-fn parse_drafter(value: &str) -> Result<DrafterRequest, String> {
+pub fn parse_drafter(value: &str) -> Result<DrafterRequest, String> {
     value.parse().map_err(flag_reason)
 }
 
@@ -140,7 +140,7 @@ pub struct Loaded {
 /// user does not wait for a load that ends in a refusal (and so the refusal names the missing
 /// drafter even when another file, such as the tokenizer, is also missing). Uses the same
 /// `runtime::availability` the engine's plan uses.
-fn preflight(dir: &Path, speculation: Speculation, drafter: DrafterRequest) -> Result<()> {
+pub fn preflight(dir: &Path, speculation: Speculation, drafter: DrafterRequest) -> Result<()> {
     if !matches!(speculation, Speculation::Block(_)) {
         return Ok(());
     }
@@ -163,38 +163,15 @@ pub fn load(model: &ModelArgs, sampling: &SamplingArgs) -> Result<Loaded> {
     let engine = crate::open_engine(&dir, model.device);
     spinner.finish_and_clear();
     let engine = engine?;
-    let plan = engine.plan(sampling.speculative, sampling.drafter)?;
-    let (speculative, mode) = match &plan {
-        SpeculationPlan::Enabled {
-            drafter,
-            block,
-            tune_up_to,
-        } => (
-            // Tape rollback, exact acceptance; `auto` tunes the block of greedy runs.
-            Some(match tune_up_to {
-                Some(max) => Speculative::tuned(*block, *max),
-                None => Speculative::new(*block),
-            }),
-            match tune_up_to {
-                Some(max) => {
-                    format!("{drafter}, block {block} (auto: tuned within 0..={max} when greedy, 0 = plain steps)")
-                }
-                None => format!("{drafter}, block {block}"),
-            },
-        ),
-        SpeculationPlan::Disabled { warning } => {
-            if let Some(warning) = warning {
-                eprintln!("warning: {warning}");
-            }
-            (None, "sequential".to_string())
-        }
-    };
-    let session = engine.session(&plan)?;
+    let prepared = engine.prepare(sampling.speculative, sampling.drafter)?;
+    if let Some(warning) = &prepared.warning {
+        eprintln!("warning: {warning}");
+    }
     Ok(Loaded {
         engine,
-        session,
-        speculative,
-        mode,
+        session: prepared.session,
+        speculative: prepared.speculative,
+        mode: prepared.mode,
     })
 }
 

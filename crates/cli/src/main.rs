@@ -1,5 +1,5 @@
 //! `turbospark`: the command line over the runtime — `generate`, `chat`, `info`, `perplexity`,
-//! `bench`, `synth`.
+//! `bench`, `synth`, `serve`.
 //!
 //! Error contract: every failure (bad flag, unreadable model, refused request) ends as one line
 //! `error: ...` on stderr and a non-zero exit; nothing reachable from arguments or files panics.
@@ -20,6 +20,7 @@ mod generate;
 mod info;
 mod perplexity;
 mod progress;
+mod serve;
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -58,6 +59,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Write a random-weight checkpoint of a named shape.
     Synth(SynthArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (completions, chat completions, streaming).
+    Serve(serve::ServeArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -211,6 +214,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Perplexity(args) => perplexity::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Synth(args) => synth(&args),
+        Command::Serve(args) => serve::run(&args),
     }
 }
 

@@ -14,6 +14,7 @@ use model_io::Checkpoint;
 
 use crate::chat::ChatTemplate;
 use crate::error::RuntimeError;
+use crate::generate::Speculative;
 use crate::policy::{
     self, Drafter, DrafterAvailability, DrafterRequest, Speculation, SpeculationPlan,
 };
@@ -57,6 +58,17 @@ pub fn load_drafter(
         },
         Drafter::Dflash => model.dflash_drafter(ck)?,
     })
+}
+
+/// A session ready to serve requests under one speculation plan (`Engine::prepare`).
+pub struct Prepared {
+    pub session: Session<ModelState>,
+    /// What to pass as `Request::speculative` (`None`: sequential).
+    pub speculative: Option<Speculative>,
+    /// "mtp, block 2 (auto: ...)" or "sequential", for stats lines and logs.
+    pub mode: String,
+    /// Why an `auto` plan decodes sequentially, to show once.
+    pub warning: Option<String>,
 }
 
 pub struct Engine {
@@ -171,6 +183,44 @@ impl Engine {
             }
             (plan, _) => Ok(plan),
         }
+    }
+
+    /// Plans `spec` / `drafter` (`Engine::plan`: a named block that cannot be served is the error) and
+    /// opens a session for it: tape rollback and exact acceptance; an `auto` plan tunes the block of
+    /// greedy runs. The one place the CLI, the server and the C API turn flags into a session.
+    pub fn prepare(
+        &self,
+        spec: Speculation,
+        drafter: DrafterRequest,
+    ) -> Result<Prepared, RuntimeError> {
+        let plan = self.plan(spec, drafter)?;
+        let (speculative, mode, warning) = match &plan {
+            SpeculationPlan::Enabled {
+                drafter,
+                block,
+                tune_up_to,
+            } => match tune_up_to {
+                Some(max) => (
+                    Some(Speculative::tuned(*block, *max)),
+                    format!(
+                        "{drafter}, block {block} (auto: tuned within 0..={max} when greedy, 0 = plain steps)"
+                    ),
+                    None,
+                ),
+                None => (
+                    Some(Speculative::new(*block)),
+                    format!("{drafter}, block {block}"),
+                    None,
+                ),
+            },
+            SpeculationPlan::Disabled { warning } => (None, "sequential".into(), warning.clone()),
+        };
+        Ok(Prepared {
+            session: self.session(&plan)?,
+            speculative,
+            mode,
+            warning,
+        })
     }
 
     /// A new session on the model's device; with the drafter the plan enabled attached.

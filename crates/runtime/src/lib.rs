@@ -27,7 +27,7 @@ pub mod tuner;
 pub use chat::{ChatMessage, ChatTemplate, RenderOptions};
 pub use config::{check_admission, GenerationConfig, GenerationResult, SpecStats};
 pub use detok::{ByteDetokenizer, Detokenizer, IncrementalDecoder};
-pub use engine::{availability, load_drafter, Engine};
+pub use engine::{availability, load_drafter, Engine, Prepared};
 pub use error::RuntimeError;
 pub use generate::{generate, Acceptance, Request, Rollback, Speculative, PREFILL_CHUNK};
 pub use policy::{

@@ -1,0 +1,92 @@
+//! `turbospark serve`: the OpenAI-compatible HTTP server (the `server` crate) on one model.
+//!
+//! Loads the model on its worker thread (a named `--speculative N` that cannot be served is refused
+//! before the load, as in `generate`), binds, prints one `listening on http://HOST:PORT` line on
+//! stderr, and serves until Ctrl-C; requests in flight then get a few seconds to finish.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use runtime::{DrafterRequest, Speculation};
+
+use crate::ModelArgs;
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on (0.0.0.0 for every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// The model name clients send (`model`); default: the checkpoint directory's name.
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
+    /// Requests that may wait for the model; more are refused with 503.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_queue: usize,
+    /// Speculative decoding for every request: auto, off, or N proposals per round.
+    #[arg(long, value_name = "auto|off|N", default_value = "auto", value_parser = crate::generate::parse_speculation)]
+    pub speculative: Speculation,
+    /// Which drafter speculative decoding uses.
+    #[arg(long, value_name = "auto|mtp|dflash", default_value = "auto", value_parser = crate::generate::parse_drafter)]
+    pub drafter: DrafterRequest,
+}
+
+pub fn run(args: &ServeArgs) -> Result<()> {
+    args.model.apply_threads()?;
+    let dir = args.model.model_dir()?;
+    crate::generate::preflight(&dir, args.speculative, args.drafter)?;
+    let name = match &args.served_model_name {
+        Some(name) => name.clone(),
+        None => dir
+            .file_name()
+            .map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned()),
+    };
+    let (device, speculative, drafter) = (args.model.device, args.speculative, args.drafter);
+    let spinner = crate::progress::spinner(format!("loading {}", dir.display()));
+    let load_dir = dir.clone();
+    let queue = server::spawn(
+        move || {
+            let engine = runtime::Engine::open_on(&load_dir, device)?;
+            crate::note_fallback(device, engine.device_note.as_deref());
+            let prepared = engine.prepare(speculative, drafter)?;
+            if let Some(warning) = &prepared.warning {
+                eprintln!("warning: {warning}");
+            }
+            Ok((engine, prepared, name))
+        },
+        args.max_queue,
+    );
+    spinner.finish_and_clear();
+    let queue = queue.map_err(|e| {
+        let unavailable =
+            matches!(&e, runtime::RuntimeError::Device(d) if backend::is_unavailable(d.as_ref()));
+        crate::load_error(e, device, unavailable)
+    })?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the server's runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("--host {} --port {}: cannot listen", args.host, args.port))?;
+        let addr = listener.local_addr().context("reading the bound address")?;
+        eprintln!(
+            "serving {} ({}, {}, context {}) on http://{addr} (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)",
+            queue.info.name, queue.info.device, queue.info.mode, queue.info.context
+        );
+        eprintln!("listening on http://{addr}");
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+            eprintln!("shutting down");
+        };
+        server::serve(listener, queue, shutdown, Duration::from_secs(5))
+            .await
+            .context("serving")
+    })
+}

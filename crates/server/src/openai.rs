@@ -1,0 +1,280 @@
+//! The OpenAI-compatible handlers: `/v1/completions` and `/v1/chat/completions`, whole or streamed
+//! as server-sent events (`data: {chunk}` ... `data: [DONE]`), and `/v1/models`.
+//!
+//! A generation request is parsed (request.rs), queued for the worker, and answered from the worker's
+//! first message: a refusal is a JSON error with its status; an admitted request gets its body, or a
+//! stream whose deltas are exactly the runtime's (`Event::Delta`: whole characters, never a part of a
+//! stop string), so the concatenated stream equals the whole response's text.
+//!
+//! Extensions beside OpenAI's fields: `usage.prompt_tokens_details.cached_tokens` (prompt tokens the
+//! session reused) and llama.cpp's `timings` object (prefill / decode counts, milliseconds, draft
+//! tokens proposed and accepted) in a whole response and in the stream's last chunk.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream;
+use runtime::{CancelFlag, GenerationResult};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::request::{parse, Endpoint};
+use crate::worker::{Job, Msg, Queue};
+
+/// Sets the request's cancel flag when dropped: the handler's future or its stream went away, so
+/// the client did.
+struct CancelOnDrop(CancelFlag);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// What every response object of one request repeats.
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    endpoint: Endpoint,
+    include_usage: bool,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl Meta {
+    fn new(endpoint: Endpoint, model: &str, include_usage: bool) -> Self {
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let n = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let prefix = match endpoint {
+            Endpoint::Completions => "cmpl",
+            Endpoint::Chat => "chatcmpl",
+        };
+        Meta {
+            id: format!("{prefix}-{created:x}{n:06x}"),
+            created,
+            model: model.to_string(),
+            endpoint,
+            include_usage,
+        }
+    }
+
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Completions, _) => "text_completion",
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+        }
+    }
+
+    /// One streamed chunk: `text` as the choice's delta, `finish` on the last one.
+    fn chunk(&self, text: Option<&str>, finish: Option<&str>, role: bool) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Completions => json!({
+                "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish,
+            }),
+            Endpoint::Chat => {
+                let mut delta = serde_json::Map::new();
+                if role {
+                    delta.insert("role".into(), "assistant".into());
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), t.into());
+                }
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+        };
+        json!({
+            "id": self.id, "object": self.object(true), "created": self.created,
+            "model": self.model, "choices": [choice],
+        })
+    }
+
+    /// The whole (non-streamed) response.
+    fn whole(&self, r: &GenerationResult) -> Value {
+        let finish = r.reason.finish_reason();
+        let choice = match self.endpoint {
+            Endpoint::Completions => json!({
+                "index": 0, "text": r.text, "logprobs": null, "finish_reason": finish,
+            }),
+            Endpoint::Chat => json!({
+                "index": 0, "message": {"role": "assistant", "content": r.text},
+                "logprobs": null, "finish_reason": finish,
+            }),
+        };
+        json!({
+            "id": self.id, "object": self.object(false), "created": self.created,
+            "model": self.model, "choices": [choice], "usage": usage(r), "timings": timings(r),
+        })
+    }
+}
+
+fn usage(r: &GenerationResult) -> Value {
+    json!({
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": r.new_tokens,
+        "total_tokens": r.prompt_tokens + r.new_tokens,
+        "prompt_tokens_details": {"cached_tokens": r.reused_tokens},
+    })
+}
+
+/// llama.cpp's server `timings`, plus the speculative counters when the run drafted.
+fn timings(r: &GenerationResult) -> Value {
+    let mut t = json!({
+        "cache_n": r.reused_tokens,
+        "prompt_n": r.prompt_tokens - r.reused_tokens.min(r.prompt_tokens),
+        "prompt_ms": r.prefill_seconds * 1e3,
+        "prompt_per_second": r.prefill_tokens_per_second(),
+        "predicted_n": r.new_tokens,
+        "predicted_ms": r.decode_seconds * 1e3,
+        "predicted_per_second": r.decode_tokens_per_second(),
+    });
+    if let Some(spec) = &r.spec {
+        t["draft_n"] = spec.proposed.into();
+        t["draft_n_accepted"] = spec.accepted.into();
+    }
+    t
+}
+
+pub async fn completions(
+    State(queue): State<Queue>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    run(queue, Endpoint::Completions, body).await
+}
+
+pub async fn chat_completions(
+    State(queue): State<Queue>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    run(queue, Endpoint::Chat, body).await
+}
+
+pub async fn models(State(queue): State<Queue>) -> Json<Value> {
+    let info = &queue.info;
+    Json(json!({"object": "list", "data": [{
+        "id": info.name, "object": "model", "created": 0, "owned_by": "turbospark",
+        "max_model_len": info.context,
+    }]}))
+}
+
+async fn run(queue: Queue, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -> Response {
+    queue.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    match admit(&queue, endpoint, body).await {
+        Ok(response) => response,
+        Err(e) => {
+            if e.status.is_client_error() || e.status.as_u16() == 503 {
+                queue.metrics.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            e.into_response()
+        }
+    }
+}
+
+async fn admit(
+    queue: &Queue,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|e| ApiError {
+        status: e.status(),
+        message: format!("cannot read the request body: {}", e.body_text()),
+        param: None,
+    })?;
+    let parsed = parse(endpoint, &body, &queue.info)?;
+    let (tx, mut rx) = mpsc::channel(256);
+    let cancel = CancelFlag::new();
+    let guard = CancelOnDrop(cancel.clone());
+    queue.submit(Job {
+        input: parsed.input,
+        config: parsed.config,
+        max_tokens: parsed.max_tokens,
+        ignore_eos: parsed.ignore_eos,
+        events: tx,
+        cancel,
+    })?;
+    match rx.recv().await {
+        Some(Msg::Admitted { .. }) => {}
+        // The worker counted this refusal (the model's limits, the template): the caller must not.
+        Some(Msg::Failed(e)) => return Ok(e.into_response()),
+        _ => return Err(ApiError::internal("the worker dropped the request")),
+    }
+    let meta = Meta::new(endpoint, &queue.info.name, parsed.include_usage);
+    if parsed.stream {
+        return Ok(stream_response(meta, rx, guard));
+    }
+    while let Some(msg) = rx.recv().await {
+        match msg {
+            Msg::Delta(_) | Msg::Admitted { .. } => {}
+            Msg::Done(result) => return Ok(Json(meta.whole(&result)).into_response()),
+            Msg::Failed(e) => return Ok(e.into_response()),
+        }
+    }
+    drop(guard);
+    Err(ApiError::internal(
+        "the worker ended the request without a result",
+    ))
+}
+
+/// The SSE stream of an admitted request: (chat: a role chunk), a chunk per delta, the finishing chunk,
+/// the usage chunk when asked for, `[DONE]`. A failure mid-stream is an `{"error": ...}` event.
+fn stream_response(meta: Meta, rx: mpsc::Receiver<Msg>, guard: CancelOnDrop) -> Response {
+    let mut pending = VecDeque::new();
+    if meta.endpoint == Endpoint::Chat {
+        pending.push_back(meta.chunk(Some(""), None, true).to_string());
+    }
+    let state = (meta, rx, guard, pending, false);
+    let events = stream::unfold(
+        state,
+        |(meta, mut rx, guard, mut pending, mut ended)| async move {
+            loop {
+                if let Some(data) = pending.pop_front() {
+                    let event = Ok::<_, Infallible>(SseEvent::default().data(data));
+                    return Some((event, (meta, rx, guard, pending, ended)));
+                }
+                if ended {
+                    return None;
+                }
+                match rx.recv().await {
+                    Some(Msg::Delta(text)) => {
+                        pending.push_back(meta.chunk(Some(&text), None, false).to_string())
+                    }
+                    Some(Msg::Done(result)) => {
+                        let mut last = meta.chunk(None, Some(result.reason.finish_reason()), false);
+                        last["timings"] = timings(&result);
+                        pending.push_back(last.to_string());
+                        if meta.include_usage {
+                            let mut u = meta.chunk(None, None, false);
+                            u["choices"] = json!([]);
+                            u["usage"] = usage(&result);
+                            pending.push_back(u.to_string());
+                        }
+                        pending.push_back("[DONE]".into());
+                        ended = true;
+                    }
+                    Some(Msg::Failed(e)) => {
+                        pending.push_back(e.body().to_string());
+                        pending.push_back("[DONE]".into());
+                        ended = true;
+                    }
+                    Some(Msg::Admitted { .. }) => {}
+                    None => ended = true,
+                }
+            }
+        },
+    );
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

@@ -1,0 +1,384 @@
+//! The generation worker: one OS thread that owns the engine and its one session, and serves jobs
+//! from a bounded queue in arrival order (the engine decodes one sequence at a time).
+//!
+//! A job's life: queued (`Queue::submit`, refused when the queue is full) → the worker renders its
+//! chat template and tokenizes it, then runs admission → [`Msg::Admitted`] or [`Msg::Failed`] → the
+//! deltas as they are committed → [`Msg::Done`]. The front end decides the HTTP status from the
+//! first message, so a refused request never opens a stream.
+//!
+//! Cancellation invariant: the job's [`CancelFlag`] is set when its receiver is gone (the client hung
+//! up: the handler or its stream was dropped) — by the front end's guard, and by the worker itself
+//! when a send fails — so a dropped request stops at its next commit, or is skipped if still queued,
+//! and the next job starts at once.
+//!
+//! Prefix reuse: every job runs on the same session, so a request that extends the previous one
+//! (the next chat turn) prefills only what is new (`Session`'s reuse rules).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread;
+
+use model_io::GenerationDefaults;
+use runtime::{
+    check_admission, CancelFlag, ChatMessage, Engine, Event, GenerationConfig, GenerationResult,
+    Prepared, RenderOptions, RuntimeError, StopReason,
+};
+use tokio::sync::mpsc as tmpsc;
+
+use crate::error::ApiError;
+
+/// What a request asks the model to continue.
+pub enum Input {
+    /// Raw text (`/v1/completions`' `prompt`).
+    Text(String),
+    /// Token ids (`prompt` given as an array of integers).
+    Ids(Vec<u32>),
+    /// Chat messages rendered with the model's template (`/v1/chat/completions`).
+    Chat {
+        messages: Vec<ChatMessage>,
+        options: RenderOptions,
+    },
+}
+
+/// A generation request as the worker runs it. `max_tokens: None` takes what the context leaves.
+pub struct Job {
+    pub input: Input,
+    pub config: GenerationConfig,
+    pub max_tokens: Option<usize>,
+    /// `ignore_eos`: the model's EOS ids do not stop the run (the request's own stop ids still do).
+    pub ignore_eos: bool,
+    pub events: tmpsc::Sender<Msg>,
+    pub cancel: CancelFlag,
+}
+
+/// What the worker reports about one job, in this order: `Admitted` or `Failed`, then deltas, then
+/// `Done` or `Failed`.
+#[derive(Debug)]
+pub enum Msg {
+    Admitted { prompt_tokens: usize },
+    Delta(String),
+    Done(Box<GenerationResult>),
+    Failed(ApiError),
+}
+
+/// Facts about the served model, fixed at load.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// The name clients use (`--served-model-name`, else the directory name).
+    pub name: String,
+    pub context: usize,
+    pub vocab: usize,
+    pub has_chat_template: bool,
+    /// "sequential" or the speculation plan.
+    pub mode: String,
+    pub device: String,
+    pub defaults: GenerationDefaults,
+}
+
+/// Counters for `/metrics` (Prometheus text format).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub requests: AtomicU64,
+    pub refused: AtomicU64,
+    pub failed: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub completed: AtomicU64,
+    pub queued: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub cached_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub spec_proposed: AtomicU64,
+    pub spec_accepted: AtomicU64,
+}
+
+impl Metrics {
+    pub fn render(&self, info: &ModelInfo) -> String {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let model = info.name.replace(['\\', '"', '\n'], "_");
+        let rows: [(&str, &str, &str, u64); 11] = [
+            (
+                "requests_total",
+                "counter",
+                "requests received",
+                get(&self.requests),
+            ),
+            (
+                "requests_refused_total",
+                "counter",
+                "requests refused (bad parameters, full queue)",
+                get(&self.refused),
+            ),
+            (
+                "requests_failed_total",
+                "counter",
+                "requests that failed while generating",
+                get(&self.failed),
+            ),
+            (
+                "requests_cancelled_total",
+                "counter",
+                "generations cancelled (client gone)",
+                get(&self.cancelled),
+            ),
+            (
+                "requests_completed_total",
+                "counter",
+                "generations that ended normally",
+                get(&self.completed),
+            ),
+            (
+                "requests_queued",
+                "gauge",
+                "requests waiting for the worker",
+                get(&self.queued),
+            ),
+            (
+                "prompt_tokens_total",
+                "counter",
+                "prompt tokens of admitted requests",
+                get(&self.prompt_tokens),
+            ),
+            (
+                "cached_prompt_tokens_total",
+                "counter",
+                "prompt tokens reused from the session (not prefilled)",
+                get(&self.cached_tokens),
+            ),
+            (
+                "generation_tokens_total",
+                "counter",
+                "tokens generated",
+                get(&self.generated_tokens),
+            ),
+            (
+                "spec_proposed_tokens_total",
+                "counter",
+                "draft tokens proposed",
+                get(&self.spec_proposed),
+            ),
+            (
+                "spec_accepted_tokens_total",
+                "counter",
+                "draft tokens accepted",
+                get(&self.spec_accepted),
+            ),
+        ];
+        let mut out = String::new();
+        for (name, kind, help, value) in rows {
+            out.push_str(&format!(
+                "# HELP turbospark_{name} {help}\n# TYPE turbospark_{name} {kind}\nturbospark_{name}{{model=\"{model}\"}} {value}\n"
+            ));
+        }
+        out
+    }
+}
+
+/// The front end's side of the worker.
+#[derive(Clone)]
+pub struct Queue {
+    jobs: SyncSender<Job>,
+    pub info: Arc<ModelInfo>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Queue {
+    /// Enqueues `job`, or refuses it when `max_queue` jobs already wait.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        self.metrics.queued.fetch_add(1, Ordering::Relaxed);
+        match self.jobs.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+                Err(match e {
+                    TrySendError::Full(_) => ApiError::busy(),
+                    TrySendError::Disconnected(_) => {
+                        ApiError::internal("the generation worker has stopped")
+                    }
+                })
+            }
+        }
+    }
+}
+
+/// Starts the worker thread: `open` runs on it (so the engine never crosses threads) and returns the
+/// engine, its prepared session and the served name. Returns once the model is loaded, or `open`'s error.
+pub fn spawn<F>(open: F, max_queue: usize) -> Result<Queue, RuntimeError>
+where
+    F: FnOnce() -> Result<(Engine, Prepared, String), RuntimeError> + Send + 'static,
+{
+    let (jobs, rx) = mpsc::sync_channel::<Job>(max_queue.max(1));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let metrics = Arc::new(Metrics::default());
+    let worker_metrics = metrics.clone();
+    thread::Builder::new()
+        .name("turbospark-worker".into())
+        .spawn(move || {
+            let (engine, mut prepared, name) = match open() {
+                Ok(v) => v,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let info = ModelInfo {
+                name,
+                context: families::Backend::context(&engine.model),
+                vocab: engine.checkpoint.config.vocab_size,
+                has_chat_template: engine.chat.is_some(),
+                mode: prepared.mode.clone(),
+                device: engine.model.device_name().to_string(),
+                defaults: engine.checkpoint.generation.clone(),
+            };
+            if ready_tx.send(Ok(info.clone())).is_err() {
+                return;
+            }
+            while let Ok(job) = rx.recv() {
+                worker_metrics.queued.fetch_sub(1, Ordering::Relaxed);
+                run_job(&engine, &mut prepared, &info, &worker_metrics, job);
+            }
+        })
+        .map_err(|e| RuntimeError::Io {
+            path: "<worker thread>".into(),
+            source: e,
+        })?;
+    let info = ready_rx.recv().map_err(|_| RuntimeError::Config {
+        origin: "server".into(),
+        reason: "the worker thread ended while loading the model".into(),
+    })??;
+    Ok(Queue {
+        jobs,
+        info: Arc::new(info),
+        metrics,
+    })
+}
+
+/// The prompt's token ids, or the parameter that is wrong.
+fn prompt_ids(engine: &Engine, info: &ModelInfo, input: Input) -> Result<Vec<u32>, ApiError> {
+    match input {
+        Input::Text(text) => Ok(engine.encode(&text)?),
+        Input::Ids(ids) => match ids.iter().position(|&id| id as usize >= info.vocab) {
+            Some(i) => Err(ApiError::param(
+                "prompt",
+                format!(
+                    "token id {} at index {i} is outside the vocabulary of {} tokens",
+                    ids[i], info.vocab
+                ),
+            )),
+            None => Ok(ids),
+        },
+        Input::Chat { messages, options } => {
+            let Some(template) = &engine.chat else {
+                return Err(ApiError::param(
+                    "messages",
+                    "the model has no chat template (chat_template.jinja or tokenizer_config.json's \
+                     chat_template); use /v1/completions",
+                ));
+            };
+            let text = template
+                .render(&messages, &options)
+                .map_err(|e| ApiError::param("messages", e.to_string()))?;
+            Ok(engine.encode(&text)?)
+        }
+    }
+}
+
+fn run_job(
+    engine: &Engine,
+    prepared: &mut Prepared,
+    info: &ModelInfo,
+    metrics: &Metrics,
+    job: Job,
+) {
+    let Job {
+        input,
+        mut config,
+        max_tokens,
+        ignore_eos,
+        events,
+        cancel,
+    } = job;
+    if cancel.is_cancelled() || events.is_closed() {
+        metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let refuse = |e: ApiError| {
+        metrics.refused.fetch_add(1, Ordering::Relaxed);
+        let _ = events.blocking_send(Msg::Failed(e));
+    };
+    let prompt = match prompt_ids(engine, info, input) {
+        Ok(p) => p,
+        Err(e) => return refuse(e),
+    };
+    // Without max_tokens a request may use what the context leaves (vLLM's default).
+    // (At least 1, so an over-long prompt is refused as such, not as `max_tokens`.)
+    config.max_new_tokens =
+        max_tokens.unwrap_or_else(|| info.context.saturating_sub(prompt.len()).max(1));
+    if let Err(e) = check_admission(prompt.len(), &config, info.context) {
+        return refuse(e.into());
+    }
+    if events
+        .blocking_send(Msg::Admitted {
+            prompt_tokens: prompt.len(),
+        })
+        .is_err()
+    {
+        metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let no_eos: [u32; 0] = [];
+    let request = runtime::Request {
+        prompt: &prompt,
+        config: &config,
+        eos: if ignore_eos { &no_eos } else { &engine.eos },
+        detok: &engine.tokenizer,
+        speculative: prepared.speculative,
+        cancel: cancel.clone(),
+    };
+    let mut on_event = |event: Event<'_>| {
+        if let Event::Delta(text) = event {
+            if events.blocking_send(Msg::Delta(text.to_string())).is_err() {
+                cancel.cancel();
+            }
+        }
+    };
+    let result = runtime::generate(
+        &engine.model,
+        &mut prepared.session,
+        &request,
+        &mut on_event,
+    );
+    match result {
+        Ok(result) => {
+            let counter = match result.reason {
+                StopReason::Cancelled => &metrics.cancelled,
+                _ => &metrics.completed,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            metrics
+                .prompt_tokens
+                .fetch_add(result.prompt_tokens as u64, Ordering::Relaxed);
+            metrics
+                .cached_tokens
+                .fetch_add(result.reused_tokens as u64, Ordering::Relaxed);
+            metrics
+                .generated_tokens
+                .fetch_add(result.new_tokens as u64, Ordering::Relaxed);
+            if let Some(spec) = &result.spec {
+                metrics
+                    .spec_proposed
+                    .fetch_add(spec.proposed as u64, Ordering::Relaxed);
+                metrics
+                    .spec_accepted
+                    .fetch_add(spec.accepted as u64, Ordering::Relaxed);
+            }
+            let _ = events.blocking_send(Msg::Done(Box::new(result)));
+        }
+        Err(e) => {
+            metrics.failed.fetch_add(1, Ordering::Relaxed);
+            // The session may hold a half-run state: start the next request from scratch.
+            let _ = prepared.session.reset_all();
+            let _ = events.blocking_send(Msg::Failed(e.into()));
+        }
+    }
+}
