@@ -1,0 +1,501 @@
+//! The HTTP server on the embedded testbed (CPU), checked against the runtime driven directly: what
+//! a client gets through `/v1/completions` and `/v1/chat/completions` must be what `runtime::generate`
+//! writes for the same prompt and parameters (greedy: token for token, with the server's speculative
+//! `auto` plan against a sequential reference), whole or streamed; refusals name their parameter;
+//! a client that hangs up cancels its generation; a full queue answers 503; chat turns reuse the prefix.
+//!
+//! Each test runs its own worker (its own session), so prefix reuse and the queue are not shared.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use backend::Device;
+use http_body_util::BodyExt;
+use runtime::{
+    CancelFlag, ChatMessage, DrafterRequest, Engine, GenerationConfig, RenderOptions, Speculation,
+};
+use sampling::Shaping;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+fn testbed() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/testbed")
+}
+
+/// A worker on the testbed with speculation `auto` (the CLI's default) and queue `max_queue`.
+fn start(max_queue: usize) -> server::Queue {
+    server::spawn(
+        || {
+            let engine = Engine::open_on(&testbed(), Device::Cpu)?;
+            let prepared = engine.prepare(Speculation::Auto, DrafterRequest::Auto)?;
+            Ok((engine, prepared, "testbed".to_string()))
+        },
+        max_queue,
+    )
+    .expect("the testbed loads")
+}
+
+/// The reference: `runtime::generate` on a fresh sequential session.
+fn reference(prompt: &[u32], config: &GenerationConfig) -> runtime::GenerationResult {
+    let engine = Engine::open_on(&testbed(), Device::Cpu).unwrap();
+    let prepared = engine
+        .prepare(Speculation::Off, DrafterRequest::Auto)
+        .unwrap();
+    let mut session = prepared.session;
+    let request = runtime::Request {
+        prompt,
+        config,
+        eos: &engine.eos,
+        detok: &engine.tokenizer,
+        speculative: None,
+        cancel: CancelFlag::new(),
+    };
+    runtime::generate(&engine.model, &mut session, &request, &mut |_| {}).unwrap()
+}
+
+fn encode(text: &str) -> Vec<u32> {
+    Engine::open_on(&testbed(), Device::Cpu)
+        .unwrap()
+        .encode(text)
+        .unwrap()
+}
+
+fn render(messages: &[ChatMessage]) -> String {
+    let engine = Engine::open_on(&testbed(), Device::Cpu).unwrap();
+    let options = RenderOptions {
+        add_generation_prompt: true,
+        ..RenderOptions::default()
+    };
+    engine.chat.unwrap().render(messages, &options).unwrap()
+}
+
+fn greedy(max: usize) -> GenerationConfig {
+    GenerationConfig::greedy(max)
+}
+
+async fn post(q: &server::Queue, path: &str, body: Value) -> (StatusCode, Value) {
+    let (status, bytes) = post_raw(q, path, body.to_string()).await;
+    let value = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        panic!(
+            "{path}: not JSON ({e}): {}",
+            String::from_utf8_lossy(&bytes)
+        )
+    });
+    (status, value)
+}
+
+async fn post_raw(q: &server::Queue, path: &str, body: String) -> (StatusCode, Vec<u8>) {
+    let request = Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .unwrap();
+    let response = server::router(q.clone()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, bytes.to_vec())
+}
+
+async fn get(q: &server::Queue, path: &str) -> String {
+    let request = Request::get(path).body(Body::empty()).unwrap();
+    let response = server::router(q.clone()).oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK, "{path}");
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+/// The `data:` payloads of an SSE body, in order.
+fn sse_data(body: &[u8]) -> Vec<String> {
+    String::from_utf8(body.to_vec())
+        .unwrap()
+        .split("\n\n")
+        .filter_map(|event| {
+            event
+                .lines()
+                .find_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// The JSON chunks of an SSE body that ends with `[DONE]`, and their concatenated completion text.
+fn chunks(body: &[u8]) -> (Vec<Value>, String) {
+    let data = sse_data(body);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let text = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0)?["text"].as_str().map(str::to_string))
+        .collect();
+    (chunks, text)
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    let prefix = format!("turbospark_{name}{{");
+    text.lines()
+        .find(|l| l.starts_with(&prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("metric {name} missing in:\n{text}"))
+}
+
+const PROMPT: &str = "def fibonacci(n):";
+
+#[tokio::test]
+async fn completion_is_the_runtimes_greedy_generation() {
+    let q = start(8);
+    let want = reference(&encode(PROMPT), &greedy(40));
+    assert_eq!(want.new_tokens, 40, "the reference must run to max_tokens");
+    // temperature 0 named, and omitted: the testbed's generation_config.json says do_sample false.
+    for body in [
+        json!({"model": "testbed", "prompt": PROMPT, "max_tokens": 40, "temperature": 0}),
+        json!({"prompt": PROMPT, "max_tokens": 40}),
+        json!({"prompt": [PROMPT], "max_tokens": 40, "temperature": 0.0}),
+        json!({"prompt": encode(PROMPT), "max_tokens": 40, "temperature": 0}),
+    ] {
+        let (status, v) = post(&q, "/v1/completions", body.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{body}: {v}");
+        assert_eq!(v["object"], "text_completion");
+        assert_eq!(v["model"], "testbed");
+        assert_eq!(v["choices"][0]["text"], want.text.as_str(), "{body}");
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+        assert_eq!(v["usage"]["prompt_tokens"], want.prompt_tokens);
+        assert_eq!(v["usage"]["completion_tokens"], 40);
+        assert_eq!(v["usage"]["total_tokens"], want.prompt_tokens + 40);
+    }
+    // The worker speculates (`auto` with the testbed's MTP head): its counters moved.
+    let metrics = get(&q, "/metrics").await;
+    assert!(
+        metric(&metrics, "spec_proposed_tokens_total") > 0,
+        "{metrics}"
+    );
+    assert_eq!(metric(&metrics, "requests_completed_total"), 4);
+    assert_eq!(metric(&metrics, "generation_tokens_total"), 160);
+}
+
+#[tokio::test]
+async fn stream_concatenates_to_the_whole_response() {
+    let q = start(8);
+    let want = reference(&encode(PROMPT), &greedy(48));
+    let body = json!({"prompt": PROMPT, "max_tokens": 48, "temperature": 0, "stream": true,
+                      "stream_options": {"include_usage": true}});
+    let (status, bytes) = post_raw(&q, "/v1/completions", body.to_string()).await;
+    assert_eq!(status, StatusCode::OK);
+    let (chunks, text) = chunks(&bytes);
+    assert_eq!(text, want.text);
+    assert!(chunks.len() > 3, "the text came in several deltas");
+    let finishing: Vec<&Value> = chunks
+        .iter()
+        .filter(|c| {
+            c["choices"]
+                .get(0)
+                .is_some_and(|ch| !ch["finish_reason"].is_null())
+        })
+        .collect();
+    assert_eq!(finishing.len(), 1);
+    assert_eq!(finishing[0]["choices"][0]["finish_reason"], "length");
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage["completion_tokens"], 48);
+    assert_eq!(usage["prompt_tokens"], want.prompt_tokens);
+}
+
+#[tokio::test]
+async fn stop_strings_end_the_text_before_the_match() {
+    let q = start(8);
+    let full = reference(&encode(PROMPT), &greedy(64)).text;
+    // A stop string from the middle of the greedy text: what comes back is the text before it.
+    let chars: Vec<char> = full.chars().collect();
+    let mid = chars.len() / 2;
+    let stop: String = chars[mid..mid + 3].iter().collect();
+    let cut = full.find(&stop).unwrap();
+    for stream in [false, true] {
+        let body = json!({"prompt": PROMPT, "max_tokens": 64, "temperature": 0,
+                          "stop": ["\u{1}never", stop], "stream": stream});
+        let (status, bytes) = post_raw(&q, "/v1/completions", body.to_string()).await;
+        assert_eq!(status, StatusCode::OK);
+        let (text, finish) = if stream {
+            let (chunks, text) = chunks(&bytes);
+            (
+                text,
+                chunks.last().unwrap()["choices"][0]["finish_reason"].clone(),
+            )
+        } else {
+            let v: Value = serde_json::from_slice(&bytes).unwrap();
+            (
+                v["choices"][0]["text"].as_str().unwrap().to_string(),
+                v["choices"][0]["finish_reason"].clone(),
+            )
+        };
+        assert_eq!(text, &full[..cut], "stream {stream}");
+        assert_eq!(finish, "stop");
+    }
+}
+
+#[tokio::test]
+async fn chat_uses_the_template_and_reuses_the_previous_turn() {
+    let q = start(8);
+    let mut messages = vec![ChatMessage::new(
+        "user",
+        "Write a function that adds two numbers.",
+    )];
+    let prompt1 = encode(&render(&messages));
+    let want1 = reference(&prompt1, &greedy(24));
+    let turn = |messages: &[ChatMessage]| {
+        let list: Vec<Value> = messages
+            .iter()
+            .map(|m| json!({"role": m.role, "content": m.content}))
+            .collect();
+        json!({"messages": list, "max_tokens": 24, "temperature": 0})
+    };
+    let (status, v) = post(&q, "/v1/chat/completions", turn(&messages)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(v["choices"][0]["message"]["content"], want1.text.as_str());
+    assert_eq!(v["usage"]["prompt_tokens"], prompt1.len());
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+    // Turn 2 extends turn 1: the session reuses its prefix, and the reply is a fresh session's.
+    messages.push(ChatMessage::new("assistant", want1.text.clone()));
+    messages.push(ChatMessage::new("user", "Now make it subtract."));
+    let prompt2 = encode(&render(&messages));
+    let want2 = reference(&prompt2, &greedy(24));
+    let (status, v) = post(&q, "/v1/chat/completions", turn(&messages)).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], want2.text.as_str());
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached > 0, "turn 2 reused nothing: {v}");
+    assert_eq!(v["timings"]["prompt_n"], prompt2.len() as u64 - cached);
+
+    // Text parts are joined as one content string: the same prompt, the same reply.
+    let parts = json!({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Write a function that "}, {"type": "text", "text": "adds two numbers."}]}],
+        "max_tokens": 24, "temperature": 0});
+    let (_, v) = post(&q, "/v1/chat/completions", parts).await;
+    assert_eq!(v["choices"][0]["message"]["content"], want1.text.as_str());
+}
+
+#[tokio::test]
+async fn seeded_sampling_reproduces_the_runtime() {
+    let q = start(8);
+    let config = GenerationConfig {
+        shaping: Shaping {
+            temperature: 0.8,
+            top_k: 20,
+            ..Shaping::default()
+        },
+        seed: 1234,
+        ..greedy(32)
+    };
+    let want = reference(&encode(PROMPT), &config);
+    let body =
+        json!({"prompt": PROMPT, "max_tokens": 32, "temperature": 0.8, "top_k": 20, "seed": 1234});
+    // Sampled runs speculate with exact rejection sampling, which is equal in distribution, not per
+    // seed; the server's plan is `auto`, whose sampled runs keep the fixed block. So compare the
+    // server against itself for reproducibility, and a sequential server against the runtime.
+    let (_, a) = post(&q, "/v1/completions", body.clone()).await;
+    let (_, b) = post(&q, "/v1/completions", body.clone()).await;
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    let sequential = server::spawn(
+        || {
+            let engine = Engine::open_on(&testbed(), Device::Cpu)?;
+            let prepared = engine.prepare(Speculation::Off, DrafterRequest::Auto)?;
+            Ok((engine, prepared, "testbed".to_string()))
+        },
+        4,
+    )
+    .unwrap();
+    let (_, c) = post(&sequential, "/v1/completions", body).await;
+    assert_eq!(c["choices"][0]["text"], want.text.as_str());
+}
+
+#[tokio::test]
+async fn refusals_name_the_parameter_and_leave_the_server_serving() {
+    let q = start(8);
+    let too_long = "x ".repeat(3000);
+    let cases: Vec<(&str, String, StatusCode, Option<&str>)> = vec![
+        ("/v1/completions", json!({"prompt": "a", "temperature": -1}).to_string(), StatusCode::BAD_REQUEST, Some("temperature")),
+        ("/v1/completions", json!({"prompt": "a", "top_p": "high"}).to_string(), StatusCode::BAD_REQUEST, Some("top_p")),
+        ("/v1/completions", json!({"prompt": "a", "n": 2}).to_string(), StatusCode::BAD_REQUEST, Some("n")),
+        ("/v1/completions", json!({"prompt": "a", "logprobs": 5}).to_string(), StatusCode::BAD_REQUEST, Some("logprobs")),
+        ("/v1/completions", json!({"prompt": "a", "max_tokens": 100000}).to_string(), StatusCode::BAD_REQUEST, Some("max_tokens")),
+        ("/v1/completions", json!({"prompt": "a", "max_tokens": 0}).to_string(), StatusCode::BAD_REQUEST, Some("max_tokens")),
+        ("/v1/completions", json!({"prompt": too_long}).to_string(), StatusCode::BAD_REQUEST, Some("prompt")),
+        ("/v1/completions", json!({"prompt": ""}).to_string(), StatusCode::BAD_REQUEST, Some("prompt")),
+        ("/v1/completions", json!({"prompt": [1, 99999999]}).to_string(), StatusCode::BAD_REQUEST, Some("prompt")),
+        ("/v1/completions", json!({"prompt": "a", "stop": ["ok", 3]}).to_string(), StatusCode::BAD_REQUEST, Some("stop[1]")),
+        ("/v1/completions", json!({"prompt": "a", "stop": ""}).to_string(), StatusCode::BAD_REQUEST, Some("stop")),
+        ("/v1/completions", json!({"max_tokens": 3}).to_string(), StatusCode::BAD_REQUEST, Some("prompt")),
+        ("/v1/completions", json!({"prompt": "a", "model": "gpt-4"}).to_string(), StatusCode::NOT_FOUND, Some("model")),
+        ("/v1/completions", "{\"prompt\": ".to_string(), StatusCode::BAD_REQUEST, None),
+        ("/v1/completions", "[1, 2]".to_string(), StatusCode::BAD_REQUEST, None),
+        ("/v1/chat/completions", json!({"max_tokens": 3}).to_string(), StatusCode::BAD_REQUEST, Some("messages")),
+        ("/v1/chat/completions", json!({"messages": [{"content": "hi"}]}).to_string(), StatusCode::BAD_REQUEST, Some("messages[0].role")),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}).to_string(), StatusCode::BAD_REQUEST, Some("messages[0].content[0].type")),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}).to_string(), StatusCode::BAD_REQUEST, Some("tools")),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}).to_string(), StatusCode::BAD_REQUEST, Some("response_format")),
+    ];
+    for (path, body, status, param) in &cases {
+        let (got, bytes) = post_raw(&q, path, body.clone()).await;
+        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(got, *status, "{path} {body}: {v}");
+        assert_eq!(v["error"]["param"].as_str(), *param, "{path} {body}: {v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        if let Some(p) = param {
+            assert!(message.contains(p), "the message names {p}: {message}");
+        }
+    }
+    let metrics = get(&q, "/metrics").await;
+    assert_eq!(
+        metric(&metrics, "requests_refused_total"),
+        cases.len() as u64
+    );
+    assert_eq!(metric(&metrics, "requests_completed_total"), 0);
+    // Nothing was lost: the next good request is served.
+    let (status, v) = post(
+        &q,
+        "/v1/completions",
+        json!({"prompt": PROMPT, "max_tokens": 4}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 4);
+}
+
+/// Polls `/metrics` until `name` reaches `want` (the worker updates it when the generation stops).
+async fn wait_metric(q: &server::Queue, name: &str, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let text = get(q, "/metrics").await;
+        if metric(&text, name) == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} never reached {want}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_cancels_its_generation() {
+    let q = start(8);
+    // ignore_eos and the whole context: without the cancel this would run ~2000 tokens.
+    let body = json!({"prompt": PROMPT, "temperature": 0, "ignore_eos": true, "stream": true});
+    let request = Request::post("/v1/completions")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let response = server::router(q.clone()).oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert!(first.data_ref().is_some_and(|d| d.starts_with(b"data:")));
+    drop(body);
+    wait_metric(&q, "requests_cancelled_total", 1).await;
+    let metrics = get(&q, "/metrics").await;
+    assert!(
+        metric(&metrics, "generation_tokens_total") < 1500,
+        "the cancelled run stopped early: {metrics}"
+    );
+    let (status, _) = post(
+        &q,
+        "/v1/completions",
+        json!({"prompt": PROMPT, "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_full_queue_answers_503() {
+    let q = start(1);
+    let long = json!({"prompt": PROMPT, "temperature": 0, "ignore_eos": true, "stream": true});
+    // Request 1 runs (its stream is open once the worker admitted it), request 2 waits in the queue.
+    let running = server::router(q.clone())
+        .oneshot(
+            Request::post("/v1/completions")
+                .body(Body::from(long.to_string()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(running.status(), StatusCode::OK);
+    let router = server::router(q.clone());
+    let waiting = tokio::spawn(async move {
+        let request = Request::post("/v1/completions")
+            .body(Body::from(
+                json!({"prompt": PROMPT, "max_tokens": 2}).to_string(),
+            ))
+            .unwrap();
+        let response = router.oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (status, bytes)
+    });
+    wait_metric(&q, "requests_queued", 1).await;
+    let (status, bytes) = post_raw(&q, "/v1/completions", json!({"prompt": "a"}).to_string()).await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    // The running stream hangs up: the waiting request is served next.
+    drop(running);
+    let (status, bytes) = waiting.await.unwrap();
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+}
+
+#[tokio::test]
+async fn serves_over_tcp() {
+    use std::io::{Read, Write};
+    let q = start(4);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(server::serve(
+        listener,
+        q,
+        async move {
+            let _ = stop_rx.await;
+        },
+        Duration::from_secs(1),
+    ));
+    let body = json!({"prompt": PROMPT, "max_tokens": 8, "temperature": 0}).to_string();
+    // A plain HTTP/1.1 exchange over a real socket, off the runtime's threads.
+    let reply = tokio::task::spawn_blocking(move || {
+        let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+        let request = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        tcp.write_all(request.as_bytes()).unwrap();
+        let mut reply = String::new();
+        tcp.read_to_string(&mut reply).unwrap();
+        reply
+    })
+    .await
+    .unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    let json_at = reply.find("\r\n\r\n").unwrap() + 4;
+    let v: Value = serde_json::from_str(&reply[json_at..]).unwrap();
+    assert_eq!(
+        v["choices"][0]["text"],
+        reference(&encode(PROMPT), &greedy(8)).text.as_str()
+    );
+    stop_tx.send(()).unwrap();
+    served.await.unwrap().unwrap();
+}
