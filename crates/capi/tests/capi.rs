@@ -280,49 +280,29 @@ fn refusals_name_what_is_wrong() {
             )
         };
         let prompt = cstr(PROMPT);
-        let mut hot = params(8);
-        hot.temperature = -1.0;
-        let (s, m) = generate(prompt.as_ptr(), &hot, &mut result);
-        assert_eq!(
-            (s, m.contains("temperature")),
-            (TsStatus::InvalidArgument, true),
-            "{m}"
-        );
-        let mut stale = params(8);
-        stale.size = 8;
-        let (s, m) = generate(prompt.as_ptr(), &stale, &mut result);
-        assert_eq!(
-            (s, m.contains("ts_params.size")),
-            (TsStatus::InvalidArgument, true),
-            "{m}"
-        );
-        let mut stops = params(8);
-        stops.n_stop = 2;
-        let (s, m) = generate(prompt.as_ptr(), &stops, &mut result);
-        assert_eq!(
-            (s, m.contains("ts_params.stop")),
-            (TsStatus::InvalidArgument, true),
-            "{m}"
-        );
-        let (s, m) = generate(ptr::null(), &params(8), &mut result);
-        assert_eq!(
-            (s, m.contains("prompt")),
-            (TsStatus::InvalidArgument, true),
-            "{m}"
-        );
         let bad_utf8 = CString::new(vec![b'a', 0xff, b'b']).unwrap();
-        let (s, m) = generate(bad_utf8.as_ptr(), &params(8), &mut result);
-        assert_eq!(
-            (s, m.contains("UTF-8")),
-            (TsStatus::InvalidArgument, true),
-            "{m}"
-        );
-        let (s, m) = generate(prompt.as_ptr(), &params(5000), &mut result);
-        assert_eq!(
-            (s, m.contains("max_tokens")),
-            (TsStatus::InvalidArgument, true),
-            "{m}"
-        );
+        let with = |edit: fn(&mut TsParams)| {
+            let mut p = params(8);
+            edit(&mut p);
+            p
+        };
+        let cases: [(*const c_char, TsParams, &str); 6] = [
+            (
+                prompt.as_ptr(),
+                with(|p| p.temperature = -1.0),
+                "temperature",
+            ),
+            (prompt.as_ptr(), with(|p| p.size = 8), "ts_params.size"),
+            (prompt.as_ptr(), with(|p| p.n_stop = 2), "ts_params.stop"),
+            (ptr::null(), params(8), "prompt"),
+            (bad_utf8.as_ptr(), params(8), "UTF-8"),
+            (prompt.as_ptr(), params(5000), "max_tokens"),
+        ];
+        for (text, p, needle) in cases {
+            let (s, m) = generate(text, &p, &mut result);
+            assert_eq!(s, TsStatus::InvalidArgument, "{needle}: {m}");
+            assert!(m.contains(needle), "{needle}: {m}");
+        }
         // Nothing was lost: the engine still serves; NULL parameters are the defaults (greedy, 128).
         let (s, m) = generate(prompt.as_ptr(), ptr::null(), &mut result);
         assert_eq!(s, TsStatus::Ok, "{m}");
