@@ -166,7 +166,9 @@ pub(crate) struct Config {
     /// bits 16-21 the pages a block may have in flight at a stage boundary (`TURBOSPARK_SEG_FLIGHT_EDGE`,
     /// default `EDGE_FLIGHT_PAGES`, 0: as in the rows); bit 22 ends the boundary as the grid barrier is passed,
     /// before the staging (`TURBOSPARK_SEG_EDGE_TO_BARRIER=1`, measurements); bit 23 drops the grid barrier
-    /// after a SwiGLU stage (timing only, wrong sums: `TURBOSPARK_SEG_WHATIF_NO_MLP_BARRIER=1`). Bits 10-15 are the launch's
+    /// after a SwiGLU stage (timing only, wrong sums: `TURBOSPARK_SEG_WHATIF_NO_MLP_BARRIER=1`); bits 24-31 hold
+    /// the consumers of a segment starting with a gated norm for that many 64 SM cycles at entry (timing
+    /// only: `TURBOSPARK_SEG_WHATIF_CORE_DELAY_CYCLES`). Bits 10-15 are the launch's
     /// (`flags_for`).
     pub flags: u32,
     /// Dynamic shared memory a block may have (the device's opt-in less the trace kernels' static bytes;
@@ -244,7 +246,8 @@ impl Config {
                 | ((get("TURBOSPARK_SEG_GATED_TWICE", 0) == 1) as u32) << 8
                 | (flight_pages(get("TURBOSPARK_SEG_FLIGHT_EDGE", EDGE_FLIGHT_PAGES)) as u32) << 16
                 | ((get("TURBOSPARK_SEG_EDGE_TO_BARRIER", 0) == 1) as u32) << 22
-                | ((get("TURBOSPARK_SEG_WHATIF_NO_MLP_BARRIER", 0) == 1) as u32) << 23,
+                | ((get("TURBOSPARK_SEG_WHATIF_NO_MLP_BARRIER", 0) == 1) as u32) << 23
+                | ((get("TURBOSPARK_SEG_WHATIF_CORE_DELAY_CYCLES", 0) / 64).min(255) as u32) << 24,
             smem_limit: 227 * 1024 - 64,
             flight: std::env::var("TURBOSPARK_SEG_FLIGHT")
                 .ok()

@@ -1,6 +1,7 @@
 /* A C program against include/turbospark.h, built and run by tests/capi.rs: it proves the header's
- * declarations and layouts match the library. argv[1]: model dir, argv[2]: prompt. Prints the streamed
- * deltas, then "\n--result--\n" and the result's fields, one per line. */
+ * declarations and layouts match the library. argv[1]: model dir, argv[2]: prompt; the device is
+ * $TS_DEVICE (default cpu). Prints the streamed deltas, then "\n--result--\n" and the result's
+ * fields, one per line. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +27,8 @@ int main(int argc, char **argv) {
     ts_string_free(error);
 
     const char *keys[] = {"device", "speculative"};
-    const char *values[] = {"cpu", "auto"};
+    const char *device = getenv("TS_DEVICE");
+    const char *values[] = {device ? device : "cpu", "auto"};
     if (ts_engine_open(argv[1], keys, values, 2, &engine, &error) != TS_OK) {
         fprintf(stderr, "open: %s\n", error);
         return 4;

@@ -509,6 +509,17 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         tr[SEG_TR_GT_ENTRY] = SEG_GLOBALTIMER();
         tr[SEG_TR_SM] = SEG_SMID() + 1;
     }
+#ifndef KERNEL_SIM
+    // Measurements only (flags bits 24-31, units of 64 SM cycles; TURBOSPARK_SEG_WHATIF_CORE_DELAY_CYCLES):
+    // the consumers of a segment that starts with a GDN layer's gated norm wait this long first while the
+    // producers stream; with gdn_step not launched, the step costs what a GDN core of that length run
+    // inside the segment would (run 138's what-if, re-priced under the flight caps of runs 148-155).
+    if (const unsigned delay = (unsigned)p.flags >> 24; delay && p.st[0].gate_z) {
+        const unsigned long long t0 = SEG_CLOCK();
+        while (SEG_CLOCK() - t0 < 64ull * delay) {
+        }
+    }
+#endif
     SegRing<typename HELD::Parity> ring;
     ring.pages = smem;
     ring.full = full + warp * pages;
