@@ -30,6 +30,12 @@ pub struct ServeArgs {
     /// Speculative decoding for every request: auto, off, or N proposals per round.
     #[arg(long, value_name = "auto|off|N", default_value = "auto", value_parser = crate::generate::parse_speculation)]
     pub speculative: Speculation,
+    /// Require `Authorization: Bearer KEY` on the /v1 routes.
+    #[arg(long, value_name = "KEY", env = "TURBOSPARK_API_KEY")]
+    pub api_key: Option<String>,
+    /// No per-request log lines on stderr.
+    #[arg(long)]
+    pub quiet: bool,
     /// Which drafter speculative decoding uses.
     #[arg(long, value_name = "auto|mtp|dflash", default_value = "auto", value_parser = crate::generate::parse_drafter)]
     pub drafter: DrafterRequest,
@@ -59,6 +65,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             Ok((engine, prepared, name))
         },
         args.max_queue,
+        !args.quiet,
     );
     spinner.finish_and_clear();
     let queue = queue.map_err(|e| {
@@ -85,7 +92,13 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             let _ = tokio::signal::ctrl_c().await;
             eprintln!("shutting down");
         };
-        server::serve(listener, queue, shutdown, Duration::from_secs(5))
+        server::serve(
+            listener,
+            queue,
+            args.api_key.as_deref(),
+            shutdown,
+            Duration::from_secs(5),
+        )
             .await
             .context("serving")
     })

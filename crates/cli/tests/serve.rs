@@ -137,6 +137,12 @@ fn serve_answers_with_transformers_greedy_continuation_and_stops_on_ctrl_c() {
     assert!(status.success(), "exit status {status}");
     let rest: Vec<String> = server.rest.try_iter().collect();
     assert!(rest.iter().any(|l| l.contains("shutting down")), "{rest:?}");
+    // One log line per request, with its token counts.
+    assert!(
+        rest.iter()
+            .any(|l| l.starts_with("completions: prompt") && l.contains("+ 8 new, length")),
+        "{rest:?}"
+    );
     assert!(!rest.iter().any(|l| l.contains("panicked")), "{rest:?}");
 }
 

@@ -43,6 +43,16 @@ impl ApiError {
         }
     }
 
+    /// 401: the server has an API key and the request did not carry it.
+    pub fn unauthorized() -> Self {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: "missing or wrong API key: send `Authorization: Bearer <key>` (--api-key)"
+                .into(),
+            param: None,
+        }
+    }
+
     /// 503: the queue is full; the client may retry.
     pub fn busy() -> Self {
         ApiError {
@@ -65,6 +75,7 @@ impl ApiError {
         match self.status {
             StatusCode::BAD_REQUEST => "invalid_request_error",
             StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::UNAUTHORIZED => "authentication_error",
             StatusCode::SERVICE_UNAVAILABLE => "server_busy",
             _ => "server_error",
         }

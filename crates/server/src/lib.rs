@@ -20,8 +20,12 @@ mod request;
 mod worker;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::Request;
+use axum::http::header;
+use axum::middleware::{self, Next};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -30,13 +34,31 @@ use serde_json::json;
 pub use error::ApiError;
 pub use worker::{spawn, Metrics, ModelInfo, Queue};
 
-/// The routes over a running worker.
-pub fn router(queue: Queue) -> Router {
-    Router::new()
+/// The routes over a running worker. With `api_key`, the `/v1` routes answer 401 unless the request
+/// carries `Authorization: Bearer <api_key>` (`/health` and `/metrics` stay open, as in vLLM).
+pub fn router(queue: Queue, api_key: Option<&str>) -> Router {
+    let mut v1 = Router::new()
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
-        .route("/v1/models", get(openai::models))
-        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/v1/models", get(openai::models));
+    if let Some(key) = api_key {
+        let key: Arc<str> = Arc::from(key);
+        v1 = v1.layer(middleware::from_fn(move |request: Request, next: Next| {
+            let key = key.clone();
+            async move {
+                let given = request
+                    .headers()
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "));
+                match given {
+                    Some(g) if same(g.as_bytes(), key.as_bytes()) => next.run(request).await,
+                    _ => ApiError::unauthorized().into_response(),
+                }
+            }
+        }));
+    }
+    v1.route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route(
             "/metrics",
             get(
@@ -51,16 +73,22 @@ pub fn router(queue: Queue) -> Router {
         .with_state(queue)
 }
 
+/// Compares two keys in time that depends only on their lengths.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// Serves `queue` on `listener` until `shutdown` resolves; requests in flight then get `grace` to
 /// finish before the server returns.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     queue: Queue,
+    api_key: Option<&str>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> std::io::Result<()> {
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, router(queue)).with_graceful_shutdown(async move {
+    let server = axum::serve(listener, router(queue, api_key)).with_graceful_shutdown(async move {
         shutdown.await;
         let _ = stopping_tx.send(());
     });

@@ -197,6 +197,10 @@ async fn admit(
     let cancel = CancelFlag::new();
     let guard = CancelOnDrop(cancel.clone());
     queue.submit(Job {
+        label: match endpoint {
+            Endpoint::Completions => "completions",
+            Endpoint::Chat => "chat",
+        },
         input: parsed.input,
         config: parsed.config,
         max_tokens: parsed.max_tokens,

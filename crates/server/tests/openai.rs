@@ -33,6 +33,7 @@ fn start(max_queue: usize) -> server::Queue {
             Ok((engine, prepared, "testbed".to_string()))
         },
         max_queue,
+        false,
     )
     .expect("the testbed loads")
 }
@@ -91,7 +92,10 @@ async fn post_raw(q: &server::Queue, path: &str, body: String) -> (StatusCode, V
         .header("content-type", "application/json")
         .body(Body::from(body))
         .unwrap();
-    let response = server::router(q.clone()).oneshot(request).await.unwrap();
+    let response = server::router(q.clone(), None)
+        .oneshot(request)
+        .await
+        .unwrap();
     let status = response.status();
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     (status, bytes.to_vec())
@@ -99,7 +103,10 @@ async fn post_raw(q: &server::Queue, path: &str, body: String) -> (StatusCode, V
 
 async fn get(q: &server::Queue, path: &str) -> String {
     let request = Request::get(path).body(Body::empty()).unwrap();
-    let response = server::router(q.clone()).oneshot(request).await.unwrap();
+    let response = server::router(q.clone(), None)
+        .oneshot(request)
+        .await
+        .unwrap();
     assert_eq!(response.status(), StatusCode::OK, "{path}");
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
@@ -309,6 +316,7 @@ async fn seeded_sampling_reproduces_the_runtime() {
             Ok((engine, prepared, "testbed".to_string()))
         },
         4,
+        false,
     )
     .unwrap();
     let (_, c) = post(&sequential, "/v1/completions", body).await;
@@ -392,7 +400,10 @@ async fn a_client_that_hangs_up_cancels_its_generation() {
     let request = Request::post("/v1/completions")
         .body(Body::from(body.to_string()))
         .unwrap();
-    let response = server::router(q.clone()).oneshot(request).await.unwrap();
+    let response = server::router(q.clone(), None)
+        .oneshot(request)
+        .await
+        .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let mut body = response.into_body();
     let first = body.frame().await.unwrap().unwrap();
@@ -418,7 +429,7 @@ async fn a_full_queue_answers_503() {
     let q = start(1);
     let long = json!({"prompt": PROMPT, "temperature": 0, "ignore_eos": true, "stream": true});
     // Request 1 runs (its stream is open once the worker admitted it), request 2 waits in the queue.
-    let running = server::router(q.clone())
+    let running = server::router(q.clone(), None)
         .oneshot(
             Request::post("/v1/completions")
                 .body(Body::from(long.to_string()))
@@ -427,7 +438,7 @@ async fn a_full_queue_answers_503() {
         .await
         .unwrap();
     assert_eq!(running.status(), StatusCode::OK);
-    let router = server::router(q.clone());
+    let router = server::router(q.clone(), None);
     let waiting = tokio::spawn(async move {
         let request = Request::post("/v1/completions")
             .body(Body::from(
@@ -468,34 +479,48 @@ async fn serves_over_tcp() {
     let served = tokio::spawn(server::serve(
         listener,
         q,
+        Some("sekrit"),
         async move {
             let _ = stop_rx.await;
         },
         Duration::from_secs(1),
     ));
     let body = json!({"prompt": PROMPT, "max_tokens": 8, "temperature": 0}).to_string();
-    // A plain HTTP/1.1 exchange over a real socket, off the runtime's threads.
-    let reply = tokio::task::spawn_blocking(move || {
-        let mut tcp = std::net::TcpStream::connect(addr).unwrap();
-        let request = format!(
-            "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        tcp.write_all(request.as_bytes()).unwrap();
-        let mut reply = String::new();
-        tcp.read_to_string(&mut reply).unwrap();
-        reply
-    })
-    .await
-    .unwrap();
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    let json_at = reply.find("\r\n\r\n").unwrap() + 4;
-    let v: Value = serde_json::from_str(&reply[json_at..]).unwrap();
+    // Plain HTTP/1.1 exchanges over a real socket, off the runtime's threads: (status line, body).
+    let exchange = move |method: &'static str, path: &'static str, auth: Option<&'static str>| {
+        let body = body.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+            let auth = auth.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+            let request = format!(
+                "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n{auth}\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            tcp.write_all(request.as_bytes()).unwrap();
+            let mut reply = String::new();
+            tcp.read_to_string(&mut reply).unwrap();
+            let at = reply.find("\r\n\r\n").unwrap();
+            (reply[..12].to_string(), reply[at + 4..].to_string())
+        })
+    };
+    let (status, reply) = exchange("POST", "/v1/completions", Some("sekrit"))
+        .await
+        .unwrap();
+    assert_eq!(status, "HTTP/1.1 200", "{reply}");
+    let v: Value = serde_json::from_str(&reply).unwrap();
     assert_eq!(
         v["choices"][0]["text"],
         reference(&encode(PROMPT), &greedy(8)).text.as_str()
     );
+    // The API key guards /v1, not the probes.
+    for auth in [None, Some("wrong")] {
+        let (status, reply) = exchange("POST", "/v1/completions", auth).await.unwrap();
+        assert_eq!(status, "HTTP/1.1 401", "{reply}");
+        assert!(reply.contains("API key"), "{reply}");
+    }
+    let (status, reply) = exchange("GET", "/health", None).await.unwrap();
+    assert_eq!(status, "HTTP/1.1 200", "{reply}");
     stop_tx.send(()).unwrap();
     served.await.unwrap().unwrap();
 }
