@@ -30,15 +30,15 @@ pub struct ServeArgs {
     /// Speculative decoding for every request: auto, off, or N proposals per round.
     #[arg(long, value_name = "auto|off|N", default_value = "auto", value_parser = crate::generate::parse_speculation)]
     pub speculative: Speculation,
+    /// Which drafter speculative decoding uses.
+    #[arg(long, value_name = "auto|mtp|dflash", default_value = "auto", value_parser = crate::generate::parse_drafter)]
+    pub drafter: DrafterRequest,
     /// Require `Authorization: Bearer KEY` on the /v1 routes.
     #[arg(long, value_name = "KEY", env = "TURBOSPARK_API_KEY")]
     pub api_key: Option<String>,
     /// No per-request log lines on stderr.
     #[arg(long)]
     pub quiet: bool,
-    /// Which drafter speculative decoding uses.
-    #[arg(long, value_name = "auto|mtp|dflash", default_value = "auto", value_parser = crate::generate::parse_drafter)]
-    pub drafter: DrafterRequest,
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {

@@ -210,7 +210,8 @@ pub fn spawn<F>(open: F, max_queue: usize, log: bool) -> Result<Queue, RuntimeEr
 where
     F: FnOnce() -> Result<(Engine, Prepared, String), RuntimeError> + Send + 'static,
 {
-    let (jobs, rx) = mpsc::sync_channel::<Job>(max_queue.max(1));
+    // 0: no request waits; one is taken only while the worker is idle (a rendezvous channel).
+    let (jobs, rx) = mpsc::sync_channel::<Job>(max_queue);
     let (ready_tx, ready_rx) = mpsc::channel();
     let metrics = Arc::new(Metrics::default());
     let worker_metrics = metrics.clone();
