@@ -205,6 +205,7 @@ async fn admit(
         config: parsed.config,
         max_tokens: parsed.max_tokens,
         ignore_eos: parsed.ignore_eos,
+        speculation: parsed.speculation,
         events: tx,
         cancel,
     })?;

@@ -6,6 +6,9 @@
 //! `logprobs`, `tools`, `logit_bias`, `echo`, a non-text `response_format`, ...) are refused, never
 //! silently dropped.
 //!
+//! `speculative` ("auto": the server's plan, "off", or N proposals per round) picks the request's
+//! speculation; a named block the session's drafter cannot serve exactly is refused by the worker.
+//!
 //! Sampling defaults, per field: the request's value, else the checkpoint's `generation_config.json`
 //! (greedy when it says `do_sample: false`), else OpenAI's (temperature 1, top_p 1): vLLM's order.
 
@@ -32,6 +35,8 @@ pub struct Parsed {
     pub config: GenerationConfig,
     pub max_tokens: Option<usize>,
     pub ignore_eos: bool,
+    /// `speculative`: "auto" (the server's plan), "off", or proposals per round.
+    pub speculation: Option<runtime::Speculation>,
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with the usage.
     pub include_usage: bool,
@@ -238,8 +243,23 @@ pub fn parse(endpoint: Endpoint, body: &[u8], info: &ModelInfo) -> Result<Parsed
         },
         max_tokens,
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
+        speculation: speculation(&f)?,
         stream,
         include_usage,
+    })
+}
+
+/// `speculative`: "auto", "off", or a number of proposals per round (string or integer).
+fn speculation(f: &Fields<'_>) -> Result<Option<runtime::Speculation>, ApiError> {
+    let text = match f.get("speculative") {
+        None => return Ok(None),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        Some(v) => return Err(wrong("speculative", "\"auto\", \"off\" or a number", v)),
+    };
+    text.parse().map(Some).map_err(|e| match e {
+        runtime::RuntimeError::InvalidFlag { reason, .. } => ApiError::param("speculative", reason),
+        other => ApiError::param("speculative", other.to_string()),
     })
 }
 

@@ -21,8 +21,9 @@ use std::thread;
 
 use model_io::GenerationDefaults;
 use runtime::{
-    check_admission, CancelFlag, ChatMessage, Engine, Event, GenerationConfig, GenerationResult,
-    Prepared, RenderOptions, RuntimeError, StopReason,
+    check_admission, CancelFlag, ChatMessage, DrafterRequest, Engine, Event, GenerationConfig,
+    GenerationResult, Prepared, RenderOptions, RuntimeError, Speculation, SpeculationPlan,
+    Speculative, StopReason,
 };
 use tokio::sync::mpsc as tmpsc;
 
@@ -50,6 +51,8 @@ pub struct Job {
     pub max_tokens: Option<usize>,
     /// `ignore_eos`: the model's EOS ids do not stop the run (the request's own stop ids still do).
     pub ignore_eos: bool,
+    /// The request's `speculative` (`None` or `auto`: the server's plan).
+    pub speculation: Option<Speculation>,
     pub events: tmpsc::Sender<Msg>,
     pub cancel: CancelFlag,
 }
@@ -287,6 +290,46 @@ fn prompt_ids(engine: &Engine, info: &ModelInfo, input: Input) -> Result<Vec<u32
     }
 }
 
+/// The speculation a request runs with: the server's plan, none (`off`), or a named block the session's
+/// drafter serves, checked by the engine's policy (a block it cannot serve exactly is refused, naming why).
+fn speculation_for(
+    engine: &Engine,
+    prepared: &Prepared,
+    info: &ModelInfo,
+    asked: Option<Speculation>,
+) -> Result<Option<Speculative>, ApiError> {
+    let block = match asked {
+        None | Some(Speculation::Auto) => return Ok(prepared.speculative),
+        Some(Speculation::Off) => return Ok(None),
+        Some(Speculation::Block(n)) => n,
+    };
+    let Some(name) = prepared.session.drafter_name() else {
+        return Err(ApiError::param(
+            "speculative",
+            format!(
+                "{block} proposals per round were asked for, but this server decodes without a drafter \
+                 ({}); start it with --speculative auto or N",
+                info.mode
+            ),
+        ));
+    };
+    // The session's drafter ("mtp", "dflash (cuda)", ...) as a request the policy understands.
+    let drafter: DrafterRequest = name
+        .split(' ')
+        .next()
+        .unwrap_or(name)
+        .parse()
+        .map_err(|e: RuntimeError| ApiError::internal(e.to_string()))?;
+    match engine.plan(Speculation::Block(block), drafter) {
+        Ok(SpeculationPlan::Enabled { block, .. }) => Ok(Some(Speculative::new(block))),
+        Ok(SpeculationPlan::Disabled { warning }) => Err(ApiError::param(
+            "speculative",
+            warning.unwrap_or_else(|| "speculative decoding is not available".into()),
+        )),
+        Err(e) => Err(ApiError::param("speculative", e.to_string())),
+    }
+}
+
 fn run_job(
     engine: &Engine,
     prepared: &mut Prepared,
@@ -301,6 +344,7 @@ fn run_job(
         mut config,
         max_tokens,
         ignore_eos,
+        speculation,
         events,
         cancel,
     } = job;
@@ -311,6 +355,10 @@ fn run_job(
     let refuse = |e: ApiError| {
         metrics.refused.fetch_add(1, Ordering::Relaxed);
         let _ = events.blocking_send(Msg::Failed(e));
+    };
+    let speculative = match speculation_for(engine, prepared, info, speculation) {
+        Ok(s) => s,
+        Err(e) => return refuse(e),
     };
     let prompt = match prompt_ids(engine, info, input) {
         Ok(p) => p,
@@ -338,7 +386,7 @@ fn run_job(
         config: &config,
         eos: if ignore_eos { &no_eos } else { &engine.eos },
         detok: &engine.tokenizer,
-        speculative: prepared.speculative,
+        speculative,
         cancel: cancel.clone(),
     };
     let mut on_event = |event: Event<'_>| {

@@ -26,10 +26,14 @@ fn testbed() -> PathBuf {
 
 /// A worker on the testbed with speculation `auto` (the CLI's default) and queue `max_queue`.
 fn start(max_queue: usize) -> server::Queue {
+    start_with(Speculation::Auto, max_queue)
+}
+
+fn start_with(speculation: Speculation, max_queue: usize) -> server::Queue {
     server::spawn(
-        || {
+        move || {
             let engine = Engine::open_on(&testbed(), Device::Cpu)?;
-            let prepared = engine.prepare(Speculation::Auto, DrafterRequest::Auto)?;
+            let prepared = engine.prepare(speculation, DrafterRequest::Auto)?;
             Ok((engine, prepared, "testbed".to_string()))
         },
         max_queue,
@@ -309,16 +313,7 @@ async fn seeded_sampling_reproduces_the_runtime() {
     let (_, a) = post(&q, "/v1/completions", body.clone()).await;
     let (_, b) = post(&q, "/v1/completions", body.clone()).await;
     assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
-    let sequential = server::spawn(
-        || {
-            let engine = Engine::open_on(&testbed(), Device::Cpu)?;
-            let prepared = engine.prepare(Speculation::Off, DrafterRequest::Auto)?;
-            Ok((engine, prepared, "testbed".to_string()))
-        },
-        4,
-        false,
-    )
-    .unwrap();
+    let sequential = start_with(Speculation::Off, 4);
     let (_, c) = post(&sequential, "/v1/completions", body).await;
     assert_eq!(c["choices"][0]["text"], want.text.as_str());
 }
@@ -523,4 +518,36 @@ async fn serves_over_tcp() {
     assert_eq!(status, "HTTP/1.1 200", "{reply}");
     stop_tx.send(()).unwrap();
     served.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn per_request_speculation_follows_the_policy() {
+    let q = start(8);
+    let want = reference(&encode(PROMPT), &greedy(32));
+    let ask = |speculative: Value| json!({"prompt": PROMPT, "max_tokens": 32, "temperature": 0, "speculative": speculative});
+    // Off decodes sequentially; a named block drafts that many; both write the greedy text.
+    let (status, off) = post(&q, "/v1/completions", ask(json!("off"))).await;
+    assert_eq!(status, StatusCode::OK, "{off}");
+    assert!(off["timings"].get("draft_n").is_none(), "{off}");
+    assert_eq!(off["choices"][0]["text"], want.text.as_str());
+    for block in [json!(3), json!("5")] {
+        let (status, v) = post(&q, "/v1/completions", ask(block.clone())).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert!(
+            v["timings"]["draft_n"].as_u64().unwrap() > 0,
+            "{block}: {v}"
+        );
+        assert_eq!(v["choices"][0]["text"], want.text.as_str(), "{block}");
+    }
+    // A block the policy cannot serve is refused, naming why, never downgraded.
+    for bad in [json!(0), json!(99), json!("fast"), json!(true)] {
+        let (status, v) = post(&q, "/v1/completions", ask(bad.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {v}");
+        assert_eq!(v["error"]["param"], "speculative", "{bad}: {v}");
+    }
+    let sequential = start_with(Speculation::Off, 4);
+    let (status, v) = post(&sequential, "/v1/completions", ask(json!(2))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.contains("without a drafter"), "{message}");
 }
