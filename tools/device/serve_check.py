@@ -7,6 +7,8 @@ Usage (device, repo root): python3 tools/device/serve_check.py /tmp/b   (holding
 Prints PASS / FAIL lines and exits 1 on any FAIL. Python standard library only."""
 import json, os, subprocess, sys, time, urllib.request
 
+import servelib
+
 b = sys.argv[1]
 ts, model, prompt = f"{b}/ts", "models/testbed", "def fibonacci(n):"
 fails = 0
@@ -35,14 +37,7 @@ def post(addr, path, body, stream=False):
 
 
 want48 = generate(48)
-server = subprocess.Popen([ts, "serve", "--device", "cuda", "--model", model, "--port", "0"],
-                          stderr=subprocess.PIPE, text=True)
-addr = None
-for line in server.stderr:
-    print("serve:", line.rstrip(), flush=True)
-    if line.startswith("listening on http://"):
-        addr = line.strip()[len("listening on http://"):]
-        break
+server, addr = servelib.start([ts, "serve", "--device", "cuda", "--model", model, "--port", "0"])
 check("serve starts on cuda", addr is not None)
 if addr:
     t0 = time.time()

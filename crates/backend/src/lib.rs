@@ -421,6 +421,13 @@ impl Backend for Model {
             Model::Cuda(m) => Backend::one_time_work(&**m),
         }
     }
+
+    fn prefill_chunk(&self) -> usize {
+        match self {
+            Model::Cpu(m) => Backend::prefill_chunk(&**m),
+            Model::Cuda(m) => Backend::prefill_chunk(&**m),
+        }
+    }
 }
 
 impl ModelState {

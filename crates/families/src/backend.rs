@@ -89,7 +89,16 @@ pub trait Backend {
     fn one_time_work(&self) -> u64 {
         0
     }
+    /// Prompt rows per prefill forward: large enough for GEMM efficiency, small enough that cancellation
+    /// and progress are polled often. The CPU engine's 256; a backend that splits forwards into passes
+    /// itself says its pass size (a chunk smaller than a pass only adds passes).
+    fn prefill_chunk(&self) -> usize {
+        PREFILL_CHUNK
+    }
 }
+
+/// [`Backend::prefill_chunk`]'s default.
+pub const PREFILL_CHUNK: usize = 256;
 
 /// The per-sequence state of a [`Backend`].
 pub trait BackendState {
@@ -187,6 +196,10 @@ impl<T: Backend + ?Sized> Backend for std::sync::Arc<T> {
 
     fn rollback_retaining(&self, state: &mut T::State, keep: usize) -> Result<bool, BackendError> {
         (**self).rollback_retaining(state, keep)
+    }
+
+    fn prefill_chunk(&self) -> usize {
+        (**self).prefill_chunk()
     }
 }
 

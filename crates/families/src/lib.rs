@@ -12,7 +12,9 @@ pub mod qwen3;
 pub mod state;
 pub mod tape;
 
-pub use backend::{Backend, BackendError, BackendState, HostHead, SharedHead, TargetHead};
+pub use backend::{
+    Backend, BackendError, BackendState, HostHead, SharedHead, TargetHead, PREFILL_CHUNK,
+};
 pub use error::ModelError;
 pub use model::{Candidates, ForwardOut, Rows, Tap, Transformer, Wanted};
 pub use state::State;

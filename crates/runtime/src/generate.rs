@@ -29,9 +29,9 @@ use crate::session::Session;
 use crate::sink::{CancelFlag, Event, StopReason, TokenSink};
 use crate::tuner::BlockTuner;
 
-/// Prompt tokens per prefill forward: large enough for GEMM efficiency, small enough that cancellation
-/// and progress are polled often.
-pub const PREFILL_CHUNK: usize = 256;
+/// Prompt tokens per prefill forward on the CPU engine (`Backend::prefill_chunk`'s default): large enough
+/// for GEMM efficiency, small enough that cancellation and progress are polled often.
+pub const PREFILL_CHUNK: usize = families::PREFILL_CHUNK;
 
 /// Largest top-k whose rows may come back as candidates (`Selector::candidates`: 2 top-k of them).
 const CANDIDATES_TOP_K_MAX: usize = 256;
@@ -275,6 +275,7 @@ pub fn generate<B: Backend>(
     let vocab = model.vocab();
     let mut last_out = ForwardOut::default();
     let mut pending_taps: Option<(Vec<Vec<f32>>, usize, usize)> = None; // last chunk's taps, rows, start
+    let chunk = model.prefill_chunk().max(1);
     let mut pos = reused;
     while pos < prompt.len() {
         // Hybrids split off the last prompt token so the state before it can be kept as the fork point.
@@ -283,7 +284,7 @@ pub fn generate<B: Backend>(
         } else {
             prompt.len()
         };
-        let end = (pos + PREFILL_CHUNK).min(end_limit);
+        let end = (pos + chunk).min(end_limit);
         let last = end == prompt.len();
         let wanted = Wanted {
             logits: if last { Rows::Last } else { Rows::None },

@@ -22,19 +22,8 @@ struct IdsOnly<'a> {
 
 impl Backend for IdsOnly<'_> {
     type State = State;
+    delegate_to_inner!();
 
-    fn context(&self) -> usize {
-        Backend::context(self.inner)
-    }
-    fn vocab(&self) -> usize {
-        Backend::vocab(self.inner)
-    }
-    fn new_state(&self) -> Result<State, BackendError> {
-        Backend::new_state(self.inner)
-    }
-    fn reserve(&self, state: &mut State, positions: usize) -> Result<(), BackendError> {
-        Backend::reserve(self.inner, state, positions)
-    }
     fn forward(
         &self,
         tokens: &[u32],
@@ -56,12 +45,6 @@ impl Backend for IdsOnly<'_> {
             }
         }
         Ok(out)
-    }
-    fn begin_tape(&self, state: &mut State) -> Result<(), BackendError> {
-        Backend::begin_tape(self.inner, state)
-    }
-    fn rollback_retaining(&self, state: &mut State, keep: usize) -> Result<bool, BackendError> {
-        Backend::rollback_retaining(self.inner, state, keep)
     }
 }
 

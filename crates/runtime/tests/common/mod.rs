@@ -96,3 +96,37 @@ impl Drafter for Oracle {
         Ok(out)
     }
 }
+
+/// The `Backend` methods a test wrapper of the CPU engine (a struct with `inner: &Transformer`) passes
+/// through unchanged; the wrapper writes `forward` (and any method it changes) itself.
+#[macro_export]
+macro_rules! delegate_to_inner {
+    () => {
+        fn context(&self) -> usize {
+            families::Backend::context(self.inner)
+        }
+        fn vocab(&self) -> usize {
+            families::Backend::vocab(self.inner)
+        }
+        fn new_state(&self) -> Result<families::State, families::BackendError> {
+            families::Backend::new_state(self.inner)
+        }
+        fn reserve(
+            &self,
+            state: &mut families::State,
+            positions: usize,
+        ) -> Result<(), families::BackendError> {
+            families::Backend::reserve(self.inner, state, positions)
+        }
+        fn begin_tape(&self, state: &mut families::State) -> Result<(), families::BackendError> {
+            families::Backend::begin_tape(self.inner, state)
+        }
+        fn rollback_retaining(
+            &self,
+            state: &mut families::State,
+            keep: usize,
+        ) -> Result<bool, families::BackendError> {
+            families::Backend::rollback_retaining(self.inner, state, keep)
+        }
+    };
+}
