@@ -242,7 +242,18 @@ where
             }
             while let Ok(job) = rx.recv() {
                 worker_metrics.queued.fetch_sub(1, Ordering::Relaxed);
-                run_job(&engine, &mut prepared, &info, &worker_metrics, log, job);
+                let events = job.events.clone();
+                // A bug that panics fails its request, not the server: the next one starts afresh.
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run_job(&engine, &mut prepared, &info, &worker_metrics, log, job)
+                }));
+                if run.is_err() {
+                    worker_metrics.failed.fetch_add(1, Ordering::Relaxed);
+                    let _ = prepared.session.reset_all();
+                    let _ = events.blocking_send(Msg::Failed(ApiError::internal(
+                        "internal error (a bug in turbospark) while generating; the server goes on",
+                    )));
+                }
             }
         })
         .map_err(|e| RuntimeError::Io {
