@@ -1,7 +1,8 @@
 //! turbospark's OpenAI-compatible HTTP server (`turbospark serve`).
 //!
 //! Routes: `POST /v1/completions`, `POST /v1/chat/completions` (whole or `stream: true` as
-//! server-sent events), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text).
+//! server-sent events), `GET /v1/models` and `/v1/models/{id}`, `POST /tokenize` and `/detokenize`
+//! (vLLM's), `GET /health`, `GET /metrics` (Prometheus text).
 //!
 //! Architecture: axum handlers parse and check a request (request.rs: every refusal names its
 //! parameter), then hand it to the one generation worker (worker.rs), a thread that owns the engine
@@ -40,7 +41,8 @@ pub fn router(queue: Queue, api_key: Option<&str>) -> Router {
     let mut v1 = Router::new()
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
-        .route("/v1/models", get(openai::models));
+        .route("/v1/models", get(openai::models))
+        .route("/v1/models/{id}", get(openai::model));
     if let Some(key) = api_key {
         let key: Arc<str> = Arc::from(key);
         v1 = v1.layer(middleware::from_fn(move |request: Request, next: Next| {
@@ -58,7 +60,9 @@ pub fn router(queue: Queue, api_key: Option<&str>) -> Router {
             }
         }));
     }
-    v1.route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+    v1.route("/tokenize", post(openai::tokenize))
+        .route("/detokenize", post(openai::detokenize))
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route(
             "/metrics",
             get(

@@ -162,11 +162,7 @@ pub async fn chat_completions(
 }
 
 pub async fn models(State(queue): State<Queue>) -> Json<Value> {
-    let info = &queue.info;
-    Json(json!({"object": "list", "data": [{
-        "id": info.name, "object": "model", "created": 0, "owned_by": "turbospark",
-        "max_model_len": info.context,
-    }]}))
+    Json(json!({"object": "list", "data": [model_object(&queue.info)]}))
 }
 
 async fn run(queue: Queue, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -> Response {
@@ -187,12 +183,7 @@ async fn admit(
     endpoint: Endpoint,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body.map_err(|e| ApiError {
-        status: e.status(),
-        message: format!("cannot read the request body: {}", e.body_text()),
-        param: None,
-    })?;
-    let parsed = parse(endpoint, &body, &queue.info)?;
+    let parsed = parse(endpoint, &read_body(body)?, &queue.info)?;
     let (tx, mut rx) = mpsc::channel(256);
     let cancel = CancelFlag::new();
     let guard = CancelOnDrop(cancel.clone());
@@ -282,4 +273,115 @@ fn stream_response(meta: Meta, rx: mpsc::Receiver<Msg>, guard: CancelOnDrop) -> 
     Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// `GET /v1/models/{id}`: the served model, or 404 naming the one served.
+pub async fn model(
+    State(queue): State<Queue>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    let info = &queue.info;
+    if id != info.name {
+        return ApiError::not_found(
+            Some("model"),
+            format!(
+                "the model `{id}` does not exist: this server serves `{}`",
+                info.name
+            ),
+        )
+        .into_response();
+    }
+    Json(model_object(info)).into_response()
+}
+
+/// `POST /tokenize` (vLLM's): `{"prompt": text}` → `{"tokens", "count", "max_model_len"}`, the ids a
+/// completion of that prompt would start from.
+pub async fn tokenize(State(queue): State<Queue>, body: Result<Bytes, BytesRejection>) -> Response {
+    let result = (|| {
+        let v = json_body(body)?;
+        let Some(prompt) = v.get("prompt").and_then(Value::as_str) else {
+            return Err(ApiError::param("prompt", "a string is required"));
+        };
+        let ids = queue
+            .tokenizer
+            .encode(prompt, false)
+            .map_err(|e| {
+                ApiError::param("prompt", format!("the tokenizer could not encode it: {e}"))
+            })?
+            .get_ids()
+            .to_vec();
+        Ok(json!({"count": ids.len(), "tokens": ids, "max_model_len": queue.info.context}))
+    })();
+    result.map_or_else(IntoResponse::into_response, |v| Json(v).into_response())
+}
+
+/// `POST /detokenize` (vLLM's): `{"tokens": [ids]}` → `{"prompt": text}`.
+pub async fn detokenize(
+    State(queue): State<Queue>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let result = (|| {
+        let v = json_body(body)?;
+        let ids: Vec<u32> = match v.get("tokens").and_then(Value::as_array) {
+            Some(items) => items
+                .iter()
+                .enumerate()
+                .map(|(i, x)| {
+                    x.as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .filter(|&n| (n as usize) < queue.info.vocab)
+                        .ok_or_else(|| {
+                            ApiError::param(
+                                format!("tokens[{i}]"),
+                                format!("expected a token id below {}", queue.info.vocab),
+                            )
+                        })
+                })
+                .collect::<Result<_, _>>()?,
+            None => {
+                return Err(ApiError::param(
+                    "tokens",
+                    "an array of token ids is required",
+                ))
+            }
+        };
+        let text = queue.tokenizer.decode(&ids, false).map_err(|e| {
+            ApiError::param(
+                "tokens",
+                format!("the tokenizer could not decode them: {e}"),
+            )
+        })?;
+        Ok(json!({ "prompt": text }))
+    })();
+    result.map_or_else(IntoResponse::into_response, |v| Json(v).into_response())
+}
+
+/// A request body as a JSON object, or the error naming what is wrong with it.
+fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    match serde_json::from_slice::<Value>(&read_body(body)?) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(_) => Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        )),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "the request body is not valid JSON: {e}"
+        ))),
+    }
+}
+
+/// The body's bytes, or the error axum found reading them (too large, ...), as an API error.
+fn read_body(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| ApiError {
+        status: e.status(),
+        message: format!("cannot read the request body: {}", e.body_text()),
+        param: None,
+    })
+}
+
+/// The served model as OpenAI's model object.
+fn model_object(info: &crate::worker::ModelInfo) -> Value {
+    json!({
+        "id": info.name, "object": "model", "created": 0, "owned_by": "turbospark",
+        "max_model_len": info.context,
+    })
 }

@@ -185,6 +185,8 @@ pub struct Queue {
     jobs: SyncSender<Job>,
     pub info: Arc<ModelInfo>,
     pub metrics: Arc<Metrics>,
+    /// The model's tokenizer, for `/tokenize` and `/detokenize` (no need to wait for the worker).
+    pub tokenizer: Arc<tokenizers::Tokenizer>,
 }
 
 impl Queue {
@@ -237,7 +239,10 @@ where
                 device: engine.model.device_name().to_string(),
                 defaults: engine.checkpoint.generation.clone(),
             };
-            if ready_tx.send(Ok(info.clone())).is_err() {
+            if ready_tx
+                .send(Ok((info.clone(), engine.tokenizer.clone())))
+                .is_err()
+            {
                 return;
             }
             while let Ok(job) = rx.recv() {
@@ -260,7 +265,7 @@ where
             path: "<worker thread>".into(),
             source: e,
         })?;
-    let info = ready_rx.recv().map_err(|_| RuntimeError::Config {
+    let (info, tokenizer) = ready_rx.recv().map_err(|_| RuntimeError::Config {
         origin: "server".into(),
         reason: "the worker thread ended while loading the model".into(),
     })??;
@@ -268,6 +273,7 @@ where
         jobs,
         info: Arc::new(info),
         metrics,
+        tokenizer: Arc::new(tokenizer),
     })
 }
 

@@ -551,3 +551,35 @@ async fn per_request_speculation_follows_the_policy() {
     let message = v["error"]["message"].as_str().unwrap();
     assert!(message.contains("without a drafter"), "{message}");
 }
+
+#[tokio::test]
+async fn tokenize_detokenize_and_the_model_object() {
+    let q = start(4);
+    let (status, v) = post(&q, "/tokenize", json!({"prompt": PROMPT})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let ids = encode(PROMPT);
+    assert_eq!(v["tokens"], json!(ids));
+    assert_eq!(v["count"], ids.len());
+    assert_eq!(v["max_model_len"], 2048);
+    let (status, v) = post(&q, "/detokenize", json!({ "tokens": ids })).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["prompt"], PROMPT);
+    let (status, v) = post(&q, "/detokenize", json!({"tokens": [1, 99999999]})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["param"], "tokens[1]");
+    let (status, v) = post(&q, "/tokenize", json!({"text": PROMPT})).await;
+    assert_eq!(
+        (status, v["error"]["param"].clone()),
+        (StatusCode::BAD_REQUEST, json!("prompt"))
+    );
+    let model: Value = serde_json::from_str(&get(&q, "/v1/models/testbed").await).unwrap();
+    assert_eq!(model["id"], "testbed");
+    let request = Request::get("/v1/models/gpt-4")
+        .body(Body::empty())
+        .unwrap();
+    let response = server::router(q.clone(), None)
+        .oneshot(request)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+}
