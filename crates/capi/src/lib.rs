@@ -219,6 +219,7 @@ unsafe fn config(params: *const TsParams) -> Result<GenerationConfig, Failure> {
             frequency_penalty: p.frequency_penalty,
         },
         seed: p.seed,
+        logprobs: None,
     })
 }
 

@@ -103,6 +103,7 @@ impl SamplingArgs {
                 frequency_penalty: self.frequency_penalty,
             },
             seed: self.seed,
+            logprobs: None,
         }
     }
 }
@@ -213,7 +214,7 @@ pub fn stream(
                 }
             }
         }
-        Event::Decode { .. } => {}
+        Event::Decode { .. } | Event::Logprob(_) => {}
     };
     let result = runtime::generate(
         &loaded.engine.model,

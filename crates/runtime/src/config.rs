@@ -28,6 +28,9 @@ pub struct GenerationConfig {
     pub shaping: Shaping,
     /// Seed of the counter-based generator: a seeded sampled run reproduces exactly.
     pub seed: u64,
+    /// `Some(n)`: report each committed token's log-probability and the n most likely tokens of its
+    /// row (`crate::logprobs`); the backend then returns whole logits rows.
+    pub logprobs: Option<usize>,
 }
 
 impl GenerationConfig {
@@ -39,6 +42,7 @@ impl GenerationConfig {
             stop_strings: Vec::new(),
             shaping: Shaping::greedy(),
             seed: 0,
+            logprobs: None,
         }
     }
 }
@@ -120,6 +124,8 @@ pub struct GenerationResult {
     pub text: String,
     /// Speculative runs only.
     pub spec: Option<SpecStats>,
+    /// One entry per generated token when the request asked (`GenerationConfig::logprobs`), else empty.
+    pub logprobs: Vec<crate::logprobs::TokenLogprob>,
 }
 
 impl GenerationResult {
@@ -429,6 +435,7 @@ mod tests {
             token_ids: vec![0; 8],
             text: String::new(),
             spec: Some(spec),
+            logprobs: Vec::new(),
         };
         // 20 prefilled tokens in 0.5 s; 8 committed tokens in 2 s.
         assert_eq!(result.prefill_tokens_per_second(), 40.0);

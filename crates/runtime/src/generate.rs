@@ -25,6 +25,7 @@ use sampling::{Draft, DrawCounter, ShapedDistribution, Shaping, Verdict};
 use crate::config::{check_admission, GenerationConfig, GenerationResult, SpecStats};
 use crate::detok::Detokenizer;
 use crate::error::RuntimeError;
+use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::session::Session;
 use crate::sink::{CancelFlag, Event, StopReason, TokenSink};
 use crate::tuner::BlockTuner;
@@ -111,6 +112,9 @@ struct Selector<'a> {
     /// q of each proposal of the current round (sampled only).
     drafted: Vec<ShapedDistribution>,
     error: Option<RuntimeError>,
+    /// `Some(n)`: committed tokens get log-probability entries with n alternatives, so every row
+    /// must come back whole (no argmax-only or candidate rows).
+    logprobs: Option<usize>,
 }
 
 impl Selector<'_> {
@@ -130,6 +134,9 @@ impl Selector<'_> {
     /// `Wanted::candidates` for this shaping: twice top-k for a top-k request without penalties (its rows
     /// shape from the backend's candidates: 40 values of a 151936-logit row for Qwen3's card), else 0.
     fn candidates(&self) -> usize {
+        if self.logprobs.is_some() {
+            return 0;
+        }
         let s = self.shaping;
         let k = s.top_k as usize;
         match !s.is_greedy() && !s.has_penalties() && (1..=CANDIDATES_TOP_K_MAX).contains(&k) {
@@ -194,6 +201,33 @@ impl Selector<'_> {
         }
     }
 
+    /// The log-probability entry of `token` chosen from row `i` of `out`, when the request asked.
+    fn score(
+        &self,
+        out: &ForwardOut,
+        i: usize,
+        token: u32,
+        vocab: usize,
+    ) -> Result<Option<TokenLogprob>, RuntimeError> {
+        let Some(top) = self.logprobs else {
+            return Ok(None);
+        };
+        if out.logits.len() < (i + 1) * vocab {
+            return Err(RuntimeError::Device(
+                format!(
+                    "logprobs need logits row {i}; the backend returned {} logits",
+                    out.logits.len()
+                )
+                .into(),
+            ));
+        }
+        Ok(Some(token_logprob(
+            &out.logits[i * vocab..(i + 1) * vocab],
+            token,
+            top,
+        )))
+    }
+
     fn pick(&mut self, dist: &ShapedDistribution) -> u32 {
         match dist.as_point_mass() {
             Some(t) => t,
@@ -254,6 +288,7 @@ pub fn generate<B: Backend>(
         prompt_len: prompt.len(),
         drafted: Vec::new(),
         error: None,
+        logprobs: cfg.logprobs,
     };
 
     // -- Prefill, in chunks; the drafter sees every row's taps.
@@ -270,8 +305,9 @@ pub fn generate<B: Backend>(
         _ => Vec::new(),
     };
     let hybrid_fork = session.state.is_recurrent() && prompt.len() - reused > 1;
-    // Greedy without penalties needs only each row's argmax: the backend may take it where the logits are.
-    let argmax_only = cfg.shaping.is_plain_argmax();
+    // Greedy without penalties needs only each row's argmax: the backend may take it where the logits
+    // are (unless log-probabilities need the rows).
+    let argmax_only = cfg.shaping.is_plain_argmax() && cfg.logprobs.is_none();
     let vocab = model.vocab();
     let mut last_out = ForwardOut::default();
     let mut pending_taps: Option<(Vec<Vec<f32>>, usize, usize)> = None; // last chunk's taps, rows, start
@@ -327,6 +363,7 @@ pub fn generate<B: Backend>(
         let p = sel.row_distribution(&last_out, 0, vocab, sink.history())?;
         sel.pick(&p)
     };
+    let mut next_logprob = sel.score(&last_out, 0, next, vocab)?;
     if let (Some(d), Some((t, n, _))) = (session.drafter.as_mut(), pending_taps.take()) {
         let mut follow = prompt[prompt.len() - n + 1..].to_vec();
         follow.push(next);
@@ -345,7 +382,7 @@ pub fn generate<B: Backend>(
     // Plain greedy steps: the backend may queue each one before the host has read the token before it.
     let mut chain = speculative.is_none() && argmax_only;
     loop {
-        if sink.commit(next)?.is_some() {
+        if sink.commit_scored(next, next_logprob.take())?.is_some() {
             break;
         }
         let base = session.state.position(); // where `next` goes
@@ -417,16 +454,21 @@ pub fn generate<B: Backend>(
             match sampling::verify_step(&p, draft, d, r, u)? {
                 Verdict::Accepted => {
                     accepted += 1;
-                    if sink.commit(d)?.is_some() {
+                    if sink
+                        .commit_scored(d, sel.score(&out, i, d, vocab)?)?
+                        .is_some()
+                    {
                         stopped = true;
                         break;
                     }
                 }
                 Verdict::Rejected { replacement } => {
-                    chosen = Some(match speculative.map(|s| s.acceptance) {
+                    let t = match speculative.map(|s| s.acceptance) {
                         Some(Acceptance::ResampleTargetOnReject) => sel.pick(&p),
                         _ => replacement,
-                    });
+                    };
+                    next_logprob = sel.score(&out, i, t, vocab)?;
+                    chosen = Some(t);
                     break;
                 }
             }
@@ -434,7 +476,9 @@ pub fn generate<B: Backend>(
         if !stopped && chosen.is_none() {
             // Every proposal passed: the bonus token comes from the last row.
             let p = sel.row_distribution(&out, proposals.len(), vocab, sink.history())?;
-            chosen = Some(sel.pick(&p));
+            let t = sel.pick(&p);
+            next_logprob = sel.score(&out, proposals.len(), t, vocab)?;
+            chosen = Some(t);
         }
 
         // Keep the rows whose successor is committed: `next` and the accepted proposals, less the last
@@ -612,5 +656,6 @@ fn finish<S: BackendState>(
         token_ids: out.token_ids,
         text: out.text,
         spec,
+        logprobs: out.logprobs,
     })
 }

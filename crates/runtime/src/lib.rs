@@ -9,6 +9,7 @@
 //! - [`policy`]: whether and how a run speculates, from the request and what the checkpoint has.
 //! - [`tuner`]: the block of an `auto` run, tuned on measured throughput.
 //! - [`chat`]: Hugging Face chat templates rendered as transformers renders them.
+//! - [`logprobs`]: the log-probabilities of committed tokens (`GenerationConfig::logprobs`).
 //!
 //! Invariant shared by every loop: a token is committed only through [`TokenSink::commit`], so
 //! everything a caller observes is decided in one place.
@@ -19,6 +20,7 @@ pub mod detok;
 pub mod engine;
 pub mod error;
 pub mod generate;
+pub mod logprobs;
 pub mod policy;
 pub mod session;
 pub mod sink;
@@ -30,6 +32,7 @@ pub use detok::{ByteDetokenizer, Detokenizer, IncrementalDecoder};
 pub use engine::{availability, load_drafter, Engine, Prepared};
 pub use error::RuntimeError;
 pub use generate::{generate, Acceptance, Request, Rollback, Speculative, PREFILL_CHUNK};
+pub use logprobs::{token_logprob, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use policy::{
     resolve, Drafter, DrafterAvailability, DrafterRequest, Speculation, SpeculationPlan,
 };

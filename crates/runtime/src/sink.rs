@@ -29,6 +29,7 @@ use std::sync::Arc;
 use crate::config::GenerationConfig;
 use crate::detok::{Detokenizer, IncrementalDecoder};
 use crate::error::RuntimeError;
+use crate::logprobs::TokenLogprob;
 
 /// Why a generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +71,7 @@ impl fmt::Display for StopReason {
 }
 
 /// What a generation reports while it runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Event<'a> {
     /// New text: whole characters, never part of a stop string.
     Delta(&'a str),
@@ -78,6 +79,9 @@ pub enum Event<'a> {
     Prefill { done: usize, total: usize },
     /// A token was committed; `generated` tokens so far.
     Decode { generated: usize },
+    /// The log-probability entry of the token just committed (requests that ask for them), sent
+    /// before that token's text.
+    Logprob(&'a TokenLogprob),
 }
 
 /// A cancellation request shared between a front end and a running generation. Cloning shares
@@ -102,7 +106,7 @@ impl CancelFlag {
 }
 
 /// What the sink hands back when the generation is over.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SinkOutput {
     pub reason: StopReason,
     /// Prompt + committed ids.
@@ -112,6 +116,8 @@ pub struct SinkOutput {
     pub token_ids: Vec<u32>,
     /// The emitted text: the concatenation of every delta.
     pub text: String,
+    /// One entry per committed id when every commit carried one (`commit_scored`), else empty.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// The one commit path of every decode loop (see the module doc for the rules).
@@ -133,6 +139,8 @@ pub struct TokenSink<'a> {
     text: String,
     emitted: usize,
     stopped: Option<StopReason>,
+    /// The entries `commit_scored` was given, one per committed id.
+    logprobs: Vec<TokenLogprob>,
 }
 
 impl<'a> TokenSink<'a> {
@@ -169,12 +177,23 @@ impl<'a> TokenSink<'a> {
             text: String::new(),
             emitted: 0,
             stopped: None,
+            logprobs: Vec::new(),
         })
     }
 
     /// Commits one token and applies the stop rules in their order of precedence. Returns the
     /// reason when this token ended the generation. Committing after a stop is an error.
     pub fn commit(&mut self, token: u32) -> Result<Option<StopReason>, RuntimeError> {
+        self.commit_scored(token, None)
+    }
+
+    /// [`commit`](Self::commit) with the token's log-probability entry, which is kept (and sent as
+    /// `Event::Logprob` before the token's text) when the token is committed.
+    pub fn commit_scored(
+        &mut self,
+        token: u32,
+        logprob: Option<TokenLogprob>,
+    ) -> Result<Option<StopReason>, RuntimeError> {
         if let Some(reason) = self.stopped {
             return Err(RuntimeError::CommitAfterStop { token, reason });
         }
@@ -182,6 +201,10 @@ impl<'a> TokenSink<'a> {
             return self.stop(StopReason::Cancelled).map(Some);
         }
         self.history.push(token);
+        if let Some(entry) = logprob {
+            (self.on_event)(Event::Logprob(&entry));
+            self.logprobs.push(entry);
+        }
         let reason = if self.stop_ids.contains(&token) {
             Some(StopReason::StopToken(token))
         } else {
@@ -257,6 +280,7 @@ impl<'a> TokenSink<'a> {
             token_ids,
             text: self.text,
             history: self.history,
+            logprobs: self.logprobs,
         })
     }
 

@@ -39,6 +39,7 @@ enum Rec {
     Delta(String),
     Prefill(usize, usize),
     Decode(usize),
+    Logprob(u32),
 }
 
 /// One scripted run: `tokens` are committed in order until one returns a stop; before the commit
@@ -47,6 +48,8 @@ struct Run {
     /// What each commit returned.
     returns: Vec<Option<StopReason>>,
     events: Vec<Rec>,
+    /// Every event, log-probability entries included.
+    all: Vec<Rec>,
     out: SinkOutput,
 }
 
@@ -97,6 +100,7 @@ impl<'s> Script<'s> {
                 Event::Delta(d) => Rec::Delta(d.to_string()),
                 Event::Prefill { done, total } => Rec::Prefill(done, total),
                 Event::Decode { generated } => Rec::Decode(generated),
+                Event::Logprob(l) => Rec::Logprob(l.token),
             })
         };
         let mut sink = TokenSink::new(
@@ -114,7 +118,13 @@ impl<'s> Script<'s> {
             if self.cancel_before == Some(i) {
                 cancel.cancel();
             }
-            let r = sink.commit(token).unwrap();
+            // Every commit carries an entry; only committed tokens may keep theirs.
+            let entry = TokenLogprob {
+                token,
+                logprob: -(i as f32),
+                top: Vec::new(),
+            };
+            let r = sink.commit_scored(token, Some(entry)).unwrap();
             returns.push(r);
             if r.is_some() {
                 // Nothing may be committed after a stop.
@@ -129,9 +139,13 @@ impl<'s> Script<'s> {
             sink.stop(StopReason::MaxTokens).unwrap();
         }
         let out = sink.finish().unwrap();
+        // `events` without the entries (the tests below list text events); `all` keeps them.
+        let all = events.clone();
+        events.retain(|e| !matches!(e, Rec::Logprob(_)));
         let run = Run {
             returns,
             events,
+            all,
             out,
         };
         run.check_invariants(self.stops);
@@ -182,6 +196,20 @@ impl Run {
             })
             .collect();
         assert_eq!(decodes, (1..=self.out.token_ids.len()).collect::<Vec<_>>());
+        // One log-probability entry per committed token, in order, each sent before its Decode.
+        let kept: Vec<u32> = self.out.logprobs.iter().map(|l| l.token).collect();
+        assert_eq!(kept, self.out.token_ids);
+        let mut waiting = None;
+        for e in &self.all {
+            match e {
+                Rec::Logprob(t) => {
+                    assert!(waiting.is_none(), "two entries before one Decode");
+                    waiting = Some(*t);
+                }
+                Rec::Decode(_) => assert!(waiting.take().is_some(), "a Decode without its entry"),
+                _ => {}
+            }
+        }
         assert_eq!(
             self.out.history.len(),
             PROMPT.len() + self.out.token_ids.len()

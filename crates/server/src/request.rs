@@ -240,6 +240,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], info: &ModelInfo) -> Result<Parsed
             stop_strings: f.stop()?,
             shaping,
             seed: f.u64("seed")?.unwrap_or_else(random_seed),
+            logprobs: None,
         },
         max_tokens,
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
