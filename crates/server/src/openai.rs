@@ -27,6 +27,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
+use crate::logprobs::{self, Rendered};
 use crate::request::{parse, Endpoint};
 use crate::worker::{Job, Msg, Queue};
 
@@ -47,12 +48,14 @@ struct Meta {
     model: String,
     endpoint: Endpoint,
     include_usage: bool,
+    /// The request asked for `logprobs`: choices carry them (else `null`).
+    logprobs: bool,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Meta {
-    fn new(endpoint: Endpoint, model: &str, include_usage: bool) -> Self {
+    fn new(endpoint: Endpoint, model: &str, include_usage: bool, logprobs: bool) -> Self {
         let created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -67,6 +70,16 @@ impl Meta {
             model: model.to_string(),
             endpoint,
             include_usage,
+            logprobs,
+        }
+    }
+
+    /// A choice's `logprobs` over `entries`: `null` unless the request asked.
+    fn logprobs(&self, entries: &[Rendered]) -> Value {
+        match (self.logprobs, self.endpoint) {
+            (false, _) => Value::Null,
+            (true, Endpoint::Completions) => logprobs::completion_json(entries),
+            (true, Endpoint::Chat) => logprobs::chat_json(entries),
         }
     }
 
@@ -80,9 +93,24 @@ impl Meta {
 
     /// One streamed chunk: `text` as the choice's delta, `finish` on the last one.
     fn chunk(&self, text: Option<&str>, finish: Option<&str>, role: bool) -> Value {
+        self.chunk_with(text, finish, role, &[])
+    }
+
+    /// [`chunk`](Self::chunk) carrying the log-probability entries of its tokens.
+    fn chunk_with(
+        &self,
+        text: Option<&str>,
+        finish: Option<&str>,
+        role: bool,
+        entries: &[Rendered],
+    ) -> Value {
+        let lp = match entries.is_empty() {
+            true => Value::Null,
+            false => self.logprobs(entries),
+        };
         let choice = match self.endpoint {
             Endpoint::Completions => json!({
-                "index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish,
+                "index": 0, "text": text.unwrap_or(""), "logprobs": lp, "finish_reason": finish,
             }),
             Endpoint::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -92,7 +120,7 @@ impl Meta {
                 if let Some(t) = text {
                     delta.insert("content".into(), t.into());
                 }
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish})
             }
         };
         json!({
@@ -101,16 +129,17 @@ impl Meta {
         })
     }
 
-    /// The whole (non-streamed) response.
-    fn whole(&self, r: &GenerationResult) -> Value {
+    /// The whole (non-streamed) response; `entries`: every generated token's, when asked.
+    fn whole(&self, r: &GenerationResult, entries: &[Rendered]) -> Value {
         let finish = r.reason.finish_reason();
+        let lp = self.logprobs(entries);
         let choice = match self.endpoint {
             Endpoint::Completions => json!({
-                "index": 0, "text": r.text, "logprobs": null, "finish_reason": finish,
+                "index": 0, "text": r.text, "logprobs": lp, "finish_reason": finish,
             }),
             Endpoint::Chat => json!({
                 "index": 0, "message": {"role": "assistant", "content": r.text},
-                "logprobs": null, "finish_reason": finish,
+                "logprobs": lp, "finish_reason": finish,
             }),
         };
         json!({
@@ -184,6 +213,7 @@ async fn admit(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let parsed = parse(endpoint, &read_body(body)?, &queue.info)?;
+    let asked_logprobs = parsed.config.logprobs.is_some();
     let (tx, mut rx) = mpsc::channel(256);
     let cancel = CancelFlag::new();
     let guard = CancelOnDrop(cancel.clone());
@@ -206,14 +236,21 @@ async fn admit(
         Some(Msg::Failed(e)) => return Ok(e.into_response()),
         _ => return Err(ApiError::internal("the worker dropped the request")),
     }
-    let meta = Meta::new(endpoint, &queue.info.name, parsed.include_usage);
+    let meta = Meta::new(
+        endpoint,
+        &queue.info.name,
+        parsed.include_usage,
+        asked_logprobs,
+    );
     if parsed.stream {
         return Ok(stream_response(meta, rx, guard));
     }
+    let mut entries = Vec::new();
     while let Some(msg) = rx.recv().await {
         match msg {
             Msg::Delta(_) | Msg::Admitted { .. } => {}
-            Msg::Done(result) => return Ok(Json(meta.whole(&result)).into_response()),
+            Msg::Logprobs(e) => entries.extend(e),
+            Msg::Done(result) => return Ok(Json(meta.whole(&result, &entries)).into_response()),
             Msg::Failed(e) => return Ok(e.into_response()),
         }
     }
@@ -230,23 +267,34 @@ fn stream_response(meta: Meta, rx: mpsc::Receiver<Msg>, guard: CancelOnDrop) -> 
     if meta.endpoint == Endpoint::Chat {
         pending.push_back(meta.chunk(Some(""), None, true).to_string());
     }
-    let state = (meta, rx, guard, pending, false);
+    // (.., the entries not yet sent with a chunk, ..)
+    let state = (meta, rx, guard, pending, Vec::new(), false);
     let events = stream::unfold(
         state,
-        |(meta, mut rx, guard, mut pending, mut ended)| async move {
+        |(meta, mut rx, guard, mut pending, mut entries, mut ended)| async move {
             loop {
                 if let Some(data) = pending.pop_front() {
                     let event = Ok::<_, Infallible>(SseEvent::default().data(data));
-                    return Some((event, (meta, rx, guard, pending, ended)));
+                    return Some((event, (meta, rx, guard, pending, entries, ended)));
                 }
                 if ended {
                     return None;
                 }
                 match rx.recv().await {
+                    Some(Msg::Logprobs(e)) => entries.extend(e),
                     Some(Msg::Delta(text)) => {
-                        pending.push_back(meta.chunk(Some(&text), None, false).to_string())
+                        let chunk = meta.chunk_with(Some(&text), None, false, &entries);
+                        entries.clear();
+                        pending.push_back(chunk.to_string())
                     }
                     Some(Msg::Done(result)) => {
+                        if !entries.is_empty() {
+                            // Tokens whose text never came (a stop token, a stop string's tail).
+                            let text = (meta.endpoint == Endpoint::Completions).then_some("");
+                            let chunk = meta.chunk_with(text, None, false, &entries);
+                            entries.clear();
+                            pending.push_back(chunk.to_string());
+                        }
                         let mut last = meta.chunk(None, Some(result.reason.finish_reason()), false);
                         last["timings"] = timings(&result);
                         pending.push_back(last.to_string());

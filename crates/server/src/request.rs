@@ -3,8 +3,9 @@
 //! Fields are read one by one from the JSON object so that every refusal names the parameter (serde's
 //! derive errors give a line and column, not a name). `null` means absent, as OpenAI's clients send
 //! it. Unknown fields are ignored (clients send many). Fields we know but cannot honour (`n` > 1,
-//! `logprobs`, `tools`, `logit_bias`, `echo`, a non-text `response_format`, ...) are refused, never
-//! silently dropped.
+//! `tools`, `logit_bias`, `echo`, a non-text `response_format`, ...) are refused, never silently
+//! dropped. `logprobs` is the completions API's integer (alternatives per token, 0 = the chosen
+//! token's alone) or the chat API's boolean with `top_logprobs`; at most `runtime::MAX_TOP_LOGPROBS`.
 //!
 //! `speculative` ("auto": the server's plan, "off", or N proposals per round) picks the request's
 //! speculation; a named block the session's drafter cannot serve exactly is refused by the worker.
@@ -240,7 +241,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], info: &ModelInfo) -> Result<Parsed
             stop_strings: f.stop()?,
             shaping,
             seed: f.u64("seed")?.unwrap_or_else(random_seed),
-            logprobs: None,
+            logprobs: logprobs(endpoint, &f)?,
         },
         max_tokens,
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
@@ -248,6 +249,45 @@ pub fn parse(endpoint: Endpoint, body: &[u8], info: &ModelInfo) -> Result<Parsed
         stream,
         include_usage,
     })
+}
+
+/// `logprobs` (+ `top_logprobs` on chat): `Some(n)` alternatives per generated token, or `None`.
+fn logprobs(endpoint: Endpoint, f: &Fields<'_>) -> Result<Option<usize>, ApiError> {
+    let cap = runtime::MAX_TOP_LOGPROBS;
+    let capped = |field: &str, n: usize| match n <= cap {
+        true => Ok(n),
+        false => Err(ApiError::param(
+            field,
+            format!("at most {cap} alternatives per token"),
+        )),
+    };
+    match endpoint {
+        Endpoint::Completions => {
+            if f.get("top_logprobs").is_some() {
+                return Err(ApiError::param(
+                    "top_logprobs",
+                    "/v1/completions takes `logprobs: N` (alternatives per token)",
+                ));
+            }
+            match f.get("logprobs") {
+                None | Some(Value::Bool(false)) => Ok(None),
+                Some(_) => {
+                    let n = usize_field(f, "logprobs")?.unwrap_or(0);
+                    capped("logprobs", n).map(Some)
+                }
+            }
+        }
+        Endpoint::Chat => {
+            let top = usize_field(f, "top_logprobs")?;
+            match (f.bool("logprobs")?.unwrap_or(false), top) {
+                (true, n) => capped("top_logprobs", n.unwrap_or(0)).map(Some),
+                (false, Some(n)) if n > 0 => {
+                    Err(ApiError::param("top_logprobs", "needs `logprobs: true`"))
+                }
+                (false, _) => Ok(None),
+            }
+        }
+    }
 }
 
 /// `speculative`: "auto", "off", or a number of proposals per round (string or integer).
@@ -274,8 +314,6 @@ fn refuse_unsupported(endpoint: Endpoint, f: &Fields<'_>) -> Result<(), ApiError
     )?;
     f.only("best_of", one, "only best_of = 1 is supported")?;
     let off = |v: &Value| v == &Value::Bool(false) || v.as_u64() == Some(0);
-    f.only("logprobs", off, "log probabilities are not supported")?;
-    f.only("top_logprobs", off, "log probabilities are not supported")?;
     f.only("echo", off, "echo is not supported")?;
     f.only("suffix", |_| false, "suffix (insertion) is not supported")?;
     let empty = |v: &Value| v.as_object().is_some_and(Map::is_empty);

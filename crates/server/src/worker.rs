@@ -61,7 +61,12 @@ pub struct Job {
 /// `Done` or `Failed`.
 #[derive(Debug)]
 pub enum Msg {
-    Admitted { prompt_tokens: usize },
+    Admitted {
+        prompt_tokens: usize,
+    },
+    /// The entries of the tokens committed since the last ones (requests with `logprobs`), sent before
+    /// the text that follows them and, for the last tokens, before `Done`.
+    Logprobs(Vec<crate::logprobs::Rendered>),
     Delta(String),
     Done(Box<GenerationResult>),
     Failed(ApiError),
@@ -406,12 +411,18 @@ fn run_job(
         speculative,
         cancel: cancel.clone(),
     };
-    let mut on_event = |event: Event<'_>| {
-        if let Event::Delta(text) = event {
-            if events.blocking_send(Msg::Delta(text.to_string())).is_err() {
+    let mut renderer = crate::logprobs::Renderer::new(&engine.tokenizer);
+    let mut entries = Vec::new();
+    let mut on_event = |event: Event<'_>| match event {
+        Event::Logprob(e) => entries.push(renderer.render(e)),
+        Event::Delta(text) => {
+            let lp = (!entries.is_empty()).then(|| Msg::Logprobs(std::mem::take(&mut entries)));
+            let sent = lp.map_or(Ok(()), |m| events.blocking_send(m));
+            if sent.is_err() || events.blocking_send(Msg::Delta(text.to_string())).is_err() {
                 cancel.cancel();
             }
         }
+        _ => {}
     };
     let result = runtime::generate(
         &engine.model,
@@ -419,6 +430,9 @@ fn run_job(
         &request,
         &mut on_event,
     );
+    if !entries.is_empty() && result.is_ok() {
+        let _ = events.blocking_send(Msg::Logprobs(entries));
+    }
     match result {
         Ok(result) => {
             let counter = match result.reason {

@@ -326,7 +326,10 @@ async fn refusals_name_the_parameter_and_leave_the_server_serving() {
         ("/v1/completions", json!({"prompt": "a", "temperature": -1}).to_string(), StatusCode::BAD_REQUEST, Some("temperature")),
         ("/v1/completions", json!({"prompt": "a", "top_p": "high"}).to_string(), StatusCode::BAD_REQUEST, Some("top_p")),
         ("/v1/completions", json!({"prompt": "a", "n": 2}).to_string(), StatusCode::BAD_REQUEST, Some("n")),
-        ("/v1/completions", json!({"prompt": "a", "logprobs": 5}).to_string(), StatusCode::BAD_REQUEST, Some("logprobs")),
+        ("/v1/completions", json!({"prompt": "a", "logprobs": 21}).to_string(), StatusCode::BAD_REQUEST, Some("logprobs")),
+        ("/v1/completions", json!({"prompt": "a", "top_logprobs": 2}).to_string(), StatusCode::BAD_REQUEST, Some("top_logprobs")),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}).to_string(), StatusCode::BAD_REQUEST, Some("top_logprobs")),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": 3}).to_string(), StatusCode::BAD_REQUEST, Some("logprobs")),
         ("/v1/completions", json!({"prompt": "a", "max_tokens": 100000}).to_string(), StatusCode::BAD_REQUEST, Some("max_tokens")),
         ("/v1/completions", json!({"prompt": "a", "max_tokens": 0}).to_string(), StatusCode::BAD_REQUEST, Some("max_tokens")),
         ("/v1/completions", json!({"prompt": too_long}).to_string(), StatusCode::BAD_REQUEST, Some("prompt")),
@@ -582,4 +585,113 @@ async fn tokenize_detokenize_and_the_model_object() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
+}
+
+/// The reference's entries for `prompt`, greedy, `max` tokens, `top` alternatives.
+fn reference_logprobs(prompt: &[u32], max: usize, top: usize) -> runtime::GenerationResult {
+    let config = GenerationConfig {
+        logprobs: Some(top),
+        ..greedy(max)
+    };
+    reference(prompt, &config)
+}
+
+fn as_f32(v: &Value) -> f32 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}")) as f32
+}
+
+#[tokio::test]
+async fn completion_logprobs_are_the_runtimes_whole_and_streamed() {
+    let q = start(8);
+    let want = reference_logprobs(&encode(PROMPT), 24, 3);
+    let body = json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "logprobs": 3});
+    let (status, v) = post(&q, "/v1/completions", body.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["choices"][0]["text"], want.text.as_str());
+    let lp = &v["choices"][0]["logprobs"];
+    let tokens = lp["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 24, "one entry per completion token: {lp}");
+    // The server speculates; its numbers are the sequential reference's, bit for bit.
+    for (i, e) in want.logprobs.iter().enumerate() {
+        assert_eq!(as_f32(&lp["token_logprobs"][i]), e.logprob, "token {i}");
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        assert!(!top.is_empty() && top.len() <= 3, "{lp}");
+        // Greedy: the chosen token is its row's most likely one.
+        let best = top.values().map(as_f32).fold(f32::NEG_INFINITY, f32::max);
+        assert_eq!(best, e.logprob);
+    }
+    // Token strings and offsets spell the text (this prompt's continuation is ASCII).
+    let joined: String = tokens.iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(joined, want.text);
+    let offsets: Vec<usize> = lp["text_offset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap() as usize)
+        .collect();
+    let mut at = 0;
+    for (t, o) in tokens.iter().zip(&offsets) {
+        assert_eq!(*o, at);
+        at += t.as_str().unwrap().chars().count();
+    }
+    // Streamed: the chunks' entries concatenate to the whole response's.
+    let mut streamed = body;
+    streamed["stream"] = true.into();
+    let (_, bytes) = post_raw(&q, "/v1/completions", streamed.to_string()).await;
+    let (chunks, text) = chunks(&bytes);
+    assert_eq!(text, want.text);
+    let mut got: Vec<f32> = Vec::new();
+    for c in &chunks {
+        if let Some(l) = c["choices"].get(0).map(|ch| &ch["logprobs"]) {
+            if !l.is_null() {
+                got.extend(l["token_logprobs"].as_array().unwrap().iter().map(as_f32));
+            }
+        }
+    }
+    let whole: Vec<f32> = want.logprobs.iter().map(|e| e.logprob).collect();
+    assert_eq!(got, whole);
+    // Without the parameter, choices say null.
+    let (_, plain) = post(
+        &q,
+        "/v1/completions",
+        json!({"prompt": PROMPT, "max_tokens": 4}),
+    )
+    .await;
+    assert!(plain["choices"][0]["logprobs"].is_null());
+}
+
+#[tokio::test]
+async fn chat_logprobs_carry_bytes_and_alternatives() {
+    let q = start(8);
+    let messages = [ChatMessage::new("user", "Write a Python function.")];
+    let prompt = encode(&render(&messages));
+    let want = reference_logprobs(&prompt, 16, 2);
+    let body = json!({"messages": [{"role": "user", "content": "Write a Python function."}],
+                      "max_tokens": 16, "temperature": 0, "logprobs": true, "top_logprobs": 2});
+    let (status, v) = post(&q, "/v1/chat/completions", body).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), want.logprobs.len());
+    let mut bytes = Vec::new();
+    for (entry, e) in content.iter().zip(&want.logprobs) {
+        assert_eq!(as_f32(&entry["logprob"]), e.logprob);
+        let top = entry["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        assert_eq!(
+            top[0]["token"], entry["token"],
+            "greedy: the chosen token leads"
+        );
+        assert!(as_f32(&top[0]["logprob"]) >= as_f32(&top[1]["logprob"]));
+        bytes.extend(
+            entry["bytes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b.as_u64().unwrap() as u8),
+        );
+    }
+    // The tokens' bytes are the reply's bytes (the reply ran to max_tokens, no stop token in it).
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(String::from_utf8(bytes).unwrap(), want.text);
+    assert_eq!(v["choices"][0]["message"]["content"], want.text.as_str());
 }
