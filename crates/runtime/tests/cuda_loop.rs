@@ -8,6 +8,8 @@
 //!   speculative: the GPU MTP head against the host one), on f32 weights;
 //! - the greedy stream on the real-vocabulary checkpoint equals the CPU engine's (ids and text);
 //! - a session on the device reuses its prefix as on the CPU;
+//! - log-probabilities from device rows: speculative == sequential bit for bit, and == the CPU engine's
+//!   to f32 rounding on f32 weights;
 //! - on the embedded testbed opened by `Engine::open_on(.., Device::CudaEmulated)` (the CLI's path, default
 //!   GPU options), the trained MTP head and DFlash drafter (both on the device, fed the verified taps)
 //!   are accepted and speculative greedy equals sequential greedy, and each drafts what its host
@@ -319,6 +321,54 @@ fn seeded_sampled_runs_reproduce_on_cuda_hybrid() {
 #[test]
 fn seeded_sampled_runs_reproduce_on_cuda_dense() {
     check_sampled_determinism("qwen3");
+}
+
+/// Log-probabilities on the device path (whole logits rows back from the device): a speculative run
+/// (drafter on the device) reports the sequential run's entries bit for bit with the product's options,
+/// and with the CPU engine's arithmetic (f32 weights) the entries equal the CPU engine's to f32 rounding.
+#[test]
+fn logprobs_on_cuda_match_speculation_and_the_cpu_engine() {
+    for name in ["qwen3_5", "qwen3"] {
+        let (ck, cpu) = fixture(name);
+        let d = detok(cpu.vocab as u32);
+        let p = prompt(&cpu, 12, 7);
+        let case = Case {
+            config: GenerationConfig {
+                logprobs: Some(4),
+                ..GenerationConfig::greedy(20)
+            },
+            ..greedy_case(p.clone(), 20)
+        };
+        let gpu = cuda(&ck, LoadOptions::default());
+        let (seq, _, _) = run(&gpu, &d, &case, None);
+        assert_eq!(seq.logprobs.len(), 20, "{name}");
+        let full = [p.clone(), seq.token_ids.clone()].concat();
+        let drafter: Box<dyn Drafter + Send> = match gpu.mtp_drafter(&ck).unwrap() {
+            Some(head) => head,
+            None => Box::new(Oracle {
+                full,
+                error_rate: 0.3,
+                vocab: cpu.vocab as u32,
+                calls: 0,
+            }),
+        };
+        let (spec, _, _) = run(&gpu, &d, &case, Some((Speculative::new(3), drafter)));
+        assert_eq!(spec.token_ids, seq.token_ids, "{name}");
+        assert_eq!(
+            spec.logprobs, seq.logprobs,
+            "{name}: speculative == sequential"
+        );
+        let (exact_gpu, _, _) = run(&cuda(&ck, exact()), &d, &case, None);
+        let (host, _, _) = run(&Model::Cpu(cpu.clone()), &d, &case, None);
+        assert_eq!(exact_gpu.token_ids, host.token_ids, "{name}");
+        for (i, (g, h)) in exact_gpu.logprobs.iter().zip(&host.logprobs).enumerate() {
+            assert!((g.logprob - h.logprob).abs() < 1e-4, "{name} token {i}");
+            // Near-equal alternatives may swap places: compare the values in order.
+            for (a, b) in g.top.iter().zip(&h.top) {
+                assert!((a.1 - b.1).abs() < 1e-4, "{name} token {i}: {g:?} vs {h:?}");
+            }
+        }
+    }
 }
 
 /// The real Qwen3 vocabulary and tokenizer: the CUDA greedy stream equals the CPU engine's, ids and text.
