@@ -27,7 +27,10 @@ pub struct TokenLogprob {
 /// this 1.2); the top ones are kept in one pass. Non-finite logits order after every finite one.
 pub fn token_logprob(row: &[f32], token: u32, top: usize) -> TokenLogprob {
     let key = |z: f32| if z.is_finite() { z } else { f32::NEG_INFINITY };
-    let max = row.iter().map(|&z| key(z)).fold(f32::NEG_INFINITY, f32::max);
+    let max = row
+        .iter()
+        .map(|&z| key(z))
+        .fold(f32::NEG_INFINITY, f32::max);
     // Terms below e^-32 of the largest are skipped: all of them together are < V e^-32 of the sum (2e-9
     // at Qwen's 151936 ids), under f32's half ulp, and a trained model's row is mostly such terms.
     let sum: f64 = row
@@ -59,8 +62,13 @@ pub fn token_logprob(row: &[f32], token: u32, top: usize) -> TokenLogprob {
     }
     TokenLogprob {
         token,
-        logprob: row.get(token as usize).map_or(f32::NEG_INFINITY, |&z| lp(z)),
-        top: best.into_iter().map(|(i, _)| (i, lp(row[i as usize]))).collect(),
+        logprob: row
+            .get(token as usize)
+            .map_or(f32::NEG_INFINITY, |&z| lp(z)),
+        top: best
+            .into_iter()
+            .map(|(i, _)| (i, lp(row[i as usize])))
+            .collect(),
     }
 }
 
