@@ -32,7 +32,7 @@ pub use detok::{ByteDetokenizer, Detokenizer, IncrementalDecoder};
 pub use engine::{availability, load_drafter, Engine, Prepared};
 pub use error::RuntimeError;
 pub use generate::{generate, Acceptance, Request, Rollback, Speculative, PREFILL_CHUNK};
-pub use logprobs::{token_logprob, TokenLogprob, MAX_TOP_LOGPROBS};
+pub use logprobs::{prompt_logprobs, token_logprob, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use policy::{
     resolve, Drafter, DrafterAvailability, DrafterRequest, Speculation, SpeculationPlan,
 };

@@ -3,10 +3,18 @@
 //! likely tokens. Raw means before the request's shaping (temperature, penalties, top-k / top-p), as
 //! vLLM reports by default, so the numbers describe the model and not the sampler.
 //!
+//! `prompt_logprobs` scores a prompt the same way (the API's `echo`): entry i is prompt token i + 1 under
+//! the row after the tokens before it.
+//!
 //! Invariant: one entry per committed token, in commit order (`TokenSink::commit_scored`); a token drawn
 //! from a speculative verify row gets that row's values, which are the sequential decode's row (the
 //! engines' verify rows equal their decode rows bit for bit), so greedy speculative and sequential runs
 //! report the same numbers.
+
+use families::{Backend, Rows, Wanted};
+
+use crate::error::RuntimeError;
+use crate::sink::CancelFlag;
 
 /// Most alternatives a request may ask for per token (`top_logprobs` in the API; vLLM's default cap).
 pub const MAX_TOP_LOGPROBS: usize = 20;
@@ -70,6 +78,53 @@ pub fn token_logprob(row: &[f32], token: u32, top: usize) -> TokenLogprob {
             .map(|(i, _)| (i, lp(row[i as usize])))
             .collect(),
     }
+}
+
+/// Prompt rows scored per forward: bounds the logits a pass brings back (64 x 151936 f32 = 39 MB).
+const SCORE_CHUNK: usize = 64;
+
+/// The entries of `prompt[1..]` under the model (the API's `echo` with `logprobs`): entry i is prompt
+/// token i + 1 judged by the row after prompt[..=i], on a fresh state of its own (a session's state is
+/// left alone). Cancellation is polled between chunks: `None` when it came.
+pub fn prompt_logprobs<B: Backend>(
+    model: &B,
+    prompt: &[u32],
+    top: usize,
+    cancel: &CancelFlag,
+) -> Result<Option<Vec<TokenLogprob>>, RuntimeError> {
+    let mut state = model.new_state()?;
+    model.reserve(&mut state, prompt.len())?;
+    let vocab = model.vocab();
+    let wanted = Wanted {
+        logits: Rows::All,
+        ..Wanted::none()
+    };
+    let chunk = model.prefill_chunk().clamp(1, SCORE_CHUNK);
+    let mut entries = Vec::with_capacity(prompt.len().saturating_sub(1));
+    let mut pos = 0;
+    // The last prompt row judges nothing in the prompt: it is never run.
+    while pos + 1 < prompt.len() {
+        if cancel.is_cancelled() {
+            return Ok(None);
+        }
+        let end = (pos + chunk).min(prompt.len() - 1);
+        let out = model.forward(&prompt[pos..end], pos, &mut state, &wanted)?;
+        if out.logits.len() != (end - pos) * vocab {
+            return Err(RuntimeError::Device(
+                format!(
+                    "scoring rows {pos}..{end} returned {} logits, not {} rows of {vocab}",
+                    out.logits.len(),
+                    end - pos
+                )
+                .into(),
+            ));
+        }
+        for (j, row) in out.logits.chunks_exact(vocab).enumerate() {
+            entries.push(token_logprob(row, prompt[pos + j + 1], top));
+        }
+        pos = end;
+    }
+    Ok(Some(entries))
 }
 
 #[cfg(test)]

@@ -179,3 +179,41 @@ fn asking_for_logprobs_asks_the_backend_for_whole_rows() {
     assert_eq!(counting.argmax_only.get(), 0);
     assert_eq!(r.logprobs.len(), r.token_ids.len());
 }
+
+#[test]
+fn prompt_entries_are_the_rows_log_softmax_and_match_the_generations() {
+    let (_, model) = fixture("qwen3_5");
+    let p = prompt(&model, 9, 4);
+    let (gen, _) = run(&*model, Shaping::greedy(), None, &p, Some(3));
+    // Scoring the prompt followed by its greedy continuation (150 rows: several chunks).
+    let long: Vec<u32> = [p.clone(), gen.token_ids.clone()].concat().repeat(8);
+    let cancel = CancelFlag::new();
+    let entries = runtime::prompt_logprobs(&*model, &long, 3, &cancel)
+        .unwrap()
+        .unwrap();
+    assert_eq!(entries.len(), long.len() - 1);
+    for (i, e) in entries.iter().enumerate().step_by(37) {
+        assert_eq!(e.token, long[i + 1]);
+        let want = reference(&model, &long[..=i]);
+        assert!(
+            (f64::from(e.logprob) - want[e.token as usize]).abs() < 1e-4,
+            "row {i}"
+        );
+    }
+    // The rows that judged the generated tokens judge them alike when scored (to rounding: a prefill
+    // pass runs the hybrid's GDN layers in their chunked form, decode in the step form).
+    for (i, g) in gen.logprobs.iter().enumerate() {
+        let e = &entries[p.len() - 1 + i];
+        assert_eq!(e.token, g.token);
+        assert!(
+            (e.logprob - g.logprob).abs() < 1e-4,
+            "token {i}: {e:?} vs {g:?}"
+        );
+        let ids = |x: &runtime::TokenLogprob| x.top.iter().map(|t| t.0).collect::<Vec<_>>();
+        assert_eq!(ids(e), ids(g), "token {i}");
+    }
+    cancel.cancel();
+    assert!(runtime::prompt_logprobs(&*model, &long, 3, &cancel)
+        .unwrap()
+        .is_none());
+}
