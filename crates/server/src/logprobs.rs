@@ -28,6 +28,8 @@ pub struct Rendered {
     pub top: Vec<Shown>,
     /// Characters of the completion's token strings before this token (`text_offset`).
     pub offset: usize,
+    /// False for an echoed prompt's first token, which nothing judged (`null` in the API).
+    pub scored: bool,
 }
 
 /// Renders entries in order, continuing the character count from `offset`.
@@ -97,6 +99,20 @@ impl<'a> Renderer<'a> {
             top: e.top.iter().map(|&(id, lp)| self.show(id, lp)).collect(),
             chosen,
             offset,
+            scored: true,
+        }
+    }
+
+    /// An echoed prompt's first token: shown, not scored.
+    pub fn render_unscored(&mut self, token: u32) -> Rendered {
+        let chosen = self.show(token, f32::NAN);
+        let offset = self.offset;
+        self.offset += chosen.token.chars().count();
+        Rendered {
+            chosen,
+            top: Vec::new(),
+            offset,
+            scored: false,
         }
     }
 }
@@ -114,6 +130,9 @@ pub fn completion_json(entries: &[Rendered]) -> Value {
     let top: Vec<Value> = entries
         .iter()
         .map(|e| {
+            if !e.scored {
+                return Value::Null;
+            }
             let mut m = Map::new();
             for s in &e.top {
                 // Two ids can show the same string: keep the first (more likely) one.
@@ -125,7 +144,10 @@ pub fn completion_json(entries: &[Rendered]) -> Value {
         .collect();
     json!({
         "tokens": entries.iter().map(|e| e.chosen.token.clone()).collect::<Vec<_>>(),
-        "token_logprobs": entries.iter().map(|e| number(e.chosen.logprob)).collect::<Vec<_>>(),
+        "token_logprobs": entries
+            .iter()
+            .map(|e| if e.scored { number(e.chosen.logprob) } else { Value::Null })
+            .collect::<Vec<_>>(),
         "top_logprobs": top,
         "text_offset": entries.iter().map(|e| e.offset).collect::<Vec<_>>(),
     })

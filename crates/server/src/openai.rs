@@ -227,6 +227,7 @@ async fn admit(
         max_tokens: parsed.max_tokens,
         ignore_eos: parsed.ignore_eos,
         speculation: parsed.speculation,
+        echo: parsed.echo,
         events: tx,
         cancel,
     })?;
@@ -245,12 +246,16 @@ async fn admit(
     if parsed.stream {
         return Ok(stream_response(meta, rx, guard));
     }
-    let mut entries = Vec::new();
+    let (mut entries, mut echoed) = (Vec::new(), String::new());
     while let Some(msg) = rx.recv().await {
         match msg {
             Msg::Delta(_) | Msg::Admitted { .. } => {}
             Msg::Logprobs(e) => entries.extend(e),
-            Msg::Done(result) => return Ok(Json(meta.whole(&result, &entries)).into_response()),
+            Msg::Echo(text) => echoed = text,
+            Msg::Done(mut result) => {
+                result.text.insert_str(0, &echoed);
+                return Ok(Json(meta.whole(&result, &entries)).into_response());
+            }
             Msg::Failed(e) => return Ok(e.into_response()),
         }
     }
@@ -282,7 +287,7 @@ fn stream_response(meta: Meta, rx: mpsc::Receiver<Msg>, guard: CancelOnDrop) -> 
                 }
                 match rx.recv().await {
                     Some(Msg::Logprobs(e)) => entries.extend(e),
-                    Some(Msg::Delta(text)) => {
+                    Some(Msg::Delta(text) | Msg::Echo(text)) => {
                         let chunk = meta.chunk_with(Some(&text), None, false, &entries);
                         entries.clear();
                         pending.push_back(chunk.to_string())

@@ -4,7 +4,8 @@
 //! derive errors give a line and column, not a name). `null` means absent, as OpenAI's clients send
 //! it. Unknown fields are ignored (clients send many). Fields we know but cannot honour (`n` > 1,
 //! `tools`, `logit_bias`, `echo`, a non-text `response_format`, ...) are refused, never silently
-//! dropped. `logprobs` is the completions API's integer (alternatives per token, 0 = the chosen
+//! dropped. `echo` (completions) returns the prompt before the completion, scored when `logprobs` is
+//! asked; with `echo`, `max_tokens` may be 0 (score only). `logprobs` is the completions API's integer (alternatives per token, 0 = the chosen
 //! token's alone) or the chat API's boolean with `top_logprobs`; at most `runtime::MAX_TOP_LOGPROBS`.
 //!
 //! `speculative` ("auto": the server's plan, "off", or N proposals per round) picks the request's
@@ -41,6 +42,8 @@ pub struct Parsed {
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with the usage.
     pub include_usage: bool,
+    /// `echo` (completions): the prompt comes back before the completion.
+    pub echo: bool,
 }
 
 /// Typed access to the body's fields, each error naming its field.
@@ -248,6 +251,10 @@ pub fn parse(endpoint: Endpoint, body: &[u8], info: &ModelInfo) -> Result<Parsed
         speculation: speculation(&f)?,
         stream,
         include_usage,
+        echo: match endpoint {
+            Endpoint::Completions => f.bool("echo")?.unwrap_or(false),
+            Endpoint::Chat => false,
+        },
     })
 }
 
@@ -313,8 +320,10 @@ fn refuse_unsupported(endpoint: Endpoint, f: &Fields<'_>) -> Result<(), ApiError
         "only n = 1 is supported (one completion per request)",
     )?;
     f.only("best_of", one, "only best_of = 1 is supported")?;
-    let off = |v: &Value| v == &Value::Bool(false) || v.as_u64() == Some(0);
-    f.only("echo", off, "echo is not supported")?;
+    if endpoint == Endpoint::Chat {
+        let off = |v: &Value| v == &Value::Bool(false);
+        f.only("echo", off, "only /v1/completions echoes the prompt")?;
+    }
     f.only("suffix", |_| false, "suffix (insertion) is not supported")?;
     let empty = |v: &Value| v.as_object().is_some_and(Map::is_empty);
     f.only("logit_bias", empty, "logit_bias is not supported")?;

@@ -53,6 +53,9 @@ pub struct Job {
     pub ignore_eos: bool,
     /// The request's `speculative` (`None` or `auto`: the server's plan).
     pub speculation: Option<Speculation>,
+    /// `echo`: the prompt's text (and, with `logprobs`, its scores) comes back first; with
+    /// `max_tokens: Some(0)` nothing is generated.
+    pub echo: bool,
     pub events: tmpsc::Sender<Msg>,
     pub cancel: CancelFlag,
 }
@@ -67,6 +70,8 @@ pub enum Msg {
     /// The entries of the tokens committed since the last ones (requests with `logprobs`), sent before
     /// the text that follows them and, for the last tokens, before `Done`.
     Logprobs(Vec<crate::logprobs::Rendered>),
+    /// `echo`: the prompt's text, before any delta.
+    Echo(String),
     Delta(String),
     Done(Box<GenerationResult>),
     Failed(ApiError),
@@ -367,6 +372,7 @@ fn run_job(
         max_tokens,
         ignore_eos,
         speculation,
+        echo,
         events,
         cancel,
     } = job;
@@ -382,6 +388,10 @@ fn run_job(
         Ok(s) => s,
         Err(e) => return refuse(e),
     };
+    let prompt_text = match &input {
+        Input::Text(text) => Some(text.clone()),
+        _ => None,
+    };
     let prompt = match prompt_ids(engine, info, input) {
         Ok(p) => p,
         Err(e) => return refuse(e),
@@ -390,7 +400,13 @@ fn run_job(
     // (At least 1, so an over-long prompt is refused as such, not as `max_tokens`.)
     config.max_new_tokens =
         max_tokens.unwrap_or_else(|| info.context.saturating_sub(prompt.len()).max(1));
-    if let Err(e) = check_admission(prompt.len(), &config, info.context) {
+    // An echo of 0 tokens only scores the prompt: admitted as a request for 1 would be.
+    let score_only = echo && max_tokens == Some(0);
+    let admitted = GenerationConfig {
+        max_new_tokens: config.max_new_tokens.max(usize::from(score_only)),
+        ..config.clone()
+    };
+    if let Err(e) = check_admission(prompt.len(), &admitted, info.context) {
         return refuse(e.into());
     }
     if events
@@ -412,6 +428,55 @@ fn run_job(
         cancel: cancel.clone(),
     };
     let mut renderer = crate::logprobs::Renderer::new(&engine.tokenizer);
+    if echo {
+        match echo_prompt(
+            engine,
+            &prompt,
+            prompt_text,
+            &config,
+            &cancel,
+            &mut renderer,
+        ) {
+            Ok(Some(msgs)) => {
+                for m in msgs {
+                    if events.blocking_send(m).is_err() {
+                        cancel.cancel();
+                    }
+                }
+            }
+            Ok(None) => {
+                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Err(e) => {
+                metrics.failed.fetch_add(1, Ordering::Relaxed);
+                let _ = events.blocking_send(Msg::Failed(e.into()));
+                return;
+            }
+        }
+        if score_only {
+            metrics.completed.fetch_add(1, Ordering::Relaxed);
+            metrics
+                .prompt_tokens
+                .fetch_add(prompt.len() as u64, Ordering::Relaxed);
+            let result = GenerationResult {
+                reason: StopReason::MaxTokens,
+                prompt_tokens: prompt.len(),
+                new_tokens: 0,
+                reused_tokens: 0,
+                prefill_seconds: 0.0,
+                decode_seconds: 0.0,
+                // The session was not run.
+                kv_position: prepared.session.tokens().len(),
+                token_ids: Vec::new(),
+                text: String::new(),
+                spec: None,
+                logprobs: Vec::new(),
+            };
+            let _ = events.blocking_send(Msg::Done(Box::new(result)));
+            return;
+        }
+    }
     let mut entries = Vec::new();
     let mut on_event = |event: Event<'_>| match event {
         Event::Logprob(e) => entries.push(renderer.render(e)),
@@ -472,6 +537,34 @@ fn run_job(
             let _ = events.blocking_send(Msg::Failed(e.into()));
         }
     }
+}
+
+/// What `echo` sends before the generation: the prompt's entries (its first token unscored) when
+/// `logprobs` is asked, then its text (the request's own, or the ids decoded). `None`: cancelled.
+fn echo_prompt(
+    engine: &Engine,
+    prompt: &[u32],
+    text: Option<String>,
+    config: &GenerationConfig,
+    cancel: &CancelFlag,
+    renderer: &mut crate::logprobs::Renderer<'_>,
+) -> Result<Option<Vec<Msg>>, RuntimeError> {
+    let mut msgs = Vec::new();
+    if let Some(top) = config.logprobs {
+        let Some(scored) = runtime::prompt_logprobs(&engine.model, prompt, top, cancel)? else {
+            return Ok(None);
+        };
+        let mut rendered = Vec::with_capacity(prompt.len());
+        rendered.extend(prompt.first().map(|&t| renderer.render_unscored(t)));
+        rendered.extend(scored.iter().map(|e| renderer.render(e)));
+        msgs.push(Msg::Logprobs(rendered));
+    }
+    let text = match text {
+        Some(t) => t,
+        None => runtime::Detokenizer::decode(&engine.tokenizer, prompt)?,
+    };
+    msgs.push(Msg::Echo(text));
+    Ok(Some(msgs))
 }
 
 /// One request's log line: "chat: prompt 18 (cached 0) + 20 new, length; prefill 24.2 ms, decode

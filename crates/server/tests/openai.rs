@@ -328,6 +328,7 @@ async fn refusals_name_the_parameter_and_leave_the_server_serving() {
         ("/v1/completions", json!({"prompt": "a", "n": 2}).to_string(), StatusCode::BAD_REQUEST, Some("n")),
         ("/v1/completions", json!({"prompt": "a", "logprobs": 21}).to_string(), StatusCode::BAD_REQUEST, Some("logprobs")),
         ("/v1/completions", json!({"prompt": "a", "top_logprobs": 2}).to_string(), StatusCode::BAD_REQUEST, Some("top_logprobs")),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "echo": true}).to_string(), StatusCode::BAD_REQUEST, Some("echo")),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}).to_string(), StatusCode::BAD_REQUEST, Some("top_logprobs")),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": 3}).to_string(), StatusCode::BAD_REQUEST, Some("logprobs")),
         ("/v1/completions", json!({"prompt": "a", "max_tokens": 100000}).to_string(), StatusCode::BAD_REQUEST, Some("max_tokens")),
@@ -694,4 +695,66 @@ async fn chat_logprobs_carry_bytes_and_alternatives() {
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(String::from_utf8(bytes).unwrap(), want.text);
     assert_eq!(v["choices"][0]["message"]["content"], want.text.as_str());
+}
+
+#[tokio::test]
+async fn echo_scores_the_prompt_and_continues_it() {
+    let q = start(8);
+    let ids = encode(PROMPT);
+    let engine = Engine::open_on(&testbed(), Device::Cpu).unwrap();
+    let scored = runtime::prompt_logprobs(&engine.model, &ids, 2, &CancelFlag::new())
+        .unwrap()
+        .unwrap();
+    // Score only: the prompt back, its first token unscored, the rest the runtime's scores.
+    let body = json!({"prompt": PROMPT, "max_tokens": 0, "echo": true, "logprobs": 2});
+    let (status, v) = post(&q, "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["text"], PROMPT);
+    assert_eq!(v["usage"]["completion_tokens"], 0);
+    let lp = &choice["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), ids.len());
+    assert!(lp["token_logprobs"][0].is_null() && lp["top_logprobs"][0].is_null());
+    for (i, e) in scored.iter().enumerate() {
+        assert_eq!(
+            as_f32(&lp["token_logprobs"][i + 1]),
+            e.logprob,
+            "prompt token {}",
+            i + 1
+        );
+    }
+    // Echo and continue: the prompt's text and scores, then the greedy completion's.
+    let want = reference_logprobs(&ids, 8, 2);
+    let body =
+        json!({"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "echo": true, "logprobs": 2});
+    let (_, v) = post(&q, "/v1/completions", body.clone()).await;
+    assert_eq!(v["choices"][0]["text"], format!("{PROMPT}{}", want.text));
+    let got: Vec<Value> = v["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(got.len(), ids.len() + 8);
+    for (i, e) in want.logprobs.iter().enumerate() {
+        assert_eq!(
+            as_f32(&got[ids.len() + i]),
+            e.logprob,
+            "completion token {i}"
+        );
+    }
+    // Streamed, the first chunk is the prompt, and the text is the whole response's.
+    let mut streamed = body;
+    streamed["stream"] = true.into();
+    let (_, bytes) = post_raw(&q, "/v1/completions", streamed.to_string()).await;
+    let (chunks, text) = chunks(&bytes);
+    assert_eq!(chunks[0]["choices"][0]["text"], PROMPT);
+    assert_eq!(text, format!("{PROMPT}{}", want.text));
+    // Echo without logprobs: the text alone.
+    let (_, v) = post(
+        &q,
+        "/v1/completions",
+        json!({"prompt": PROMPT, "max_tokens": 0, "echo": true}),
+    )
+    .await;
+    assert_eq!(v["choices"][0]["text"], PROMPT);
+    assert!(v["choices"][0]["logprobs"].is_null());
 }
