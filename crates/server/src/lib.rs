@@ -16,6 +16,7 @@
 //! UTF-8-safe deltas, and at temperature 0 the same tokens as `turbospark generate`.
 
 mod error;
+mod job;
 mod logprobs;
 mod openai;
 mod request;

@@ -91,14 +91,16 @@ impl Meta {
         }
     }
 
-    /// One streamed chunk: `text` as the choice's delta, `finish` on the last one.
+    /// One streamed chunk of choice 0 without entries (the usage chunk's frame).
     fn chunk(&self, text: Option<&str>, finish: Option<&str>, role: bool) -> Value {
-        self.chunk_with(text, finish, role, &[])
+        self.chunk_with(0, text, finish, role, &[])
     }
 
-    /// [`chunk`](Self::chunk) carrying the log-probability entries of its tokens.
+    /// One streamed chunk of choice `index`: `text` as its delta, `finish` on its last one, the
+    /// log-probability entries of its tokens.
     fn chunk_with(
         &self,
+        index: usize,
         text: Option<&str>,
         finish: Option<&str>,
         role: bool,
@@ -110,7 +112,7 @@ impl Meta {
         };
         let choice = match self.endpoint {
             Endpoint::Completions => json!({
-                "index": 0, "text": text.unwrap_or(""), "logprobs": lp, "finish_reason": finish,
+                "index": index, "text": text.unwrap_or(""), "logprobs": lp, "finish_reason": finish,
             }),
             Endpoint::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -120,7 +122,7 @@ impl Meta {
                 if let Some(t) = text {
                     delta.insert("content".into(), t.into());
                 }
-                json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish})
             }
         };
         json!({
@@ -129,32 +131,49 @@ impl Meta {
         })
     }
 
-    /// The whole (non-streamed) response; `entries`: every generated token's, when asked.
-    fn whole(&self, r: &GenerationResult, entries: &[Rendered]) -> Value {
-        let finish = r.reason.finish_reason();
-        let lp = self.logprobs(entries);
-        let choice = match self.endpoint {
-            Endpoint::Completions => json!({
-                "index": 0, "text": r.text, "logprobs": lp, "finish_reason": finish,
-            }),
-            Endpoint::Chat => json!({
-                "index": 0, "message": {"role": "assistant", "content": r.text},
-                "logprobs": lp, "finish_reason": finish,
-            }),
-        };
-        json!({
+    /// The whole (non-streamed) response over its choices (each result with its text, an echo
+    /// included, and every token's entries when asked).
+    fn whole(&self, choices: &[(Box<GenerationResult>, Vec<Rendered>)]) -> Value {
+        let list: Vec<Value> = choices
+            .iter()
+            .enumerate()
+            .map(|(i, (r, entries))| {
+                let finish = r.reason.finish_reason();
+                let lp = self.logprobs(entries);
+                match self.endpoint {
+                    Endpoint::Completions => json!({
+                        "index": i, "text": r.text, "logprobs": lp, "finish_reason": finish,
+                    }),
+                    Endpoint::Chat => json!({
+                        "index": i, "message": {"role": "assistant", "content": r.text},
+                        "logprobs": lp, "finish_reason": finish,
+                    }),
+                }
+            })
+            .collect();
+        let results: Vec<&GenerationResult> = choices.iter().map(|(r, _)| &**r).collect();
+        let mut v = json!({
             "id": self.id, "object": self.object(false), "created": self.created,
-            "model": self.model, "choices": [choice], "usage": usage(r), "timings": timings(r),
-        })
+            "model": self.model, "choices": list, "usage": usage(&results),
+        });
+        if let Some(last) = results.last() {
+            v["timings"] = timings(last);
+        }
+        v
     }
 }
 
-fn usage(r: &GenerationResult) -> Value {
+/// The usage of a request's choices: the prompt once (as the first choice prefilled it), every
+/// choice's tokens.
+fn usage(results: &[&GenerationResult]) -> Value {
+    let prompt = results.first().map_or(0, |r| r.prompt_tokens);
+    let cached = results.first().map_or(0, |r| r.reused_tokens);
+    let completion: usize = results.iter().map(|r| r.new_tokens).sum();
     json!({
-        "prompt_tokens": r.prompt_tokens,
-        "completion_tokens": r.new_tokens,
-        "total_tokens": r.prompt_tokens + r.new_tokens,
-        "prompt_tokens_details": {"cached_tokens": r.reused_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }
 
@@ -228,6 +247,7 @@ async fn admit(
         ignore_eos: parsed.ignore_eos,
         speculation: parsed.speculation,
         echo: parsed.echo,
+        n: parsed.n,
         events: tx,
         cancel,
     })?;
@@ -244,17 +264,22 @@ async fn admit(
         asked_logprobs,
     );
     if parsed.stream {
-        return Ok(stream_response(meta, rx, guard));
+        return Ok(stream_response(meta, rx, guard, parsed.n));
     }
+    // Per choice: its entries and echo, then its result.
+    let mut done = Vec::with_capacity(parsed.n);
     let (mut entries, mut echoed) = (Vec::new(), String::new());
     while let Some(msg) = rx.recv().await {
         match msg {
-            Msg::Delta(_) | Msg::Admitted { .. } => {}
+            Msg::Delta(_) | Msg::Admitted { .. } | Msg::Choice(_) => {}
             Msg::Logprobs(e) => entries.extend(e),
             Msg::Echo(text) => echoed = text,
             Msg::Done(mut result) => {
-                result.text.insert_str(0, &echoed);
-                return Ok(Json(meta.whole(&result, &entries)).into_response());
+                result.text.insert_str(0, &std::mem::take(&mut echoed));
+                done.push((result, std::mem::take(&mut entries)));
+                if done.len() == parsed.n {
+                    return Ok(Json(meta.whole(&done)).into_response());
+                }
             }
             Msg::Failed(e) => return Ok(e.into_response()),
         }
@@ -265,67 +290,114 @@ async fn admit(
     ))
 }
 
-/// The SSE stream of an admitted request: (chat: a role chunk), a chunk per delta, the finishing chunk,
-/// the usage chunk when asked for, `[DONE]`. A failure mid-stream is an `{"error": ...}` event.
-fn stream_response(meta: Meta, rx: mpsc::Receiver<Msg>, guard: CancelOnDrop) -> Response {
-    let mut pending = VecDeque::new();
-    if meta.endpoint == Endpoint::Chat {
-        pending.push_back(meta.chunk(Some(""), None, true).to_string());
-    }
-    // (.., the entries not yet sent with a chunk, ..)
-    let state = (meta, rx, guard, pending, Vec::new(), false);
-    let events = stream::unfold(
-        state,
-        |(meta, mut rx, guard, mut pending, mut entries, mut ended)| async move {
-            loop {
-                if let Some(data) = pending.pop_front() {
-                    let event = Ok::<_, Infallible>(SseEvent::default().data(data));
-                    return Some((event, (meta, rx, guard, pending, entries, ended)));
-                }
-                if ended {
-                    return None;
-                }
-                match rx.recv().await {
-                    Some(Msg::Logprobs(e)) => entries.extend(e),
-                    Some(Msg::Delta(text) | Msg::Echo(text)) => {
-                        let chunk = meta.chunk_with(Some(&text), None, false, &entries);
-                        entries.clear();
-                        pending.push_back(chunk.to_string())
-                    }
-                    Some(Msg::Done(result)) => {
-                        if !entries.is_empty() {
-                            // Tokens whose text never came (a stop token, a stop string's tail).
-                            let text = (meta.endpoint == Endpoint::Completions).then_some("");
-                            let chunk = meta.chunk_with(text, None, false, &entries);
-                            entries.clear();
-                            pending.push_back(chunk.to_string());
-                        }
-                        let mut last = meta.chunk(None, Some(result.reason.finish_reason()), false);
-                        last["timings"] = timings(&result);
-                        pending.push_back(last.to_string());
-                        if meta.include_usage {
-                            let mut u = meta.chunk(None, None, false);
-                            u["choices"] = json!([]);
-                            u["usage"] = usage(&result);
-                            pending.push_back(u.to_string());
-                        }
-                        pending.push_back("[DONE]".into());
-                        ended = true;
-                    }
-                    Some(Msg::Failed(e)) => {
-                        pending.push_back(e.body().to_string());
-                        pending.push_back("[DONE]".into());
-                        ended = true;
-                    }
-                    Some(Msg::Admitted { .. }) => {}
-                    None => ended = true,
-                }
+/// The SSE stream of an admitted request: per choice (chat: a role chunk), a chunk per delta, its
+/// finishing chunk; after the last choice the usage chunk when asked for, then `[DONE]`. A failure
+/// mid-stream is an `{"error": ...}` event.
+fn stream_response(meta: Meta, rx: mpsc::Receiver<Msg>, guard: CancelOnDrop, n: usize) -> Response {
+    let state = Streaming {
+        meta,
+        rx,
+        _guard: guard,
+        pending: VecDeque::new(),
+        entries: Vec::new(),
+        index: 0,
+        results: Vec::new(),
+        n,
+        ended: false,
+    };
+    let events = stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(data) = st.pending.pop_front() {
+                let event = Ok::<_, Infallible>(SseEvent::default().data(data));
+                return Some((event, st));
             }
-        },
-    );
+            if st.ended {
+                return None;
+            }
+            let msg = st.rx.recv().await;
+            st.on(msg);
+        }
+    });
     Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// A stream's state between events.
+struct Streaming {
+    meta: Meta,
+    rx: mpsc::Receiver<Msg>,
+    _guard: CancelOnDrop,
+    /// Events ready to send.
+    pending: VecDeque<String>,
+    /// The current choice's entries not yet sent with a chunk.
+    entries: Vec<Rendered>,
+    index: usize,
+    /// The finished choices' results (for the usage).
+    results: Vec<GenerationResult>,
+    n: usize,
+    ended: bool,
+}
+
+impl Streaming {
+    fn push(&mut self, chunk: Value) {
+        self.pending.push_back(chunk.to_string());
+    }
+
+    fn on(&mut self, msg: Option<Msg>) {
+        let index = self.index;
+        match msg {
+            Some(Msg::Choice(i)) => {
+                self.index = i;
+                if self.meta.endpoint == Endpoint::Chat {
+                    let role = self.meta.chunk_with(i, Some(""), None, true, &[]);
+                    self.push(role);
+                }
+            }
+            Some(Msg::Logprobs(e)) => self.entries.extend(e),
+            Some(Msg::Delta(text) | Msg::Echo(text)) => {
+                let chunk = self
+                    .meta
+                    .chunk_with(index, Some(&text), None, false, &self.entries);
+                self.entries.clear();
+                self.push(chunk);
+            }
+            Some(Msg::Done(result)) => {
+                if !self.entries.is_empty() {
+                    // Tokens whose text never came (a stop token, a stop string's tail).
+                    let text = (self.meta.endpoint == Endpoint::Completions).then_some("");
+                    let chunk = self
+                        .meta
+                        .chunk_with(index, text, None, false, &self.entries);
+                    self.entries.clear();
+                    self.push(chunk);
+                }
+                let finish = result.reason.finish_reason();
+                let mut last = self.meta.chunk_with(index, None, Some(finish), false, &[]);
+                last["timings"] = timings(&result);
+                self.push(last);
+                self.results.push(*result);
+                if self.results.len() == self.n {
+                    if self.meta.include_usage {
+                        let mut u = self.meta.chunk(None, None, false);
+                        u["choices"] = json!([]);
+                        let results: Vec<&GenerationResult> = self.results.iter().collect();
+                        u["usage"] = usage(&results);
+                        self.push(u);
+                    }
+                    self.pending.push_back("[DONE]".into());
+                    self.ended = true;
+                }
+            }
+            Some(Msg::Failed(e)) => {
+                self.pending.push_back(e.body().to_string());
+                self.pending.push_back("[DONE]".into());
+                self.ended = true;
+            }
+            Some(Msg::Admitted { .. }) => {}
+            None => self.ended = true,
+        }
+    }
 }
 
 /// `GET /v1/models/{id}`: the served model, or 404 naming the one served.

@@ -2,8 +2,8 @@
 //!
 //! Fields are read one by one from the JSON object so that every refusal names the parameter (serde's
 //! derive errors give a line and column, not a name). `null` means absent, as OpenAI's clients send
-//! it. Unknown fields are ignored (clients send many). Fields we know but cannot honour (`n` > 1,
-//! `tools`, `logit_bias`, `echo`, a non-text `response_format`, ...) are refused, never silently
+//! it. Unknown fields are ignored (clients send many). Fields we know but cannot honour (`best_of`
+//! other than `n`, `tools`, `logit_bias`, `echo`, a non-text `response_format`, ...) are refused, never silently
 //! dropped. `echo` (completions) returns the prompt before the completion, scored when `logprobs` is
 //! asked; with `echo`, `max_tokens` may be 0 (score only). `logprobs` is the completions API's integer (alternatives per token, 0 = the chosen
 //! token's alone) or the chat API's boolean with `top_logprobs`; at most `runtime::MAX_TOP_LOGPROBS`.
@@ -44,6 +44,8 @@ pub struct Parsed {
     pub include_usage: bool,
     /// `echo` (completions): the prompt comes back before the completion.
     pub echo: bool,
+    /// `n`: choices, generated one after another (choice i samples with seed + i).
+    pub n: usize,
 }
 
 /// Typed access to the body's fields, each error naming its field.
@@ -255,7 +257,26 @@ pub fn parse(endpoint: Endpoint, body: &[u8], info: &ModelInfo) -> Result<Parsed
             Endpoint::Completions => f.bool("echo")?.unwrap_or(false),
             Endpoint::Chat => false,
         },
+        n: choices(&f)?,
     })
+}
+
+/// Most choices one request may ask for (`n`): they run one after another.
+pub const MAX_CHOICES: usize = 64;
+
+/// `n` (1 ..= MAX_CHOICES); `best_of`, when given, must equal it (choosing among more is not done).
+fn choices(f: &Fields<'_>) -> Result<usize, ApiError> {
+    let n = usize_field(f, "n")?.unwrap_or(1);
+    if !(1..=MAX_CHOICES).contains(&n) {
+        return Err(ApiError::param("n", format!("must be 1 to {MAX_CHOICES}")));
+    }
+    match usize_field(f, "best_of")? {
+        Some(b) if b != n => Err(ApiError::param(
+            "best_of",
+            "only best_of = n is supported (choosing the best of more is not done)",
+        )),
+        _ => Ok(n),
+    }
 }
 
 /// `logprobs` (+ `top_logprobs` on chat): `Some(n)` alternatives per generated token, or `None`.
@@ -313,13 +334,6 @@ fn speculation(f: &Fields<'_>) -> Result<Option<runtime::Speculation>, ApiError>
 
 /// The parameters we know and cannot honour: refused with the reason, never ignored.
 fn refuse_unsupported(endpoint: Endpoint, f: &Fields<'_>) -> Result<(), ApiError> {
-    let one = |v: &Value| v.as_u64() == Some(1);
-    f.only(
-        "n",
-        one,
-        "only n = 1 is supported (one completion per request)",
-    )?;
-    f.only("best_of", one, "only best_of = 1 is supported")?;
     if endpoint == Endpoint::Chat {
         let off = |v: &Value| v == &Value::Bool(false);
         f.only("echo", off, "only /v1/completions echoes the prompt")?;

@@ -21,9 +21,8 @@ use std::thread;
 
 use model_io::GenerationDefaults;
 use runtime::{
-    check_admission, CancelFlag, ChatMessage, DrafterRequest, Engine, Event, GenerationConfig,
-    GenerationResult, Prepared, RenderOptions, RuntimeError, Speculation, SpeculationPlan,
-    Speculative, StopReason,
+    CancelFlag, ChatMessage, Engine, GenerationConfig, GenerationResult, Prepared, RenderOptions,
+    RuntimeError, Speculation,
 };
 use tokio::sync::mpsc as tmpsc;
 
@@ -56,6 +55,8 @@ pub struct Job {
     /// `echo`: the prompt's text (and, with `logprobs`, its scores) comes back first; with
     /// `max_tokens: Some(0)` nothing is generated.
     pub echo: bool,
+    /// Choices to generate (`n`), one after another; choice i samples with seed + i.
+    pub n: usize,
     pub events: tmpsc::Sender<Msg>,
     pub cancel: CancelFlag,
 }
@@ -67,6 +68,8 @@ pub enum Msg {
     Admitted {
         prompt_tokens: usize,
     },
+    /// The messages up to the next `Done` are choice i's.
+    Choice(usize),
     /// The entries of the tokens committed since the last ones (requests with `logprobs`), sent before
     /// the text that follows them and, for the last tokens, before `Done`.
     Logprobs(Vec<crate::logprobs::Rendered>),
@@ -260,7 +263,7 @@ where
                 let events = job.events.clone();
                 // A bug that panics fails its request, not the server: the next one starts afresh.
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run_job(&engine, &mut prepared, &info, &worker_metrics, log, job)
+                    crate::job::run_job(&engine, &mut prepared, &info, &worker_metrics, log, job)
                 }));
                 if run.is_err() {
                     worker_metrics.failed.fetch_add(1, Ordering::Relaxed);
@@ -285,306 +288,4 @@ where
         metrics,
         tokenizer: Arc::new(tokenizer),
     })
-}
-
-/// The prompt's token ids, or the parameter that is wrong.
-fn prompt_ids(engine: &Engine, info: &ModelInfo, input: Input) -> Result<Vec<u32>, ApiError> {
-    match input {
-        Input::Text(text) => Ok(engine.encode(&text)?),
-        Input::Ids(ids) => match ids.iter().position(|&id| id as usize >= info.vocab) {
-            Some(i) => Err(ApiError::param(
-                "prompt",
-                format!(
-                    "token id {} at index {i} is outside the vocabulary of {} tokens",
-                    ids[i], info.vocab
-                ),
-            )),
-            None => Ok(ids),
-        },
-        Input::Chat { messages, options } => {
-            let Some(template) = &engine.chat else {
-                return Err(ApiError::param(
-                    "messages",
-                    "the model has no chat template (chat_template.jinja or tokenizer_config.json's \
-                     chat_template); use /v1/completions",
-                ));
-            };
-            let text = template
-                .render(&messages, &options)
-                .map_err(|e| ApiError::param("messages", e.to_string()))?;
-            Ok(engine.encode(&text)?)
-        }
-    }
-}
-
-/// The speculation a request runs with: the server's plan, none (`off`), or a named block the session's
-/// drafter serves, checked by the engine's policy (a block it cannot serve exactly is refused, naming why).
-fn speculation_for(
-    engine: &Engine,
-    prepared: &Prepared,
-    info: &ModelInfo,
-    asked: Option<Speculation>,
-) -> Result<Option<Speculative>, ApiError> {
-    let block = match asked {
-        None | Some(Speculation::Auto) => return Ok(prepared.speculative),
-        Some(Speculation::Off) => return Ok(None),
-        Some(Speculation::Block(n)) => n,
-    };
-    let Some(name) = prepared.session.drafter_name() else {
-        return Err(ApiError::param(
-            "speculative",
-            format!(
-                "{block} proposals per round were asked for, but this server decodes without a drafter \
-                 ({}); start it with --speculative auto or N",
-                info.mode
-            ),
-        ));
-    };
-    // The session's drafter ("mtp", "dflash (cuda)", ...) as a request the policy understands.
-    let drafter: DrafterRequest = name
-        .split(' ')
-        .next()
-        .unwrap_or(name)
-        .parse()
-        .map_err(|e: RuntimeError| ApiError::internal(e.to_string()))?;
-    match engine.plan(Speculation::Block(block), drafter) {
-        Ok(SpeculationPlan::Enabled { block, .. }) => Ok(Some(Speculative::new(block))),
-        Ok(SpeculationPlan::Disabled { warning }) => Err(ApiError::param(
-            "speculative",
-            warning.unwrap_or_else(|| "speculative decoding is not available".into()),
-        )),
-        Err(e) => Err(ApiError::param("speculative", e.to_string())),
-    }
-}
-
-fn run_job(
-    engine: &Engine,
-    prepared: &mut Prepared,
-    info: &ModelInfo,
-    metrics: &Metrics,
-    log: bool,
-    job: Job,
-) {
-    let Job {
-        label,
-        input,
-        mut config,
-        max_tokens,
-        ignore_eos,
-        speculation,
-        echo,
-        events,
-        cancel,
-    } = job;
-    if cancel.is_cancelled() || events.is_closed() {
-        metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-        return;
-    }
-    let refuse = |e: ApiError| {
-        metrics.refused.fetch_add(1, Ordering::Relaxed);
-        let _ = events.blocking_send(Msg::Failed(e));
-    };
-    let speculative = match speculation_for(engine, prepared, info, speculation) {
-        Ok(s) => s,
-        Err(e) => return refuse(e),
-    };
-    let prompt_text = match &input {
-        Input::Text(text) => Some(text.clone()),
-        _ => None,
-    };
-    let prompt = match prompt_ids(engine, info, input) {
-        Ok(p) => p,
-        Err(e) => return refuse(e),
-    };
-    // Without max_tokens a request may use what the context leaves (vLLM's default).
-    // (At least 1, so an over-long prompt is refused as such, not as `max_tokens`.)
-    config.max_new_tokens =
-        max_tokens.unwrap_or_else(|| info.context.saturating_sub(prompt.len()).max(1));
-    // An echo of 0 tokens only scores the prompt: admitted as a request for 1 would be.
-    let score_only = echo && max_tokens == Some(0);
-    let admitted = GenerationConfig {
-        max_new_tokens: config.max_new_tokens.max(usize::from(score_only)),
-        ..config.clone()
-    };
-    if let Err(e) = check_admission(prompt.len(), &admitted, info.context) {
-        return refuse(e.into());
-    }
-    if events
-        .blocking_send(Msg::Admitted {
-            prompt_tokens: prompt.len(),
-        })
-        .is_err()
-    {
-        metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-        return;
-    }
-    let no_eos: [u32; 0] = [];
-    let request = runtime::Request {
-        prompt: &prompt,
-        config: &config,
-        eos: if ignore_eos { &no_eos } else { &engine.eos },
-        detok: &engine.tokenizer,
-        speculative,
-        cancel: cancel.clone(),
-    };
-    let mut renderer = crate::logprobs::Renderer::new(&engine.tokenizer);
-    if echo {
-        match echo_prompt(
-            engine,
-            &prompt,
-            prompt_text,
-            &config,
-            &cancel,
-            &mut renderer,
-        ) {
-            Ok(Some(msgs)) => {
-                for m in msgs {
-                    if events.blocking_send(m).is_err() {
-                        cancel.cancel();
-                    }
-                }
-            }
-            Ok(None) => {
-                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            Err(e) => {
-                metrics.failed.fetch_add(1, Ordering::Relaxed);
-                let _ = events.blocking_send(Msg::Failed(e.into()));
-                return;
-            }
-        }
-        if score_only {
-            metrics.completed.fetch_add(1, Ordering::Relaxed);
-            metrics
-                .prompt_tokens
-                .fetch_add(prompt.len() as u64, Ordering::Relaxed);
-            let result = GenerationResult {
-                reason: StopReason::MaxTokens,
-                prompt_tokens: prompt.len(),
-                new_tokens: 0,
-                reused_tokens: 0,
-                prefill_seconds: 0.0,
-                decode_seconds: 0.0,
-                // The session was not run.
-                kv_position: prepared.session.tokens().len(),
-                token_ids: Vec::new(),
-                text: String::new(),
-                spec: None,
-                logprobs: Vec::new(),
-            };
-            let _ = events.blocking_send(Msg::Done(Box::new(result)));
-            return;
-        }
-    }
-    let mut entries = Vec::new();
-    let mut on_event = |event: Event<'_>| match event {
-        Event::Logprob(e) => entries.push(renderer.render(e)),
-        Event::Delta(text) => {
-            let lp = (!entries.is_empty()).then(|| Msg::Logprobs(std::mem::take(&mut entries)));
-            let sent = lp.map_or(Ok(()), |m| events.blocking_send(m));
-            if sent.is_err() || events.blocking_send(Msg::Delta(text.to_string())).is_err() {
-                cancel.cancel();
-            }
-        }
-        _ => {}
-    };
-    let result = runtime::generate(
-        &engine.model,
-        &mut prepared.session,
-        &request,
-        &mut on_event,
-    );
-    if !entries.is_empty() && result.is_ok() {
-        let _ = events.blocking_send(Msg::Logprobs(entries));
-    }
-    match result {
-        Ok(result) => {
-            let counter = match result.reason {
-                StopReason::Cancelled => &metrics.cancelled,
-                _ => &metrics.completed,
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            metrics
-                .prompt_tokens
-                .fetch_add(result.prompt_tokens as u64, Ordering::Relaxed);
-            metrics
-                .cached_tokens
-                .fetch_add(result.reused_tokens as u64, Ordering::Relaxed);
-            metrics
-                .generated_tokens
-                .fetch_add(result.new_tokens as u64, Ordering::Relaxed);
-            if let Some(spec) = &result.spec {
-                metrics
-                    .spec_proposed
-                    .fetch_add(spec.proposed as u64, Ordering::Relaxed);
-                metrics
-                    .spec_accepted
-                    .fetch_add(spec.accepted as u64, Ordering::Relaxed);
-            }
-            if log {
-                eprintln!("{}", log_line(label, &result));
-            }
-            let _ = events.blocking_send(Msg::Done(Box::new(result)));
-        }
-        Err(e) => {
-            if log {
-                eprintln!("{label}: failed: {e}");
-            }
-            metrics.failed.fetch_add(1, Ordering::Relaxed);
-            // The session may hold a half-run state: start the next request from scratch.
-            let _ = prepared.session.reset_all();
-            let _ = events.blocking_send(Msg::Failed(e.into()));
-        }
-    }
-}
-
-/// What `echo` sends before the generation: the prompt's entries (its first token unscored) when
-/// `logprobs` is asked, then its text (the request's own, or the ids decoded). `None`: cancelled.
-fn echo_prompt(
-    engine: &Engine,
-    prompt: &[u32],
-    text: Option<String>,
-    config: &GenerationConfig,
-    cancel: &CancelFlag,
-    renderer: &mut crate::logprobs::Renderer<'_>,
-) -> Result<Option<Vec<Msg>>, RuntimeError> {
-    let mut msgs = Vec::new();
-    if let Some(top) = config.logprobs {
-        let Some(scored) = runtime::prompt_logprobs(&engine.model, prompt, top, cancel)? else {
-            return Ok(None);
-        };
-        let mut rendered = Vec::with_capacity(prompt.len());
-        rendered.extend(prompt.first().map(|&t| renderer.render_unscored(t)));
-        rendered.extend(scored.iter().map(|e| renderer.render(e)));
-        msgs.push(Msg::Logprobs(rendered));
-    }
-    let text = match text {
-        Some(t) => t,
-        None => runtime::Detokenizer::decode(&engine.tokenizer, prompt)?,
-    };
-    msgs.push(Msg::Echo(text));
-    Ok(Some(msgs))
-}
-
-/// One request's log line: "chat: prompt 18 (cached 0) + 20 new, length; prefill 24.2 ms, decode
-/// 115.7 ms (172.9 tok/s); drafts 8/18 accepted".
-fn log_line(label: &str, r: &GenerationResult) -> String {
-    let mut line = format!(
-        "{label}: prompt {} (cached {}) + {} new, {}; prefill {:.1} ms, decode {:.1} ms ({:.1} tok/s)",
-        r.prompt_tokens,
-        r.reused_tokens,
-        r.new_tokens,
-        r.reason.finish_reason(),
-        r.prefill_seconds * 1e3,
-        r.decode_seconds * 1e3,
-        r.decode_tokens_per_second()
-    );
-    if let Some(spec) = &r.spec {
-        line.push_str(&format!(
-            "; drafts {}/{} accepted",
-            spec.accepted, spec.proposed
-        ));
-    }
-    line
 }
