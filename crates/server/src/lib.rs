@@ -5,7 +5,7 @@
 //! (vLLM's), `GET /health`, `GET /metrics` (Prometheus text).
 //!
 //! Architecture: axum handlers parse and check a request (request.rs: every refusal names its
-//! parameter), then hand it to the one generation worker (worker.rs), a thread that owns the engine
+//! parameter), then hand it to the one generation worker (worker.rs; a job's run in job.rs), a thread that owns the engine
 //! and one session and serves requests in arrival order — the engine decodes one sequence at a time,
 //! with speculative decoding when the plan enables it. Because every request runs on that one
 //! session, a chat turn that extends the previous conversation prefills only its new tokens

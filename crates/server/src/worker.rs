@@ -2,9 +2,9 @@
 //! from a bounded queue in arrival order (the engine decodes one sequence at a time).
 //!
 //! A job's life: queued (`Queue::submit`, refused when the queue is full) → the worker renders its
-//! chat template and tokenizes it, then runs admission → [`Msg::Admitted`] or [`Msg::Failed`] → the
-//! deltas as they are committed → [`Msg::Done`]. The front end decides the HTTP status from the
-//! first message, so a refused request never opens a stream.
+//! chat template and tokenizes it, then runs admission → [`Msg::Admitted`] or [`Msg::Failed`] → per
+//! choice the deltas as they are committed, then [`Msg::Done`] (job.rs). The front end decides the HTTP
+//! status from the first message, so a refused request never opens a stream.
 //!
 //! Cancellation invariant: the job's [`CancelFlag`] is set when its receiver is gone (the client hung
 //! up: the handler or its stream was dropped) — by the front end's guard, and by the worker itself
