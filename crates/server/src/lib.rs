@@ -5,9 +5,9 @@
 //! (vLLM's), `GET /health`, `GET /metrics` (Prometheus text).
 //!
 //! Architecture: axum handlers parse and check a request (request.rs: every refusal names its
-//! parameter), then hand it to the one generation worker (worker.rs; a job's run in job.rs), a thread that owns the engine
-//! and one session and serves requests in arrival order — the engine decodes one sequence at a time,
-//! with speculative decoding when the plan enables it. Because every request runs on that one
+//! parameter), then hand it to the one generation worker (worker.rs; a job's run: job.rs), a thread
+//! that owns the engine and one session and serves requests in arrival order — the engine decodes one
+//! sequence at a time, with speculative decoding when the plan enables it. Because every request runs on that one
 //! session, a chat turn that extends the previous conversation prefills only its new tokens
 //! (`usage.prompt_tokens_details.cached_tokens` says how many were reused). A client that hangs up
 //! cancels its generation at the next committed token (or before it starts, if still queued).
