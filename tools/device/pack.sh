@@ -1,75 +1,50 @@
 #!/usr/bin/env bash
-# Prepares a device run here, on the CPU machine: the device copies the working tree (tracked files and
-# untracked ones git does not ignore) plus what `carry` names, 64 MiB in all, so binaries travel stripped
-# and compressed in the ignored .carry/, and the largest tracked files step aside into the ignored
-# .carry-stash/ for the run. Run from the repository root:
-#   bash tools/device/pack.sh bins cc=target/release/cuda_check [loop=target/release/deps/cuda_loop-HASH ...]
-#   bash tools/device/pack.sh trim weights    # testbed weights out: cuda_check, --table, segments_ab.sh runs
-#   bash tools/device/pack.sh trim fixtures   # the largest fixtures out: testbed runs (cuda_loop, bench)
-#   bash tools/device/pack.sh trim lean       # the DFlash weights and CPU-only fixtures out: every fixture check and
-#                                             # the testbed's MTP runs in one call, with ~7 MB of binaries
-#   bash tools/device/pack.sh restore         # everything back: before local tests and every commit
-#   bash tools/device/pack.sh size            # what the device would receive besides the carry
-# On the device (run(carry=[".carry"], ...)): mkdir -p /tmp/b && tar xJf .carry/bins.tar.xz -C /tmp/b, then
-# CUDA_CHECK_BIN=/tmp/b/NAME bash tools/device/cuda_check.sh ...
+# Packs what a GPU run needs, here on the CPU machine, and checks it fits what a device run carries
+# (64 MiB: the working tree's tracked and untracked-unignored files, plus the ignored paths it is asked
+# to carry). The release binaries are built here (CUDA is loaded at run time), stripped and compressed
+# into the ignored .carry/bins.tar.xz; nothing of the tree is moved.
+#
+#   bash tools/device/pack.sh                 # turbospark + cuda_check
+#   bash tools/device/pack.sh --tests         # also the runtime's GPU test executables (cuda_loop,
+#                                             # sampled_distribution) and the server's
+#   then: run(command="bash tools/device/unpack.sh && ...", carry=[".carry"])
+#
+# On the device, tools/device/unpack.sh extracts them into .carry/bin/, where cuda_check.sh and
+# sanitize.sh look first.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-STASH=.carry-stash
-WEIGHTS=(models/testbed/model-00001-of-00003.safetensors models/testbed/model-00002-of-00003.safetensors
-         models/testbed/model-00003-of-00003.safetensors models/testbed/dflash/model.safetensors)
-FIXTURES=(fixtures/qwen3_5_vl fixtures/qwen3_next fixtures/tokenizers fixtures/qwen3_realtok)
-# What neither cuda_check's fixture checks nor the MTP runs on the testbed read: room for more binaries.
-LEAN=(models/testbed/dflash/model.safetensors fixtures/tokenizers fixtures/qwen3_5_vl)
+LIMIT=$((64 * 1024 * 1024))
 
-trim() {
-  local p
-  for p in "$@"; do
-    [ -e "$p" ] || continue
-    mkdir -p "$STASH/$(dirname "$p")"
-    mv "$p" "$STASH/$p"
-    echo "stashed $p"
-  done
-}
-
+tests=0
 case "${1:-}" in
-  bins)
-    shift
-    [ $# -gt 0 ] || { echo "usage: pack.sh bins NAME=PATH ..." >&2; exit 2; }
-    tmp=$(mktemp -d)
-    for spec in "$@"; do
-      name=${spec%%=*} path=${spec#*=}
-      [ -x "$path" ] || { echo "not an executable: $path" >&2; exit 2; }
-      cp "$path" "$tmp/$name" && strip "$tmp/$name"
-    done
-    mkdir -p .carry
-    tar cJf .carry/bins.tar.xz -C "$tmp" .
-    rm -rf "$tmp"
-    ls -l .carry/bins.tar.xz
-    ;;
-  trim)
-    case "${2:-}" in
-      weights) trim "${WEIGHTS[@]}" ;;
-      fixtures) trim "${FIXTURES[@]}" ;;
-      lean) trim "${LEAN[@]}" ;;
-      *) echo "usage: pack.sh trim weights|fixtures|lean" >&2; exit 2 ;;
-    esac
-    ;;
-  restore)
-    for p in "${WEIGHTS[@]}" "${FIXTURES[@]}" "${LEAN[@]}"; do
-      if [ -e "$STASH/$p" ] && [ ! -e "$p" ]; then
-        mkdir -p "$(dirname "$p")"
-        mv "$STASH/$p" "$p"
-        echo "restored $p"
-      fi
-    done
-    [ -d "$STASH" ] && find "$STASH" -depth -type d -empty -delete
-    git status --short -- models fixtures
-    ;;
-  size)
-    du -sh --exclude=.git --exclude=target --exclude=.carry --exclude="$STASH" --exclude=target-gdn --exclude=target-variants .
-    ;;
-  *)
-    sed -n '2,13p' "${BASH_SOURCE[0]}"
-    exit 2
-    ;;
+  "") ;;
+  --tests) tests=1 ;;
+  *) sed -n '2,13p' "${BASH_SOURCE[0]}"; exit 2 ;;
 esac
+
+cargo build --release -p turbospark-cli --bin turbospark
+cargo build --release -p cuda-lab --bin cuda_check
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cp target/release/turbospark target/release/cuda_check "$tmp/"
+if [ "$tests" = 1 ]; then
+  # Test executables have hashed names: ask cargo for them.
+  for t in "runtime cuda_loop" "runtime sampled_distribution"; do
+    set -- $t
+    exe=$(cargo test --release -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null \
+      | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+    [ -x "$exe" ] || { echo "no test executable for $1/$2" >&2; exit 1; }
+    cp "$exe" "$tmp/$2"
+  done
+fi
+strip "$tmp"/*
+mkdir -p .carry
+tar cJf .carry/bins.tar.xz -C "$tmp" .
+
+tree=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 -r du -bc 2>/dev/null \
+  | awk '$2 == "total" {s += $1} END {print s + 0}')
+carry=$(du -bs .carry | cut -f1)
+total=$((tree + carry))
+mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
+echo "tree $(mib "$tree") + .carry $(mib "$carry") = $(mib "$total") of $(mib "$LIMIT")"
+[ "$total" -le "$LIMIT" ] || { echo "over what a device run carries" >&2; exit 1; }

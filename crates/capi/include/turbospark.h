@@ -33,7 +33,8 @@ typedef enum ts_status {
     TS_LOAD_FAILED = 2,      /* the checkpoint could not be loaded; the error names the file */
     TS_UNAVAILABLE = 3,      /* the device or the named speculation cannot be served here */
     TS_GENERATION_FAILED = 4,
-    TS_INTERNAL = 5          /* a bug in turbospark, caught at the boundary */
+    TS_INTERNAL = 5,         /* a bug in turbospark, caught at the boundary */
+    TS_BUSY = 6              /* a call on an engine from inside its own delta callback */
 } ts_status;
 
 /* Sampling and stopping parameters. Initialise with ts_params_init, then change fields. */
@@ -70,7 +71,9 @@ typedef struct ts_result {
 } ts_result;
 
 /* Receives each new piece of text: `len` bytes of whole UTF-8 characters (NUL-terminated, valid only
- * during the call). Return 0 to go on, non-zero to cancel the generation. */
+ * during the call). Return 0 to go on, non-zero to cancel the generation. It is called on one of the
+ * engine's kernel threads while the caller of ts_generate / ts_chat waits; calling ts_generate or
+ * ts_chat on the same engine from inside it returns TS_BUSY. */
 typedef int (*ts_delta_fn)(const char *delta, size_t len, void *user);
 
 /* "turbospark X.Y.Z (ABI 1)". Static. */
@@ -81,7 +84,8 @@ void ts_params_init(ts_params *params);
 
 /* Opens the checkpoint directory `model_dir` (config.json, *.safetensors, tokenizer.json, ...).
  * Options, as key/value strings (n_options may be 0): "device" cpu|cuda|auto (default auto),
- * "speculative" auto|off|N (default auto), "drafter" auto|mtp|dflash (default auto), "threads" N.
+ * "speculative" auto|off|N (default auto), "drafter" auto|mtp|dflash (default auto), "threads" N (this engine's own kernel threads; default
+ * one per core).
  * A named speculative block the checkpoint cannot serve is TS_UNAVAILABLE, not a silent downgrade. */
 ts_status ts_engine_open(const char *model_dir, const char *const *keys, const char *const *values,
                          size_t n_options, ts_engine **engine, char **error);

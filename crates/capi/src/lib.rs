@@ -5,8 +5,13 @@
 //! `TsStatus` plus an owned message naming the option key, parameter or file at fault; every pointer
 //! argument is checked for NULL and every string for UTF-8 before use; memory handed to C
 //! (`ts_result`, messages) is released only by the matching `ts_*_free`. The generation itself is the
-//! runtime's (`Engine::prepare` + `runtime::generate`), so the C caller gets the CLI's and the
-//! server's contract: the same stop rules, the same deltas, the same tokens.
+//! front door's (`turbospark::Model` + `Session`), so the C caller gets the CLI's and the server's
+//! contract: the same stop rules, the same deltas, the same tokens.
+//!
+//! Threads: each engine runs its kernels on its own pool (option `threads`), and a generation runs on
+//! one of that pool's threads while the caller of `ts_generate` / `ts_chat` waits, so the delta
+//! callback is called on an engine thread. A call on an engine from inside its own callback is refused
+//! with `TS_BUSY` (it would wait for itself); calls from other threads wait their turn.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -14,12 +19,11 @@ use std::path::Path;
 use std::ptr;
 use std::sync::{Mutex, PoisonError};
 
-use backend::Device;
-use runtime::{
-    CancelFlag, ChatMessage, DrafterRequest, Engine, Event, GenerationConfig, GenerationResult,
-    Prepared, RenderOptions, RuntimeError, Speculation,
+use ts::runtime::RuntimeError;
+use ts::{
+    CancelFlag, ChatMessage, Device, DrafterRequest, Event, GenerationConfig, GenerationResult,
+    Model, RenderOptions, Session, Shaping, Speculation,
 };
-use sampling::Shaping;
 
 /// `ts_status`.
 #[repr(C)]
@@ -31,6 +35,7 @@ pub enum TsStatus {
     Unavailable = 3,
     GenerationFailed = 4,
     Internal = 5,
+    Busy = 6,
 }
 
 /// `ts_params` (layout mirrored by the header).
@@ -75,7 +80,8 @@ pub type TsDeltaFn = Option<unsafe extern "C" fn(*const c_char, usize, *mut c_vo
 
 /// `ts_engine`: the engine and its one session, and the flag of the generation running on it.
 pub struct TsEngine {
-    inner: Mutex<(Engine, Prepared)>,
+    model: Model,
+    session: Mutex<Session>,
     running: Mutex<Option<CancelFlag>>,
     describe: String,
 }
@@ -96,13 +102,24 @@ impl From<RuntimeError> for Failure {
                 TsStatus::InvalidArgument
             }
             RuntimeError::SpeculationUnavailable { .. } => TsStatus::Unavailable,
-            RuntimeError::Device(d) if backend::is_unavailable(d.as_ref()) => TsStatus::Unavailable,
+            RuntimeError::Device(d) if ts::backend::is_unavailable(d.as_ref()) => {
+                TsStatus::Unavailable
+            }
             RuntimeError::Load(_) | RuntimeError::Io { .. } | RuntimeError::Config { .. } => {
                 TsStatus::LoadFailed
             }
             _ => TsStatus::GenerationFailed,
         };
         Failure(status, e.to_string())
+    }
+}
+
+impl From<ts::Error> for Failure {
+    fn from(e: ts::Error) -> Self {
+        match e {
+            ts::Error::Runtime(e) => e.into(),
+            other => Failure(TsStatus::InvalidArgument, other.to_string()),
+        }
     }
 }
 
@@ -228,6 +245,7 @@ struct Options {
     device: Device,
     speculative: Speculation,
     drafter: DrafterRequest,
+    threads: Option<usize>,
 }
 
 unsafe fn options(
@@ -241,6 +259,7 @@ unsafe fn options(
         device: Device::Auto,
         speculative: Speculation::Auto,
         drafter: DrafterRequest::Auto,
+        threads: None,
     };
     for i in 0..n {
         let key = utf8(keys[i], &format!("keys[{i}]"))?;
@@ -263,7 +282,7 @@ unsafe fn options(
             "speculative" => o.speculative = value.parse().map_err(|e| bad(flag_reason(e)))?,
             "drafter" => o.drafter = value.parse().map_err(|e| bad(flag_reason(e)))?,
             "threads" => match value.parse::<usize>() {
-                Ok(t) if t > 0 => kernels::set_threads(t).map_err(|e| bad(e.to_string()))?,
+                Ok(t) if t > 0 => o.threads = Some(t),
                 _ => return Err(bad("expected a number of threads >= 1".into())),
             },
             _ => {
@@ -313,19 +332,28 @@ pub unsafe extern "C" fn ts_engine_open(
         *engine = ptr::null_mut();
         let dir = utf8(model_dir, "model_dir")?;
         let o = options(keys, values, n_options)?;
-        let opened = Engine::open_on(Path::new(dir), o.device)?;
-        let prepared = opened
-            .prepare(o.speculative, o.drafter)
+        let mut builder = Model::builder(Path::new(dir))
+            .device(o.device)
+            .speculation(o.speculative)
+            .drafter(o.drafter);
+        if let Some(threads) = o.threads {
+            builder = builder.threads(threads);
+        }
+        let model = builder.build()?;
+        let session = model
+            .session()
             .map_err(|e| Failure::from(e).with_context("option `speculative` / `drafter`"))?;
         let describe = format!(
-            "{} on {}, {}, context {}",
+            "{} on {}, {}, context {}, {} threads",
             dir,
-            opened.model.device_name(),
-            prepared.mode,
-            families::Backend::context(&opened.model)
+            model.device_name(),
+            session.mode(),
+            model.context(),
+            model.threads()
         );
         *engine = Box::into_raw(Box::new(TsEngine {
-            inner: Mutex::new((opened, prepared)),
+            model,
+            session: Mutex::new(session),
             running: Mutex::new(None),
             describe,
         }));
@@ -399,54 +427,49 @@ unsafe fn run(
         return Err(Failure::invalid("`result` is NULL"));
     }
     let config = config(params)?;
-    let mut inner = e.inner.lock().unwrap_or_else(PoisonError::into_inner);
-    let (engine, prepared) = &mut *inner;
+    if e.model.is_pool_thread() {
+        return Err(Failure(
+            TsStatus::Busy,
+            "this engine is generating: a call on it from inside its own delta callback would wait \
+             for itself"
+                .into(),
+        ));
+    }
+    let mut session = e.session.lock().unwrap_or_else(PoisonError::into_inner);
     let text = match input {
         Input::Text(text) => text,
         Input::Chat(messages) => {
-            let template = engine.chat.as_ref().ok_or_else(|| {
-                Failure::invalid(
+            if e.model.engine().chat.is_none() {
+                return Err(Failure::invalid(
                     "the model has no chat template (chat_template.jinja or tokenizer_config.json's \
                      chat_template); use ts_generate",
-                )
-            })?;
+                ));
+            }
             let options = RenderOptions {
                 add_generation_prompt: true,
                 ..RenderOptions::default()
             };
-            template
-                .render(&messages, &options)
+            e.model
+                .render_chat(&messages, &options)
                 .map_err(|e| Failure::invalid(format!("`contents`: {e}")))?
         }
     };
-    let prompt = engine.encode(&text)?;
-    let cancel = CancelFlag::new();
+    let prompt = e.model.encode(&text)?;
+    let cancel = session.cancel_flag();
     *e.running.lock().unwrap_or_else(PoisonError::into_inner) = Some(cancel.clone());
-    let request = runtime::Request {
-        prompt: &prompt,
-        config: &config,
-        eos: &engine.eos,
-        detok: &engine.tokenizer,
-        speculative: prepared.speculative,
-        cancel: cancel.clone(),
-    };
+    let callback = Callback { on_delta, user };
     let mut piece = Vec::new();
-    let mut on_event = |event: Event<'_>| {
-        if let (Event::Delta(text), Some(f)) = (event, on_delta) {
+    let on_event = |event: Event<'_>| {
+        if let (Event::Delta(text), Some(f)) = (event, callback.on_delta) {
             piece.clear();
             piece.extend_from_slice(text.as_bytes());
             piece.push(0);
-            if f(piece.as_ptr() as *const c_char, text.len(), user) != 0 {
+            if f(piece.as_ptr() as *const c_char, text.len(), callback.user()) != 0 {
                 cancel.cancel();
             }
         }
     };
-    let outcome = runtime::generate(
-        &engine.model,
-        &mut prepared.session,
-        &request,
-        &mut on_event,
-    );
+    let outcome = session.generate_ids(&prompt, &config, on_event);
     *e.running.lock().unwrap_or_else(PoisonError::into_inner) = None;
     match outcome {
         Ok(r) => {
@@ -454,14 +477,32 @@ unsafe fn run(
             Ok(())
         }
         Err(err) => {
-            if !matches!(err, RuntimeError::InvalidRequest { .. }) {
+            if !matches!(err.as_runtime(), Some(RuntimeError::InvalidRequest { .. })) {
                 // A run that failed midway may leave a half-run state: the next one starts afresh.
-                let _ = prepared.session.reset_all();
+                let _ = session.reset();
             }
             Err(err.into())
         }
     }
 }
+
+/// The caller's delta callback and its `user` pointer, handed to the engine thread that runs the
+/// generation.
+struct Callback {
+    on_delta: TsDeltaFn,
+    user: *mut c_void,
+}
+
+impl Callback {
+    fn user(&self) -> *mut c_void {
+        self.user
+    }
+}
+
+// SAFETY: the header documents that the callback runs on an engine thread while the caller of
+// ts_generate / ts_chat waits; `user` is only passed back to that callback, never dereferenced here.
+unsafe impl Send for Callback {}
+unsafe impl Sync for Callback {}
 
 fn to_c(r: GenerationResult) -> TsResult {
     let text_len = r.text.len();
@@ -587,3 +628,6 @@ pub unsafe extern "C" fn ts_string_free(s: *mut c_char) {
         drop(std::ffi::CString::from_raw(s));
     }
 }
+
+#[cfg(test)]
+mod tests;

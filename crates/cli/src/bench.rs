@@ -16,23 +16,23 @@
 //!    whether the tokens equal the sequential ones (greedy speculative decoding is lossless, so they
 //!    should, up to float ties).
 //!
-//! Timing covers `runtime::generate` only (model load and session allocation excluded); text is not
+//! Timing covers `turbospark::runtime::generate` only (model load and session allocation excluded); text is not
 //! detokenized, so the numbers are the model's.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use backend::{Device, Model, ModelState};
-use families::{Backend, BackendError};
-use model_io::Checkpoint;
-use runtime::{
+use turbospark::backend::{Device, Model, ModelState};
+use turbospark::families::{Backend, BackendError};
+use turbospark::model_io::Checkpoint;
+use turbospark::runtime::{
     Detokenizer, DrafterAvailability, DrafterRequest, GenerationConfig, GenerationResult, Request,
     RuntimeError, Session, SpecStats, Speculation, Speculative,
 };
 
-use runtime::policy::{Drafter, SpeculationPlan};
-use sampling::Shaping;
+use turbospark::runtime::policy::{Drafter, SpeculationPlan};
+use turbospark::sampling::Shaping;
 
 use crate::progress;
 
@@ -60,7 +60,7 @@ pub struct BenchArgs {
     /// Benchmark a random checkpoint of this synth shape (written to a temporary directory).
     #[arg(long, value_name = "NAME")]
     pub shape: Option<String>,
-    /// With --shape: also write a random DFlash drafter for the shape (synth::write_dflash; it measures
+    /// With --shape: also write a random DFlash drafter for the shape (turbospark::synth::write_dflash; it measures
     /// what a DFlash round costs, random proposals are not accepted).
     #[arg(long)]
     pub dflash: bool,
@@ -132,7 +132,7 @@ pub fn median(values: &[f64]) -> f64 {
 }
 
 /// Which blocks of `drafter` to compare, from `--speculative`: `Some(n)` a fixed block, `None` the
-/// `auto` run (its block tuned as it goes, runtime::tuner). Each is checked against the policy.
+/// `auto` run (its block tuned as it goes, turbospark::runtime::tuner). Each is checked against the policy.
 fn speculative_blocks(
     flag: Option<&str>,
     drafter: Drafter,
@@ -167,7 +167,7 @@ fn speculative_blocks(
                  `auto` such as 1,2,4,auto"
             ),
         };
-        runtime::resolve(speculation, request, availability, None)?;
+        turbospark::runtime::resolve(speculation, request, availability)?;
         blocks.push(block);
     }
     Ok(blocks)
@@ -179,7 +179,7 @@ fn auto_blocks(drafter: Drafter, availability: &DrafterAvailability) -> Result<(
         Drafter::Mtp => DrafterRequest::Mtp,
         Drafter::Dflash => DrafterRequest::Dflash,
     };
-    match runtime::resolve(Speculation::Auto, request, availability, None)? {
+    match turbospark::runtime::resolve(Speculation::Auto, request, availability)? {
         SpeculationPlan::Enabled {
             block, tune_up_to, ..
         } => Ok((block, tune_up_to.unwrap_or(block))),
@@ -200,7 +200,7 @@ fn drafters_to_bench(
                 Drafter::Dflash => availability.dflash,
             })
             .collect(),
-        named => match runtime::resolve(Speculation::Auto, named, availability, None)? {
+        named => match turbospark::runtime::resolve(Speculation::Auto, named, availability)? {
             SpeculationPlan::Enabled { drafter, .. } => vec![drafter],
             SpeculationPlan::Disabled { warning } => bail!(
                 "--drafter {}: {}",
@@ -246,9 +246,9 @@ impl Bench {
             eos: &[],
             detok: &NoText,
             speculative,
-            cancel: runtime::CancelFlag::new(),
+            cancel: turbospark::runtime::CancelFlag::new(),
         };
-        Ok(runtime::generate(
+        Ok(turbospark::runtime::generate(
             &self.model,
             session,
             &request,
@@ -310,15 +310,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut _synth_dir = None;
     let (dir, label) = match &args.shape {
         Some(name) => {
-            let shape = synth::shape(name).context("--shape")?;
+            let shape = turbospark::synth::shape(name).context("--shape")?;
             let tmp = tempfile::tempdir().context("creating a temporary directory")?;
             let spinner = progress::spinner(format!("writing a random {name} checkpoint"));
-            let written = synth::write(shape, tmp.path(), args.seed, 2 << 30).and_then(|files| {
-                if args.dflash {
-                    synth::write_dflash(shape, tmp.path(), args.seed)?;
-                }
-                Ok(files)
-            });
+            let written =
+                turbospark::synth::write(shape, tmp.path(), args.seed, 2 << 30).and_then(|files| {
+                    if args.dflash {
+                        turbospark::synth::write_dflash(shape, tmp.path(), args.seed)?;
+                    }
+                    Ok(files)
+                });
             spinner.finish_and_clear();
             written.with_context(|| format!("writing the {name} checkpoint"))?;
             let dir = tmp.path().to_path_buf();
@@ -335,11 +336,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
     };
     let spinner = progress::spinner(format!("loading {label}"));
-    let loaded = (|| -> Result<(Checkpoint, backend::Loaded)> {
+    let loaded = (|| -> Result<(Checkpoint, turbospark::backend::Loaded)> {
         let checkpoint = Checkpoint::open(&dir).context("cannot load the model")?;
         let loaded = Model::load(&checkpoint, args.device).map_err(|e| {
             let unavailable =
-                matches!(&e, BackendError::Device(d) if backend::is_unavailable(d.as_ref()));
+                matches!(&e, BackendError::Device(d) if turbospark::backend::is_unavailable(d.as_ref()));
             crate::load_error(e, args.device, unavailable)
         })?;
         Ok((checkpoint, loaded))
@@ -349,7 +350,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     crate::note_fallback(args.device, loaded.note.as_deref());
     let model = loaded.model;
     check_args(args, model.context())?;
-    let availability = runtime::availability(&checkpoint);
+    let availability = turbospark::runtime::availability(&checkpoint);
     let mut plans = Vec::new();
     if let Some(flag) = args.speculative.as_deref().map(str::trim) {
         if flag != "off" && !availability.mtp && !availability.dflash {
@@ -570,7 +571,7 @@ fn speculative(
         );
         for (drafter, blocks, (auto_start, auto_most)) in plans {
             // The drafter where the engine runs it: on the target's device.
-            let loaded = runtime::load_drafter(&bench.model, &bench.checkpoint, *drafter)?;
+            let loaded = turbospark::runtime::load_drafter(&bench.model, &bench.checkpoint, *drafter)?;
             let name = loaded.name();
             let mut session = Session::open(&bench.model)?.with_drafter(loaded);
             // `auto` as the engine plans it: tuned up to what the device verifies exactly.

@@ -1,7 +1,7 @@
 //! `turbospark chat`: a multi-turn conversation on stdin/stdout.
 //!
 //! Each turn renders the whole conversation with the model's chat template (add_generation_prompt)
-//! and generates on one [`runtime::Session`] kept for the whole chat: the session reuses the prefix
+//! and generates on one [`turbospark::runtime::Session`] kept for the whole chat: the session reuses the prefix
 //! its state already covers (the earlier turns), so a turn prefills only what is new. `--stats`
 //! shows how many prompt tokens were reused.
 //!
@@ -14,7 +14,7 @@
 use std::io::{self, BufRead, IsTerminal, Write};
 
 use anyhow::{bail, Context, Result};
-use runtime::{ChatMessage, StopReason};
+use turbospark::runtime::{ChatMessage, StopReason};
 
 use crate::generate::{self, Interrupt, SamplingArgs};
 use crate::ModelArgs;
@@ -54,7 +54,7 @@ fn classify(line: &str) -> Line<'_> {
 pub fn run(args: &ChatArgs) -> Result<()> {
     let config = args.sampling.config();
     let mut loaded = generate::load(&args.model, &args.sampling)?;
-    if loaded.engine.chat.is_none() {
+    if loaded.model.engine().chat.is_none() {
         bail!(
             "chat: the model has no chat template (chat_template.jinja or tokenizer_config.json's chat_template)"
         );
@@ -71,7 +71,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
     if interactive {
         eprintln!(
             "chat ({}): /reset for a new conversation, /exit or Ctrl-D to leave",
-            loaded.mode
+            loaded.session.mode()
         );
     }
     let mut line = String::new();
@@ -97,22 +97,17 @@ pub fn run(args: &ChatArgs) -> Result<()> {
             Line::Exit => return Ok(()),
             Line::Reset => {
                 messages = opening.clone();
-                loaded.session.reset_all()?;
+                loaded.session.reset()?;
                 continue;
             }
             Line::Say(text) => text,
         };
         messages.push(ChatMessage::new("user", text));
         let turn = (|| -> Result<_> {
-            let template = loaded
-                .engine
-                .chat
-                .as_ref()
-                .context("the chat template disappeared")?;
-            let rendered = template.render(&messages, &options)?;
-            let prompt = loaded.engine.encode(&rendered)?;
-            let cancel = interrupt.begin();
-            let result = generate::stream(&mut loaded, &prompt, &config, cancel);
+            let rendered = loaded.model.render_chat(&messages, &options)?;
+            let prompt = loaded.model.encode(&rendered)?;
+            interrupt.begin(loaded.session.cancel_flag());
+            let result = generate::stream(&mut loaded, &prompt, &config);
             interrupt.end();
             result
         })();
@@ -122,7 +117,11 @@ pub fn run(args: &ChatArgs) -> Result<()> {
                     eprintln!("[reply cancelled]");
                 }
                 if args.sampling.stats {
-                    generate::print_stats(&result, &loaded.mode, loaded.engine.model.device_name());
+                    generate::print_stats(
+                        &result,
+                        loaded.session.mode(),
+                        loaded.model.device_name(),
+                    );
                 }
                 messages.push(ChatMessage::new("assistant", result.text));
             }
@@ -131,7 +130,7 @@ pub fn run(args: &ChatArgs) -> Result<()> {
                 crate::report(&err);
                 eprintln!("(the turn was dropped; /reset starts a new conversation)");
                 messages.pop();
-                loaded.session.reset_all()?;
+                loaded.session.reset()?;
             }
         }
     }

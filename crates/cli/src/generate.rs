@@ -15,13 +15,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{bail, Context, Result};
-use backend::ModelState;
-use model_io::Checkpoint;
-use runtime::{
-    ChatMessage, DrafterRequest, Engine, Event, GenerationConfig, GenerationResult, RenderOptions,
-    RuntimeError, Session, Speculation, Speculative,
+use turbospark::model_io::Checkpoint;
+use turbospark::runtime::{
+    CancelFlag, ChatMessage, DrafterRequest, Event, GenerationConfig, GenerationResult,
+    RenderOptions, RuntimeError, Speculation,
 };
-use sampling::Shaping;
+use turbospark::sampling::Shaping;
+use turbospark::{Model, Session};
 
 use crate::progress::{self, PREFILL_BAR_MIN_TOKENS};
 use crate::ModelArgs;
@@ -127,53 +127,42 @@ pub struct GenerateArgs {
     pub no_think: bool,
 }
 
-/// A loaded model ready to generate: the engine, a session with the plan's drafter attached, and
-/// the speculative setting to pass with each request (`None`: sequential).
+/// A loaded model ready to generate, and the session its plan opened (the plan's drafter attached).
 pub struct Loaded {
-    pub engine: Engine,
-    pub session: Session<ModelState>,
-    pub speculative: Option<Speculative>,
-    /// "mtp, block 2" or "sequential", for the stats line.
-    pub mode: String,
+    pub model: Model,
+    pub session: Session,
 }
 
 /// Refuses a named `--speculative N` the checkpoint cannot serve before the model is loaded, so the
 /// user does not wait for a load that ends in a refusal (and so the refusal names the missing
 /// drafter even when another file, such as the tokenizer, is also missing). Uses the same
-/// `runtime::availability` the engine's plan uses.
+/// `turbospark::runtime::availability` the engine's plan uses.
 pub fn preflight(dir: &Path, speculation: Speculation, drafter: DrafterRequest) -> Result<()> {
     if !matches!(speculation, Speculation::Block(_)) {
         return Ok(());
     }
     let checkpoint = Checkpoint::open(dir).context("cannot load the model")?;
-    runtime::resolve(
+    turbospark::runtime::resolve(
         speculation,
         drafter,
-        &runtime::availability(&checkpoint),
-        None,
+        &turbospark::runtime::availability(&checkpoint),
     )?;
     Ok(())
 }
 
 /// Loads the model of `model` and plans speculation for `sampling`; prints the plan's warning.
 pub fn load(model: &ModelArgs, sampling: &SamplingArgs) -> Result<Loaded> {
-    model.apply_threads()?;
     let dir = model.model_dir()?;
     preflight(&dir, sampling.speculative, sampling.drafter)?;
     let spinner = progress::spinner(format!("loading {}", dir.display()));
-    let engine = crate::open_engine(&dir, model.device);
+    let opened = crate::open_model(model, &dir, sampling.speculative, sampling.drafter);
     spinner.finish_and_clear();
-    let engine = engine?;
-    let prepared = engine.prepare(sampling.speculative, sampling.drafter)?;
-    if let Some(warning) = &prepared.warning {
+    let model = opened?;
+    let session = model.session()?;
+    if let Some(warning) = session.warning() {
         eprintln!("warning: {warning}");
     }
-    Ok(Loaded {
-        engine,
-        session: prepared.session,
-        speculative: prepared.speculative,
-        mode: prepared.mode,
-    })
+    Ok(Loaded { model, session })
 }
 
 /// Runs one generation on the loaded session, streaming deltas to stdout (flushed each) and a
@@ -182,23 +171,15 @@ pub fn stream(
     loaded: &mut Loaded,
     prompt: &[u32],
     config: &GenerationConfig,
-    cancel: runtime::CancelFlag,
 ) -> Result<GenerationResult> {
-    let mut out = io::stdout().lock();
+    let stdout = io::stdout();
     let mut write_error: Option<io::Error> = None;
     let mut bar: Option<indicatif::ProgressBar> = None;
-    let watch = cancel.clone();
-    let request = runtime::Request {
-        prompt,
-        config,
-        eos: &loaded.engine.eos,
-        detok: &loaded.engine.tokenizer,
-        speculative: loaded.speculative,
-        cancel,
-    };
-    let mut on_event = |event: Event<'_>| match event {
+    let watch = loaded.session.cancel_flag();
+    let on_event = |event: Event<'_>| match event {
         Event::Delta(text) => {
             if write_error.is_none() {
+                let mut out = stdout.lock();
                 if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
                     write_error = Some(e);
                     watch.cancel();
@@ -216,12 +197,7 @@ pub fn stream(
         }
         Event::Decode { .. } | Event::Logprob(_) => {}
     };
-    let result = runtime::generate(
-        &loaded.engine.model,
-        &mut loaded.session,
-        &request,
-        &mut on_event,
-    );
+    let result = loaded.session.generate_ids(prompt, config, on_event);
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
@@ -229,6 +205,7 @@ pub fn stream(
         return Err(anyhow::Error::new(e).context("writing to stdout"));
     }
     let result = result?;
+    let mut out = stdout.lock();
     if !result.text.ends_with('\n') {
         out.write_all(b"\n").context("writing to stdout")?;
     }
@@ -263,7 +240,7 @@ pub fn print_stats(result: &GenerationResult, mode: &str, device: &str) {
 /// What Ctrl-C does: cancel the reply being generated if there is one; with none running, exit
 /// after `idle_presses_to_exit` presses (chat: the second press at the prompt; generate: the first).
 pub struct Interrupt {
-    current: Mutex<Option<runtime::CancelFlag>>,
+    current: Mutex<Option<CancelFlag>>,
     idle_presses: AtomicUsize,
     idle_presses_to_exit: usize,
 }
@@ -297,12 +274,10 @@ impl Interrupt {
         eprintln!("\n(press Ctrl-C again to exit, or Ctrl-D)");
     }
 
-    /// A fresh flag for the next reply, which Ctrl-C now cancels.
-    pub fn begin(&self) -> runtime::CancelFlag {
-        let flag = runtime::CancelFlag::new();
-        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(flag.clone());
+    /// The next reply starts: Ctrl-C now sets `flag` (the session's cancel flag).
+    pub fn begin(&self, flag: CancelFlag) {
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(flag);
         self.idle_presses.store(0, Ordering::SeqCst);
-        flag
     }
 
     /// The reply ended: Ctrl-C counts towards exiting again.
@@ -351,7 +326,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let config = args.sampling.config();
     let mut loaded = load(&args.model, &args.sampling)?;
     let text = if args.chat {
-        let Some(template) = &loaded.engine.chat else {
+        let Some(template) = &loaded.model.engine().chat else {
             bail!(
                 "--chat: the model has no chat template (chat_template.jinja or tokenizer_config.json's chat_template)"
             );
@@ -368,14 +343,14 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     } else {
         text
     };
-    let prompt = loaded.engine.encode(&text)?;
+    let prompt = loaded.model.encode(&text)?;
     let interrupt = Interrupt::install(1)?;
-    let cancel = interrupt.begin();
-    let result = stream(&mut loaded, &prompt, &config, cancel);
+    interrupt.begin(loaded.session.cancel_flag());
+    let result = stream(&mut loaded, &prompt, &config);
     interrupt.end();
     let result = result?;
     if args.sampling.stats {
-        print_stats(&result, &loaded.mode, loaded.engine.model.device_name());
+        print_stats(&result, loaded.session.mode(), loaded.model.device_name());
     }
     Ok(())
 }

@@ -11,7 +11,7 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use model_io::{Checkpoint, DType, Family, LayerKind};
+use turbospark::model_io::{Checkpoint, DType, Family, LayerKind};
 
 #[derive(clap::Args, Debug)]
 pub struct InfoArgs {
@@ -183,7 +183,7 @@ pub fn describe(checkpoint: &Checkpoint) -> String {
         "DFlash drafter",
         if checkpoint.has_dflash {
             let config = checkpoint.dir.join("dflash").join("config.json");
-            match drafters::dflash::DflashConfig::from_json_file(&config) {
+            match turbospark::drafters::dflash::DflashConfig::from_json_file(&config) {
                 Ok(c) => format!(
                     "yes (dflash/: {} layer(s), block {}, taps of layers {:?})",
                     c.num_hidden_layers, c.block_size, c.target_layer_ids

@@ -7,7 +7,10 @@
 //! [`report`] (exit 1). A closed stdout (`turbospark generate ... | head`) ends the run quietly.
 //!
 //! Model resolution (every subcommand that takes `--model`): the flag, else `TURBOSPARK_MODEL`, else
-//! the embedded testbed `models/testbed` of the repository this binary was built from.
+//! the embedded testbed: `$TURBOSPARK_EMBEDDED_MODEL`, else `models/testbed` of the repository this
+//! binary was built from.
+//!
+//! Threads: each model runs its kernels on its own pool of `--threads` threads (`turbospark::Model`).
 //!
 //! Device (`--device cpu|cuda|auto` on generate, chat, perplexity and bench; default auto): the same
 //! binary runs with or without a GPU. `cuda` where none can be opened is one `error: --device cuda: ...`
@@ -27,12 +30,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use backend::Device;
 use clap::{Parser, Subcommand};
-use runtime::{Engine, RuntimeError};
+use turbospark::backend::Device;
+use turbospark::{DrafterRequest, Model, Speculation};
 
-/// The embedded default model, resolved at compile time against this crate's directory.
-const EMBEDDED_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/testbed");
+/// Where the embedded default model is looked for instead of the repository's `models/testbed`
+/// (a binary installed away from its source tree, or a packaged copy of the testbed).
+const EMBEDDED_MODEL_ENV: &str = "TURBOSPARK_EMBEDDED_MODEL";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -100,21 +104,38 @@ pub struct ModelArgs {
 
 /// clap's parser for `--device` (the reason without the flag: clap names it).
 pub fn parse_device(value: &str) -> Result<Device, String> {
-    value.parse().map_err(|e: backend::UnknownDevice| {
-        format!("expected cpu, cuda or auto (got {:?})", e.value)
-    })
+    value
+        .parse()
+        .map_err(|e: turbospark::backend::UnknownDevice| {
+            format!("expected cpu, cuda or auto (got {:?})", e.value)
+        })
 }
 
-/// Opens the engine of `dir` on `device`: a GPU that cannot be opened is an error naming `--device`;
-/// `auto` falling back to the CPU although a driver is present prints one `note:` line.
-pub fn open_engine(dir: &Path, device: Device) -> Result<Engine> {
-    let engine = Engine::open_on(dir, device).map_err(|e| {
-        let unavailable =
-            matches!(&e, RuntimeError::Device(d) if backend::is_unavailable(d.as_ref()));
-        load_error(e, device, unavailable)
+/// Opens `--model` on `--device` with `--threads`, speculating as `speculation` / `drafter` ask (a
+/// GPU that cannot be opened is an error naming `--device`; `auto` falling back to the CPU although a
+/// driver is present prints one `note:` line).
+pub fn open_model(
+    args: &ModelArgs,
+    dir: &Path,
+    speculation: Speculation,
+    drafter: DrafterRequest,
+) -> Result<Model> {
+    let mut builder = Model::builder(dir)
+        .device(args.device)
+        .speculation(speculation)
+        .drafter(drafter);
+    if let Some(threads) = args.threads {
+        if threads == 0 {
+            bail!("invalid value 0 for --threads: at least one thread is needed");
+        }
+        builder = builder.threads(threads);
+    }
+    let model = builder.build().map_err(|e| {
+        let unavailable = e.is_device_unavailable();
+        load_error(e, args.device, unavailable)
     })?;
-    note_fallback(device, engine.device_note.as_deref());
-    Ok(engine)
+    note_fallback(args.device, model.device_note());
+    Ok(model)
 }
 
 /// `--device X: ...` when the GPU could not be opened, else `cannot load the model: ...`.
@@ -146,25 +167,18 @@ impl ModelArgs {
             None => embedded_model(),
         }
     }
-
-    /// Sizes the kernels' thread pool when `--threads` is given.
-    pub fn apply_threads(&self) -> Result<()> {
-        match self.threads {
-            None => Ok(()),
-            Some(0) => bail!("invalid value 0 for --threads: at least one thread is needed"),
-            Some(n) => kernels::set_threads(n).context("--threads"),
-        }
-    }
 }
 
 /// The embedded testbed, or a clear error saying how to get a model.
 fn embedded_model() -> Result<PathBuf> {
-    let dir = Path::new(EMBEDDED_MODEL);
-    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let dir = std::env::var_os(EMBEDDED_MODEL_ENV)
+        .map_or_else(|| PathBuf::from(turbospark::EMBEDDED_MODEL), PathBuf::from);
+    let dir = dir.canonicalize().unwrap_or(dir);
     if !dir.join("config.json").is_file() {
         bail!(
             "no --model given and the embedded model is not available at {} (no config.json: \
-             the testbed recipe under models/ builds it); pass --model DIR or set TURBOSPARK_MODEL",
+             the testbed recipe under testbed/ builds it, {EMBEDDED_MODEL_ENV} moves it); pass \
+             --model DIR or set TURBOSPARK_MODEL",
             dir.display()
         );
     }
@@ -172,12 +186,12 @@ fn embedded_model() -> Result<PathBuf> {
 }
 
 fn synth(args: &SynthArgs) -> Result<()> {
-    let shape = synth::shape(&args.shape).context("--shape")?;
+    let shape = turbospark::synth::shape(&args.shape).context("--shape")?;
     if args.shard_bytes == 0 {
         bail!("invalid value 0 for --shard-bytes: a shard must hold at least one tensor");
     }
-    let mut files =
-        synth::write(shape, &args.out, args.seed, args.shard_bytes).with_context(|| {
+    let mut files = turbospark::synth::write(shape, &args.out, args.seed, args.shard_bytes)
+        .with_context(|| {
             format!(
                 "writing the {} checkpoint to {}",
                 shape.name,
@@ -186,13 +200,13 @@ fn synth(args: &SynthArgs) -> Result<()> {
         })?;
     if args.dflash {
         files.extend(
-            synth::write_dflash(shape, &args.out, args.seed)
+            turbospark::synth::write_dflash(shape, &args.out, args.seed)
                 .with_context(|| format!("writing a DFlash drafter to {}", args.out.display()))?,
         );
     }
     // Reopen what was written: checks it and counts what a loader sees (the MTP head included).
-    let written =
-        model_io::Checkpoint::open(&args.out).context("reading back the written checkpoint")?;
+    let written = turbospark::model_io::Checkpoint::open(&args.out)
+        .context("reading back the written checkpoint")?;
     let mut out = io::stdout().lock();
     writeln!(
         out,

@@ -23,8 +23,8 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use families::{Backend, Rows, Wanted};
-use runtime::PREFILL_CHUNK;
+use turbospark::families::{Backend, Rows, Wanted};
+use turbospark::runtime::PREFILL_CHUNK;
 
 use crate::{progress, ModelArgs};
 
@@ -178,12 +178,17 @@ fn score_window<B: Backend>(
 pub fn run(args: &PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
-    args.model.apply_threads()?;
     let dir = args.model.model_dir()?;
     let spinner = progress::spinner(format!("loading {}", dir.display()));
-    let engine = crate::open_engine(&dir, args.model.device);
+    let opened = crate::open_model(
+        &args.model,
+        &dir,
+        turbospark::Speculation::Off,
+        turbospark::DrafterRequest::Auto,
+    );
     spinner.finish_and_clear();
-    let engine = engine?;
+    let model = opened?;
+    let engine = model.engine();
     if args.ctx > engine.model.context() {
         bail!(
             "invalid value {} for --ctx: the model's context is {} tokens",
@@ -213,12 +218,14 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         let window = tokens
             .get(start..start + plan.ctx)
             .context("internal: a window past the end of the file")?;
-        let (sum, count) = score_window(
-            &engine.model,
-            window,
-            plan.first,
-            Chunks::for_model(&engine.model),
-        )?;
+        let (sum, count) = model.install(|| {
+            score_window(
+                &engine.model,
+                window,
+                plan.first,
+                Chunks::for_model(&engine.model),
+            )
+        })?;
         total += sum;
         scored += count;
         bar.inc(1);
@@ -288,8 +295,11 @@ mod tests {
             .iter()
             .map(|v| v.as_u64().unwrap() as u32)
             .collect();
-        let store =
-            model_io::TensorStore::open_files(&dir, &[dir.join("reference.safetensors")]).unwrap();
+        let store = turbospark::model_io::TensorStore::open_files(
+            &dir,
+            &[dir.join("reference.safetensors")],
+        )
+        .unwrap();
         let logits = store.load_f32("logits_full", &[ids.len(), 512]).unwrap(); // [80, 512]
         let sum = (first..ids.len())
             .map(|t| negative_log_likelihood(&logits[(t - 1) * 512..t * 512], ids[t]).unwrap())
@@ -300,8 +310,8 @@ mod tests {
     #[test]
     fn window_nll_matches_transformers_logits_under_any_chunking() {
         for name in ["qwen3", "qwen3_5"] {
-            let checkpoint = model_io::Checkpoint::open(&fixture(name)).unwrap();
-            let model = families::load(&checkpoint).unwrap();
+            let checkpoint = turbospark::model_io::Checkpoint::open(&fixture(name)).unwrap();
+            let model = turbospark::families::load(&checkpoint).unwrap();
             let plan = WindowPlan::new(80, 80, None).unwrap(); // first = 41: rows 40..=78
             let (ids, expected) = reference_nll(name, plan.first);
             for chunks in [

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result};
-use runtime::{DrafterRequest, Speculation};
+use anyhow::{bail, Context, Result};
+use turbospark::runtime::{DrafterRequest, Speculation};
 
 use crate::ModelArgs;
 
@@ -42,7 +42,9 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
-    args.model.apply_threads()?;
+    if args.model.threads == Some(0) {
+        bail!("invalid value 0 for --threads: at least one thread is needed");
+    }
     let dir = args.model.model_dir()?;
     crate::generate::preflight(&dir, args.speculative, args.drafter)?;
     let name = match &args.served_model_name {
@@ -52,25 +54,32 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned()),
     };
     let (device, speculative, drafter) = (args.model.device, args.speculative, args.drafter);
+    let threads = args.model.threads;
     let spinner = crate::progress::spinner(format!("loading {}", dir.display()));
     let load_dir = dir.clone();
     let queue = server::spawn(
         move || {
-            let engine = runtime::Engine::open_on(&load_dir, device)?;
-            crate::note_fallback(device, engine.device_note.as_deref());
-            let prepared = engine.prepare(speculative, drafter)?;
-            if let Some(warning) = &prepared.warning {
+            let mut builder = turbospark::Model::builder(&load_dir)
+                .device(device)
+                .speculation(speculative)
+                .drafter(drafter);
+            if let Some(threads) = threads {
+                builder = builder.threads(threads);
+            }
+            let model = builder.build()?;
+            crate::note_fallback(device, model.device_note());
+            let session = model.session()?;
+            if let Some(warning) = session.warning() {
                 eprintln!("warning: {warning}");
             }
-            Ok((engine, prepared, name))
+            Ok((model, session, name))
         },
         args.max_queue,
         !args.quiet,
     );
     spinner.finish_and_clear();
     let queue = queue.map_err(|e| {
-        let unavailable =
-            matches!(&e, runtime::RuntimeError::Device(d) if backend::is_unavailable(d.as_ref()));
+        let unavailable = e.is_device_unavailable();
         crate::load_error(e, device, unavailable)
     })?;
     let rt = tokio::runtime::Builder::new_multi_thread()

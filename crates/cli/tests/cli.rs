@@ -15,11 +15,13 @@ fn fixture(name: &str) -> String {
     repo().join("fixtures").join(name).display().to_string()
 }
 
-/// Runs the binary with `args` (no TURBOSPARK_MODEL inherited) and optional stdin.
+/// Runs the binary with `args` (no TURBOSPARK_MODEL or TURBOSPARK_EMBEDDED_MODEL inherited) and
+/// optional stdin.
 fn run_with(args: &[&str], stdin: Option<&str>, env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_turbospark"));
     cmd.args(args)
         .env_remove("TURBOSPARK_MODEL")
+        .env_remove("TURBOSPARK_EMBEDDED_MODEL")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -93,7 +95,8 @@ fn realtok_reference() -> (String, Vec<u32>) {
 }
 
 fn realtok_decode(ids: &[u32]) -> String {
-    let checkpoint = model_io::Checkpoint::open(Path::new(&fixture("qwen3_realtok"))).unwrap();
+    let checkpoint =
+        turbospark::model_io::Checkpoint::open(Path::new(&fixture("qwen3_realtok"))).unwrap();
     checkpoint.tokenizer().unwrap().decode(ids, true).unwrap()
 }
 
@@ -117,23 +120,25 @@ fn model_env_var_overrides_the_default() {
 }
 
 #[test]
-fn missing_embedded_model_is_a_clear_error() {
-    if repo().join("models/testbed/config.json").is_file() {
-        // The testbed exists (or is being written): the default resolves to it.
-        let o = run(&["info"]);
-        let text = if o.status.success() {
-            stdout(&o)
-        } else {
-            expect_error(&o)
-        };
-        assert!(text.contains("models/testbed"), "{text}");
-        return;
+fn the_embedded_model_is_the_default_and_its_absence_a_clear_error() {
+    // Present (the repository's testbed): commands without --model run on it.
+    let text = stdout(&run(&["info"]));
+    assert!(text.contains("models/testbed"), "{text}");
+    // Absent (moved away with TURBOSPARK_EMBEDDED_MODEL): one error naming where it was looked for
+    // and how to pass a model.
+    let missing = std::env::temp_dir().join(format!("turbospark-no-model-{}", std::process::id()));
+    let missing = missing.display().to_string();
+    for args in [&["generate", "hi"][..], &["info"][..]] {
+        let err = expect_error(&run_with(
+            args,
+            None,
+            &[("TURBOSPARK_EMBEDDED_MODEL", &missing)],
+        ));
+        assert!(
+            err.contains(&missing) && err.contains("--model") && err.contains("TURBOSPARK_MODEL"),
+            "{err}"
+        );
     }
-    let err = expect_error(&run(&["generate", "hi"]));
-    assert!(
-        err.contains("models/testbed") && err.contains("--model"),
-        "{err}"
-    );
 }
 
 #[test]
@@ -436,7 +441,8 @@ fn perplexity_scores_the_documented_windows() {
     let file = dir.path().join("text.txt");
     let text = "The quick brown fox jumps over the lazy dog. ".repeat(12);
     std::fs::write(&file, &text).unwrap();
-    let checkpoint = model_io::Checkpoint::open(Path::new(&fixture("qwen3_realtok"))).unwrap();
+    let checkpoint =
+        turbospark::model_io::Checkpoint::open(Path::new(&fixture("qwen3_realtok"))).unwrap();
     let n = checkpoint
         .tokenizer()
         .unwrap()
@@ -613,6 +619,7 @@ fn ctrl_c_cancels_the_reply_not_the_chat_and_twice_at_the_prompt_exits() {
             "--stats",
         ])
         .env_remove("TURBOSPARK_MODEL")
+        .env_remove("TURBOSPARK_EMBEDDED_MODEL")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -100,7 +100,7 @@ fn realtok_reference() -> (String, String) {
         .iter()
         .map(|v| v.as_u64().unwrap() as u32)
         .collect();
-    let tokenizer = model_io::Checkpoint::open(&dir)
+    let tokenizer = turbospark::model_io::Checkpoint::open(&dir)
         .unwrap()
         .tokenizer()
         .unwrap();

@@ -305,6 +305,13 @@ pub struct CudaState {
     pub(crate) tap_stage: Option<DBuf>,
 }
 
+// SAFETY: the raw handles a state holds (captured graphs, pinned host slots, events) are not bound to a
+// thread: the driver only requires that calls on one handle are serialized, and a state is reached only
+// through `&mut` (it is not `Sync`). Every launch binds the device's context to the calling thread first
+// (cudarc's `CudaGraph::launch` and kernel launches do), so a session may move between threads, e.g.
+// onto the model's kernel thread pool.
+unsafe impl Send for CudaState {}
+
 impl CudaState {
     /// Number of tokens the state summarises (the next token's position).
     pub fn position(&self) -> usize {

@@ -2,8 +2,8 @@
 //!
 //! All buffers are row-major f32 slices; shapes are given in each function's doc (`[n, heads, head_dim]`).
 //! Numerics follow transformers' reference implementation (see each module's doc for the exact order of
-//! operations). Work is split over the rayon pool that is current when a kernel is called (the global pool
-//! unless the caller runs inside `ThreadPool::install`); [`set_threads`] sizes the global pool. Wide SIMD is
+//! operations). Work is split over the rayon pool that is current when a kernel is called: the model's own
+//! pool (`turbospark::Model` runs every entry point inside it), else rayon's global pool. Wide SIMD is
 //! chosen at run time ([`simd_path`]): the binary is built for the baseline target and is safe to carry to
 //! other machines.
 //!
@@ -34,25 +34,3 @@ pub use linear::{linear_gemm, linear_matvec};
 pub use norm::{l2_normalize_rows, rms_norm, rms_norm_inplace};
 pub use rope::{rope, rope_inv_freq, rope_with_inv_freq};
 pub use simd::simd_path;
-
-/// Errors of this crate's fallible entry points.
-#[derive(Debug, thiserror::Error)]
-pub enum KernelError {
-    /// The rayon global pool could not be built with the requested size (it is already initialised, or the
-    /// OS refused the threads).
-    #[error("cannot size the global thread pool to {threads} threads: {source}")]
-    ThreadPool {
-        threads: usize,
-        #[source]
-        source: rayon::ThreadPoolBuildError,
-    },
-}
-
-/// Sizes rayon's global pool, which every kernel uses. Call once, before any kernel runs; `0` lets rayon
-/// choose (RAYON_NUM_THREADS or the number of CPUs).
-pub fn set_threads(threads: usize) -> Result<(), KernelError> {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build_global()
-        .map_err(|source| KernelError::ThreadPool { threads, source })
-}

@@ -110,11 +110,6 @@ impl Engine {
         availability(&self.checkpoint)
     }
 
-    /// Why speculation cannot run on this model at all, if anything.
-    pub fn speculation_blocker(&self) -> Option<String> {
-        None
-    }
-
     /// Resolves the request against what the checkpoint carries (errors for a named block that cannot be
     /// served; `auto` comes back Disabled with a warning). On a device whose verify pass is exact only
     /// up to some rows (`Model::max_exact_block`), a named larger block is refused and `auto`'s block is
@@ -124,12 +119,7 @@ impl Engine {
         spec: Speculation,
         drafter: DrafterRequest,
     ) -> Result<SpeculationPlan, RuntimeError> {
-        let plan = policy::resolve(
-            spec,
-            drafter,
-            &self.availability(),
-            self.speculation_blocker(),
-        )?;
+        let plan = policy::resolve(spec, drafter, &self.availability())?;
         // Tuning stays within what the device verifies exactly.
         let plan = match (plan, self.model.max_exact_block()) {
             (

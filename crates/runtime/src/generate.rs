@@ -87,7 +87,9 @@ pub enum Acceptance {
     /// Rejection sampling with residual correction: exact in distribution (DESIGN.md §3).
     Exact,
     /// WRONG on purpose: on rejection, redraw from p instead of the residual, which over-weights the
-    /// drafter's tokens. Exists only as the negative control of the distribution test, which must fail it.
+    /// drafter's tokens. Exists only as the negative control of the distribution test, which must fail it
+    /// (feature `negative-control`, enabled for this crate's tests only).
+    #[cfg(feature = "negative-control")]
     ResampleTargetOnReject,
 }
 
@@ -97,7 +99,7 @@ pub struct Request<'a> {
     pub config: &'a GenerationConfig,
     /// The model's end-of-sequence ids (generation_config.json).
     pub eos: &'a [u32],
-    pub detok: &'a dyn Detokenizer,
+    pub detok: &'a (dyn Detokenizer + Sync),
     /// `None`, or a session without a drafter: sequential decoding.
     pub speculative: Option<Speculative>,
     pub cancel: CancelFlag,
@@ -464,6 +466,7 @@ pub fn generate<B: Backend>(
                 }
                 Verdict::Rejected { replacement } => {
                     let t = match speculative.map(|s| s.acceptance) {
+                        #[cfg(feature = "negative-control")]
                         Some(Acceptance::ResampleTargetOnReject) => sel.pick(&p),
                         _ => replacement,
                     };

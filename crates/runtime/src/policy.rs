@@ -1,17 +1,15 @@
 //! Whether a run speculates, with which drafter and how many proposals per round: a pure decision
 //! from the request (`--speculative auto|off|N`, `--drafter auto|mtp|dflash`), what the
-//! checkpoint carries ([`DrafterAvailability`]) and whether the model can verify at all
-//! (`model_blocker`). Pure so every branch is tested without a model; the CLI, the server and the
-//! C API all call [`resolve`], so they cannot disagree.
+//! checkpoint carries ([`DrafterAvailability`]). Pure so every branch is tested without a model;
+//! the CLI, the server and the C API all call [`resolve`], so they cannot disagree.
 //!
 //! Rules:
 //! - `off` never speculates, whatever is present.
 //! - The two outcomes differ by who asked. A named block (`N`) is a promise the caller made (they
-//!   are measuring), so failing to keep it is an error that names the reason: the model blocker,
-//!   the missing drafter, or a block outside the drafter's range. `auto` means "speculate if you
+//!   are measuring), so failing to keep it is an error that names the reason: the missing
+//!   drafter, or a block outside the drafter's range. `auto` means "speculate if you
 //!   can": the same conditions yield [`SpeculationPlan::Disabled`] with a warning, which the front
 //!   end prints once before running sequentially.
-//! - The model blocker is reported ahead of a missing drafter: no drafter would help.
 //! - Detecting a drafter is not enabling it: only `auto` (either flag) picks one by itself. The
 //!   drafter `auto` prefers MTP when the checkpoint has the head, else DFlash.
 //! - Sampled requests are served by every drafter: a deterministic proposal is a point-mass q, and
@@ -180,14 +178,13 @@ pub fn resolve(
     speculation: Speculation,
     drafter: DrafterRequest,
     availability: &DrafterAvailability,
-    model_blocker: Option<String>,
 ) -> Result<SpeculationPlan, RuntimeError> {
     let named_block = match speculation {
         Speculation::Off => return Ok(SpeculationPlan::Disabled { warning: None }),
         Speculation::Auto => None,
         Speculation::Block(n) => Some(n),
     };
-    let chosen = choose_drafter(drafter, availability, model_blocker).and_then(|chosen| {
+    let chosen = choose_drafter(drafter, availability).and_then(|chosen| {
         let (default_block, max_block) = availability.blocks(chosen);
         let block = named_block.unwrap_or(default_block);
         if (1..=max_block).contains(&block) {
@@ -224,11 +221,7 @@ pub fn resolve(
 fn choose_drafter(
     request: DrafterRequest,
     availability: &DrafterAvailability,
-    model_blocker: Option<String>,
 ) -> Result<Drafter, String> {
-    if let Some(blocker) = model_blocker {
-        return Err(blocker);
-    }
     let named = |drafter: Drafter, missing: &str| {
         if availability.has(drafter) {
             Ok(drafter)
@@ -344,68 +337,60 @@ mod tests {
             DrafterRequest::Mtp,
             DrafterRequest::Dflash,
         ] {
-            let plan = resolve(Speculation::Off, request, &BOTH, Some("blocked".into())).unwrap();
+            let plan = resolve(Speculation::Off, request, &BOTH).unwrap();
             assert_eq!(plan, SpeculationPlan::Disabled { warning: None });
         }
     }
 
     #[test]
     fn auto_prefers_mtp_at_its_measured_block() {
-        let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &BOTH, None).unwrap();
+        let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &BOTH).unwrap();
         assert_eq!(plan, tuned(Drafter::Mtp, 2, MTP_MAX_BLOCK));
-        let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &MTP, None).unwrap();
+        let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &MTP).unwrap();
         assert_eq!(plan, tuned(Drafter::Mtp, 2, MTP_MAX_BLOCK));
     }
 
     #[test]
     fn auto_falls_back_to_dflash_at_its_trained_block() {
-        let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &DFLASH8, None).unwrap();
+        let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &DFLASH8).unwrap();
         assert_eq!(plan, tuned(Drafter::Dflash, 7, 7));
         let unknown = DrafterAvailability {
             dflash_max_block: None,
             ..DFLASH8
         };
-        let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &unknown, None).unwrap();
+        let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &unknown).unwrap();
         let max = DFLASH_DEFAULT_MAX_BLOCK;
         assert_eq!(plan, tuned(Drafter::Dflash, max, max));
     }
 
     #[test]
     fn a_named_drafter_is_used_even_when_auto_would_pick_the_other() {
-        let plan = resolve(Speculation::Auto, DrafterRequest::Dflash, &BOTH, None).unwrap();
+        let plan = resolve(Speculation::Auto, DrafterRequest::Dflash, &BOTH).unwrap();
         assert_eq!(plan, tuned(Drafter::Dflash, 7, 7));
         // A named block is kept: no tuning.
-        let plan = resolve(Speculation::Block(3), DrafterRequest::Mtp, &BOTH, None).unwrap();
+        let plan = resolve(Speculation::Block(3), DrafterRequest::Mtp, &BOTH).unwrap();
         assert_eq!(plan, enabled(Drafter::Mtp, 3));
     }
 
     #[test]
     fn auto_with_nothing_servable_warns_and_disables() {
-        let w = warning(resolve(Speculation::Auto, DrafterRequest::Auto, &NONE, None).unwrap());
+        let w = warning(resolve(Speculation::Auto, DrafterRequest::Auto, &NONE).unwrap());
         assert!(w.contains("no MTP head and no DFlash"), "{w}");
-        let w = warning(resolve(Speculation::Auto, DrafterRequest::Mtp, &DFLASH8, None).unwrap());
+        let w = warning(resolve(Speculation::Auto, DrafterRequest::Mtp, &DFLASH8).unwrap());
         assert!(w.contains("no MTP head"), "{w}");
-        let w = warning(resolve(Speculation::Auto, DrafterRequest::Dflash, &MTP, None).unwrap());
+        let w = warning(resolve(Speculation::Auto, DrafterRequest::Dflash, &MTP).unwrap());
         assert!(w.contains("no DFlash drafter"), "{w}");
-        let blocker = Some("GDN state cannot be rolled back on this backend".to_string());
-        let w = warning(resolve(Speculation::Auto, DrafterRequest::Auto, &BOTH, blocker).unwrap());
-        assert!(w.contains("cannot be rolled back"), "{w}");
         let zero = DrafterAvailability {
             dflash_max_block: Some(0),
             ..DFLASH8
         };
-        let w = warning(resolve(Speculation::Auto, DrafterRequest::Auto, &zero, None).unwrap());
+        let w = warning(resolve(Speculation::Auto, DrafterRequest::Auto, &zero).unwrap());
         assert!(w.contains("block_size 1"), "{w}");
     }
 
     #[test]
     fn a_named_block_that_cannot_be_served_is_an_error_naming_the_reason() {
-        let e = refusal(resolve(
-            Speculation::Block(2),
-            DrafterRequest::Auto,
-            &NONE,
-            None,
-        ));
+        let e = refusal(resolve(Speculation::Block(2), DrafterRequest::Auto, &NONE));
         assert!(
             e.contains("--speculative 2") && e.contains("no MTP head and no DFlash"),
             "{e}"
@@ -414,76 +399,38 @@ mod tests {
             Speculation::Block(2),
             DrafterRequest::Mtp,
             &DFLASH8,
-            None,
         ));
         assert!(e.contains("no MTP head"), "{e}");
-        let e = refusal(resolve(
-            Speculation::Block(2),
-            DrafterRequest::Dflash,
-            &MTP,
-            None,
-        ));
+        let e = refusal(resolve(Speculation::Block(2), DrafterRequest::Dflash, &MTP));
         assert!(e.contains("no DFlash drafter"), "{e}");
-        let e = refusal(resolve(
-            Speculation::Block(2),
-            DrafterRequest::Auto,
-            &BOTH,
-            Some("model blocker X".into()),
-        ));
-        assert!(e.contains("model blocker X"), "{e}");
-    }
-
-    #[test]
-    fn the_model_blocker_is_reported_ahead_of_a_missing_drafter() {
-        let e = refusal(resolve(
-            Speculation::Block(2),
-            DrafterRequest::Mtp,
-            &NONE,
-            Some("model blocker X".into()),
-        ));
-        assert!(
-            e.contains("model blocker X") && !e.contains("MTP head"),
-            "{e}"
-        );
     }
 
     #[test]
     fn named_blocks_are_checked_against_each_drafters_range() {
         assert_eq!(
-            resolve(Speculation::Block(16), DrafterRequest::Mtp, &MTP, None).unwrap(),
+            resolve(Speculation::Block(16), DrafterRequest::Mtp, &MTP).unwrap(),
             enabled(Drafter::Mtp, 16)
         );
-        let e = refusal(resolve(
-            Speculation::Block(17),
-            DrafterRequest::Mtp,
-            &MTP,
-            None,
-        ));
+        let e = refusal(resolve(Speculation::Block(17), DrafterRequest::Mtp, &MTP));
         assert!(
             e.contains("outside the mtp drafter's allowed range 1..=16"),
             "{e}"
         );
         assert_eq!(
-            resolve(Speculation::Block(7), DrafterRequest::Auto, &DFLASH8, None).unwrap(),
+            resolve(Speculation::Block(7), DrafterRequest::Auto, &DFLASH8).unwrap(),
             enabled(Drafter::Dflash, 7)
         );
         let e = refusal(resolve(
             Speculation::Block(8),
             DrafterRequest::Auto,
             &DFLASH8,
-            None,
         ));
         assert!(
             e.contains("outside the dflash drafter's allowed range 1..=7"),
             "{e}"
         );
         // Block 0 cannot come from the parser, but the API is public: it is refused, not run.
-        let e = refusal(resolve(
-            Speculation::Block(0),
-            DrafterRequest::Mtp,
-            &MTP,
-            None,
-        ));
+        let e = refusal(resolve(Speculation::Block(0), DrafterRequest::Mtp, &MTP));
         assert!(e.contains("block 0"), "{e}");
     }
 }

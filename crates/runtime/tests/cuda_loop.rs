@@ -62,7 +62,7 @@ struct Case {
 /// One generation on a fresh session; returns the result, the streamed text and the state left behind.
 fn run(
     model: &Model,
-    detok: &dyn Detokenizer,
+    detok: &(dyn Detokenizer + Sync),
     case: &Case,
     spec: Option<(Speculative, Box<dyn Drafter + Send>)>,
 ) -> (GenerationResult, String, ModelState) {

@@ -4,8 +4,8 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use runtime::RuntimeError;
 use serde_json::json;
+use turbospark::runtime::RuntimeError;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {

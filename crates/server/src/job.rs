@@ -6,11 +6,12 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use runtime::{
-    check_admission, CancelFlag, DrafterRequest, Engine, Event, GenerationConfig, GenerationResult,
-    Prepared, RuntimeError, Speculation, SpeculationPlan, Speculative, StopReason, TokenLogprob,
-};
 use tokio::sync::mpsc as tmpsc;
+use turbospark::runtime::{
+    check_admission, CancelFlag, DrafterRequest, Engine, Event, GenerationConfig, GenerationResult,
+    RuntimeError, Speculation, SpeculationPlan, Speculative, StopReason, TokenLogprob,
+};
+use turbospark::Session;
 
 use crate::error::ApiError;
 use crate::logprobs::Renderer;
@@ -50,16 +51,16 @@ fn prompt_ids(engine: &Engine, info: &ModelInfo, input: Input) -> Result<Vec<u32
 /// drafter serves, checked by the engine's policy (a block it cannot serve exactly is refused, naming why).
 fn speculation_for(
     engine: &Engine,
-    prepared: &Prepared,
+    session: &mut Session,
     info: &ModelInfo,
     asked: Option<Speculation>,
 ) -> Result<Option<Speculative>, ApiError> {
     let block = match asked {
-        None | Some(Speculation::Auto) => return Ok(prepared.speculative),
+        None | Some(Speculation::Auto) => return Ok(session.speculative()),
         Some(Speculation::Off) => return Ok(None),
         Some(Speculation::Block(n)) => n,
     };
-    let Some(name) = prepared.session.drafter_name() else {
+    let Some(name) = session.runtime_session().drafter_name() else {
         return Err(ApiError::param(
             "speculative",
             format!(
@@ -107,7 +108,7 @@ struct Shared<'a> {
 
 pub(crate) fn run_job(
     engine: &Engine,
-    prepared: &mut Prepared,
+    session: &mut Session,
     info: &ModelInfo,
     metrics: &Metrics,
     log: bool,
@@ -133,7 +134,7 @@ pub(crate) fn run_job(
         metrics.refused.fetch_add(1, Ordering::Relaxed);
         let _ = events.blocking_send(Msg::Failed(e));
     };
-    let speculative = match speculation_for(engine, prepared, info, speculation) {
+    let speculative = match speculation_for(engine, session, info, speculation) {
         Ok(s) => s,
         Err(e) => return refuse(e),
     };
@@ -202,14 +203,14 @@ pub(crate) fn run_job(
             seed: config.seed.wrapping_add(choice as u64),
             ..config.clone()
         };
-        if !run_choice(&shared, prepared, &config) {
+        if !run_choice(&shared, session, &config) {
             break;
         }
     }
 }
 
 /// Generates one choice and reports it; false when the job must stop (cancelled or failed).
-fn run_choice(s: &Shared<'_>, prepared: &mut Prepared, config: &GenerationConfig) -> bool {
+fn run_choice(s: &Shared<'_>, session: &mut Session, config: &GenerationConfig) -> bool {
     let (events, cancel, metrics) = (s.events, s.cancel, s.metrics);
     let mut renderer = Renderer::new(&s.engine.tokenizer);
     if let Some((text, scored)) = &s.echo {
@@ -238,7 +239,7 @@ fn run_choice(s: &Shared<'_>, prepared: &mut Prepared, config: &GenerationConfig
             prefill_seconds: 0.0,
             decode_seconds: 0.0,
             // The session was not run.
-            kv_position: prepared.session.tokens().len(),
+            kv_position: session.runtime_session().tokens().len(),
             token_ids: Vec::new(),
             text: String::new(),
             spec: None,
@@ -246,7 +247,7 @@ fn run_choice(s: &Shared<'_>, prepared: &mut Prepared, config: &GenerationConfig
         };
         return events.blocking_send(Msg::Done(Box::new(result))).is_ok();
     }
-    let request = runtime::Request {
+    let request = turbospark::runtime::Request {
         prompt: s.prompt,
         config,
         eos: s.eos,
@@ -266,9 +267,9 @@ fn run_choice(s: &Shared<'_>, prepared: &mut Prepared, config: &GenerationConfig
         }
         _ => {}
     };
-    let result = runtime::generate(
+    let result = turbospark::runtime::generate(
         &s.engine.model,
-        &mut prepared.session,
+        session.runtime_session(),
         &request,
         &mut on_event,
     );
@@ -302,7 +303,7 @@ fn run_choice(s: &Shared<'_>, prepared: &mut Prepared, config: &GenerationConfig
             }
             metrics.failed.fetch_add(1, Ordering::Relaxed);
             // The session may hold a half-run state: start the next request from scratch.
-            let _ = prepared.session.reset_all();
+            let _ = session.runtime_session().reset_all();
             let _ = events.blocking_send(Msg::Failed(e.into()));
             false
         }
@@ -320,14 +321,16 @@ fn echo_prompt(
 ) -> Result<Option<Echo>, RuntimeError> {
     let scored = match config.logprobs {
         None => None,
-        Some(top) => match runtime::prompt_logprobs(&engine.model, prompt, top, cancel)? {
-            Some(s) => Some(s),
-            None => return Ok(None),
-        },
+        Some(top) => {
+            match turbospark::runtime::prompt_logprobs(&engine.model, prompt, top, cancel)? {
+                Some(s) => Some(s),
+                None => return Ok(None),
+            }
+        }
     };
     let text = match text {
         Some(t) => t,
-        None => runtime::Detokenizer::decode(&engine.tokenizer, prompt)?,
+        None => turbospark::runtime::Detokenizer::decode(&engine.tokenizer, prompt)?,
     };
     Ok(Some((text, scored)))
 }

@@ -1,4 +1,4 @@
-//! The API's `logprobs`: the runtime's per-token entries (`runtime::TokenLogprob`: ln p of the raw
+//! The API's `logprobs`: the runtime's per-token entries (`turbospark::runtime::TokenLogprob`: ln p of the raw
 //! distribution and its top n) rendered with token text, in OpenAI's two shapes — the completions API's
 //! `{tokens, token_logprobs, top_logprobs, text_offset}` and the chat API's `{content: [{token, logprob,
 //! bytes, top_logprobs}]}`.
@@ -9,9 +9,9 @@
 //! shows them); other tokenizers decode the id alone. `text_offset` counts characters of the token strings
 //! before each token, so it is exact unless a character is split across tokens.
 
-use runtime::TokenLogprob;
 use serde_json::{json, Map, Value};
 use tokenizers::{DecoderWrapper, Tokenizer};
+use turbospark::runtime::TokenLogprob;
 
 /// One token as the API shows it.
 #[derive(Clone, Debug, PartialEq)]

@@ -22,9 +22,9 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream;
-use runtime::{CancelFlag, GenerationResult};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
+use turbospark::runtime::{CancelFlag, GenerationResult};
 
 use crate::error::ApiError;
 use crate::logprobs::{self, Rendered};

@@ -6,7 +6,7 @@
 //! other than `n`, `tools`, `logit_bias`, `echo`, a non-text `response_format`, ...) are refused, never silently
 //! dropped. `echo` (completions) returns the prompt before the completion, scored when `logprobs` is
 //! asked; with `echo`, `max_tokens` may be 0 (score only). `logprobs` is the completions API's integer (alternatives per token, 0 = the chosen
-//! token's alone) or the chat API's boolean with `top_logprobs`; at most `runtime::MAX_TOP_LOGPROBS`.
+//! token's alone) or the chat API's boolean with `top_logprobs`; at most `turbospark::runtime::MAX_TOP_LOGPROBS`.
 //!
 //! `speculative` ("auto": the server's plan, "off", or N proposals per round) picks the request's
 //! speculation; a named block the session's drafter cannot serve exactly is refused by the worker.
@@ -17,9 +17,9 @@
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 
-use runtime::{ChatMessage, GenerationConfig, RenderOptions};
-use sampling::Shaping;
 use serde_json::{Map, Value};
+use turbospark::runtime::{ChatMessage, GenerationConfig, RenderOptions};
+use turbospark::sampling::Shaping;
 
 use crate::error::ApiError;
 use crate::worker::{Input, ModelInfo};
@@ -38,7 +38,7 @@ pub struct Parsed {
     pub max_tokens: Option<usize>,
     pub ignore_eos: bool,
     /// `speculative`: "auto" (the server's plan), "off", or proposals per round.
-    pub speculation: Option<runtime::Speculation>,
+    pub speculation: Option<turbospark::runtime::Speculation>,
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with the usage.
     pub include_usage: bool,
@@ -281,7 +281,7 @@ fn choices(f: &Fields<'_>) -> Result<usize, ApiError> {
 
 /// `logprobs` (+ `top_logprobs` on chat): `Some(n)` alternatives per generated token, or `None`.
 fn logprobs(endpoint: Endpoint, f: &Fields<'_>) -> Result<Option<usize>, ApiError> {
-    let cap = runtime::MAX_TOP_LOGPROBS;
+    let cap = turbospark::runtime::MAX_TOP_LOGPROBS;
     let capped = |field: &str, n: usize| match n <= cap {
         true => Ok(n),
         false => Err(ApiError::param(
@@ -319,7 +319,7 @@ fn logprobs(endpoint: Endpoint, f: &Fields<'_>) -> Result<Option<usize>, ApiErro
 }
 
 /// `speculative`: "auto", "off", or a number of proposals per round (string or integer).
-fn speculation(f: &Fields<'_>) -> Result<Option<runtime::Speculation>, ApiError> {
+fn speculation(f: &Fields<'_>) -> Result<Option<turbospark::runtime::Speculation>, ApiError> {
     let text = match f.get("speculative") {
         None => return Ok(None),
         Some(Value::String(s)) => s.clone(),
@@ -327,7 +327,9 @@ fn speculation(f: &Fields<'_>) -> Result<Option<runtime::Speculation>, ApiError>
         Some(v) => return Err(wrong("speculative", "\"auto\", \"off\" or a number", v)),
     };
     text.parse().map(Some).map_err(|e| match e {
-        runtime::RuntimeError::InvalidFlag { reason, .. } => ApiError::param("speculative", reason),
+        turbospark::runtime::RuntimeError::InvalidFlag { reason, .. } => {
+            ApiError::param("speculative", reason)
+        }
         other => ApiError::param("speculative", other.to_string()),
     })
 }

@@ -19,12 +19,13 @@ use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread;
 
-use model_io::GenerationDefaults;
-use runtime::{
-    CancelFlag, ChatMessage, Engine, GenerationConfig, GenerationResult, Prepared, RenderOptions,
-    RuntimeError, Speculation,
-};
 use tokio::sync::mpsc as tmpsc;
+use turbospark::model_io::GenerationDefaults;
+use turbospark::runtime::{
+    CancelFlag, ChatMessage, GenerationConfig, GenerationResult, RenderOptions, RuntimeError,
+    Speculation,
+};
+use turbospark::{Model, Session};
 
 use crate::error::ApiError;
 
@@ -221,12 +222,13 @@ impl Queue {
     }
 }
 
-/// Starts the worker thread: `open` runs on it (so the engine never crosses threads) and returns the
-/// engine, its prepared session and the served name. Returns once the model is loaded, or `open`'s error.
+/// Starts the worker thread: `open` runs on it and returns the model, the session every request runs
+/// on and the served name; the worker then serves jobs inside the model's thread pool (so every kernel
+/// runs there, as in `turbospark bench`). Returns once the model is loaded, or `open`'s error.
 /// With `log`, each finished request prints one line on stderr (tokens, cache, times, drafts).
-pub fn spawn<F>(open: F, max_queue: usize, log: bool) -> Result<Queue, RuntimeError>
+pub fn spawn<F>(open: F, max_queue: usize, log: bool) -> Result<Queue, turbospark::Error>
 where
-    F: FnOnce() -> Result<(Engine, Prepared, String), RuntimeError> + Send + 'static,
+    F: FnOnce() -> Result<(Model, Session, String), turbospark::Error> + Send + 'static,
 {
     // 0: no request waits; one is taken only while the worker is idle (a rendezvous channel).
     let (jobs, rx) = mpsc::sync_channel::<Job>(max_queue);
@@ -236,20 +238,21 @@ where
     thread::Builder::new()
         .name("turbospark-worker".into())
         .spawn(move || {
-            let (engine, mut prepared, name) = match open() {
+            let (model, mut session, name) = match open() {
                 Ok(v) => v,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
                     return;
                 }
             };
+            let engine = model.engine();
             let info = ModelInfo {
                 name,
-                context: families::Backend::context(&engine.model),
+                context: model.context(),
                 vocab: engine.checkpoint.config.vocab_size,
                 has_chat_template: engine.chat.is_some(),
-                mode: prepared.mode.clone(),
-                device: engine.model.device_name().to_string(),
+                mode: session.mode().to_string(),
+                device: model.device_name().to_string(),
                 defaults: engine.checkpoint.generation.clone(),
             };
             if ready_tx
@@ -258,29 +261,36 @@ where
             {
                 return;
             }
-            while let Ok(job) = rx.recv() {
-                worker_metrics.queued.fetch_sub(1, Ordering::Relaxed);
-                let events = job.events.clone();
-                // A bug that panics fails its request, not the server: the next one starts afresh.
-                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    crate::job::run_job(&engine, &mut prepared, &info, &worker_metrics, log, job)
-                }));
-                if run.is_err() {
-                    worker_metrics.failed.fetch_add(1, Ordering::Relaxed);
-                    let _ = prepared.session.reset_all();
-                    let _ = events.blocking_send(Msg::Failed(ApiError::internal(
-                        "internal error (a bug in turbospark) while generating; the server goes on",
-                    )));
+            model.install(move || {
+                let rx = rx;
+                while let Ok(job) = rx.recv() {
+                    worker_metrics.queued.fetch_sub(1, Ordering::Relaxed);
+                    let events = job.events.clone();
+                    // A bug that panics fails its request, not the server: the next one starts afresh.
+                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        crate::job::run_job(engine, &mut session, &info, &worker_metrics, log, job)
+                    }));
+                    if run.is_err() {
+                        worker_metrics.failed.fetch_add(1, Ordering::Relaxed);
+                        let _ = session.runtime_session().reset_all();
+                        let _ = events.blocking_send(Msg::Failed(ApiError::internal(
+                            "internal error (a bug in turbospark) while generating; the server goes on",
+                        )));
+                    }
                 }
-            }
+            });
         })
-        .map_err(|e| RuntimeError::Io {
-            path: "<worker thread>".into(),
-            source: e,
+        .map_err(|e| {
+            turbospark::Error::from(RuntimeError::Io {
+                path: "<worker thread>".into(),
+                source: e,
+            })
         })?;
-    let (info, tokenizer) = ready_rx.recv().map_err(|_| RuntimeError::Config {
-        origin: "server".into(),
-        reason: "the worker thread ended while loading the model".into(),
+    let (info, tokenizer) = ready_rx.recv().map_err(|_| {
+        turbospark::Error::from(RuntimeError::Config {
+            origin: "server".into(),
+            reason: "the worker thread ended while loading the model".into(),
+        })
     })??;
     Ok(Queue {
         jobs,

@@ -5,14 +5,18 @@
 mod common;
 
 use axum::http::StatusCode;
-use backend::Device;
 use common::*;
-use runtime::{CancelFlag, ChatMessage, Engine, GenerationConfig, Speculation};
-use sampling::Shaping;
 use serde_json::{json, Value};
+use turbospark::backend::Device;
+use turbospark::runtime::{CancelFlag, ChatMessage, Engine, GenerationConfig, Speculation};
+use turbospark::sampling::Shaping;
 
 /// The reference's entries for `prompt`, greedy, `max` tokens, `top` alternatives.
-fn reference_logprobs(prompt: &[u32], max: usize, top: usize) -> runtime::GenerationResult {
+fn reference_logprobs(
+    prompt: &[u32],
+    max: usize,
+    top: usize,
+) -> turbospark::runtime::GenerationResult {
     let config = GenerationConfig {
         logprobs: Some(top),
         ..greedy(max)
@@ -125,7 +129,7 @@ async fn echo_scores_the_prompt_and_continues_it() {
     let q = start(8);
     let ids = encode(PROMPT);
     let engine = Engine::open_on(&testbed(), Device::Cpu).unwrap();
-    let scored = runtime::prompt_logprobs(&engine.model, &ids, 2, &CancelFlag::new())
+    let scored = turbospark::runtime::prompt_logprobs(&engine.model, &ids, 2, &CancelFlag::new())
         .unwrap()
         .unwrap();
     // Score only: the prompt back, its first token unscored, the rest the runtime's scores.
@@ -192,7 +196,7 @@ async fn n_choices_are_the_runtimes_runs_with_consecutive_seeds() {
         top_k: 40,
         ..Shaping::default()
     };
-    let want: Vec<runtime::GenerationResult> = (0..3)
+    let want: Vec<turbospark::runtime::GenerationResult> = (0..3)
         .map(|i| {
             let config = GenerationConfig {
                 shaping,

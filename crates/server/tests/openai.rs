@@ -1,5 +1,5 @@
 //! The HTTP server on the embedded testbed (CPU), checked against the runtime driven directly: what
-//! a client gets through `/v1/completions` and `/v1/chat/completions` must be what `runtime::generate`
+//! a client gets through `/v1/completions` and `/v1/chat/completions` must be what `turbospark::runtime::generate`
 //! writes for the same prompt and parameters (greedy: token for token, with the server's speculative
 //! `auto` plan against a sequential reference), whole or streamed; refusals name their parameter;
 //! a client that hangs up cancels its generation; a full queue answers 503; chat turns reuse the prefix.
@@ -14,10 +14,10 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::*;
 use http_body_util::BodyExt;
-use runtime::{ChatMessage, GenerationConfig, Speculation};
-use sampling::Shaping;
 use serde_json::{json, Value};
 use tower::ServiceExt;
+use turbospark::runtime::{ChatMessage, GenerationConfig, Speculation};
+use turbospark::sampling::Shaping;
 
 #[tokio::test]
 async fn completion_is_the_runtimes_greedy_generation() {

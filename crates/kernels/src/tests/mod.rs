@@ -8,7 +8,6 @@ mod gdn;
 mod linear;
 mod norm;
 mod rope;
-mod threads;
 
 use crate::simd::Isa;
 

@@ -6,13 +6,13 @@ use std::path::PathBuf;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use backend::Device;
 use http_body_util::BodyExt;
-use runtime::{
-    CancelFlag, ChatMessage, DrafterRequest, Engine, GenerationConfig, RenderOptions, Speculation,
-};
 use serde_json::Value;
 use tower::ServiceExt;
+use turbospark::backend::Device;
+use turbospark::runtime::{
+    CancelFlag, ChatMessage, DrafterRequest, Engine, GenerationConfig, RenderOptions, Speculation,
+};
 
 pub fn testbed() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/testbed")
@@ -26,9 +26,12 @@ pub fn start(max_queue: usize) -> server::Queue {
 pub fn start_with(speculation: Speculation, max_queue: usize) -> server::Queue {
     server::spawn(
         move || {
-            let engine = Engine::open_on(&testbed(), Device::Cpu)?;
-            let prepared = engine.prepare(speculation, DrafterRequest::Auto)?;
-            Ok((engine, prepared, "testbed".to_string()))
+            let model = turbospark::Model::builder(testbed())
+                .device(Device::Cpu)
+                .speculation(speculation)
+                .build()?;
+            let session = model.session()?;
+            Ok((model, session, "testbed".to_string()))
         },
         max_queue,
         false,
@@ -36,14 +39,17 @@ pub fn start_with(speculation: Speculation, max_queue: usize) -> server::Queue {
     .expect("the testbed loads")
 }
 
-/// The reference: `runtime::generate` on a fresh sequential session.
-pub fn reference(prompt: &[u32], config: &GenerationConfig) -> runtime::GenerationResult {
+/// The reference: `turbospark::runtime::generate` on a fresh sequential session.
+pub fn reference(
+    prompt: &[u32],
+    config: &GenerationConfig,
+) -> turbospark::runtime::GenerationResult {
     let engine = Engine::open_on(&testbed(), Device::Cpu).unwrap();
     let prepared = engine
         .prepare(Speculation::Off, DrafterRequest::Auto)
         .unwrap();
     let mut session = prepared.session;
-    let request = runtime::Request {
+    let request = turbospark::runtime::Request {
         prompt,
         config,
         eos: &engine.eos,
@@ -51,7 +57,7 @@ pub fn reference(prompt: &[u32], config: &GenerationConfig) -> runtime::Generati
         speculative: None,
         cancel: CancelFlag::new(),
     };
-    runtime::generate(&engine.model, &mut session, &request, &mut |_| {}).unwrap()
+    turbospark::runtime::generate(&engine.model, &mut session, &request, &mut |_| {}).unwrap()
 }
 
 pub fn encode(text: &str) -> Vec<u32> {
