@@ -204,7 +204,7 @@ impl Model {
                 ck,
                 // The FMA GEMV is faster for one row and for verify blocks up to ~4 rows (the MTP
                 // head's blocks); the tensor-core GEMV for DFlash's 16-row blocks (H200, 4B shape:
-                // 1 / 4 / 16 rows 3.6 / 4.7 / 11.6 ms against 4.5 / 5.4 / 8.2, session 5). Per load,
+                // 1 / 4 / 16 rows 3.6 / 4.7 / 11.6 ms against 4.5 / 5.4 / 8.2, `cuda_check --sweep`). Per load,
                 // so sequential and speculative runs of a model share one arithmetic.
                 LoadOptions {
                     tensor_core_gemv: env_flag("TURBOSPARK_TENSOR_CORE_GEMV")

@@ -1,21 +1,19 @@
 //! `turbospark generate`: one prompt in, its continuation streamed to stdout.
 //!
-//! Flow: resolve the model directory → refuse an unservable named `--speculative N` before the
-//! (slow) load ([`preflight`]) → load ([`load`]: engine, speculation plan, session) → render the
+//! Flow: resolve the model directory → [`load`] (`turbospark::Model`: a named `--speculative N` the
+//! checkpoint cannot serve is refused before the weights load; then the session's plan) → render the
 //! chat template when `--chat` → [`stream`] the generation, writing each committed delta to stdout
 //! and flushing it → the stats lines on stderr with `--stats`.
 //!
-//! The plan is decided once by `Engine::plan` (the one policy the server and C API share): a named
+//! The plan is decided by `Engine::plan` (the one policy the server and C API share): a named
 //! block it cannot serve is the error exit; `auto` that cannot speculate prints `warning: ...` once
 //! and decodes sequentially. Output: the generated text followed by one newline.
 
 use std::io::{self, Read, Write};
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{bail, Context, Result};
-use turbospark::model_io::Checkpoint;
 use turbospark::runtime::{
     CancelFlag, ChatMessage, DrafterRequest, Event, GenerationConfig, GenerationResult,
     RenderOptions, RuntimeError, Speculation,
@@ -133,27 +131,9 @@ pub struct Loaded {
     pub session: Session,
 }
 
-/// Refuses a named `--speculative N` the checkpoint cannot serve before the model is loaded, so the
-/// user does not wait for a load that ends in a refusal (and so the refusal names the missing
-/// drafter even when another file, such as the tokenizer, is also missing). Uses the same
-/// `turbospark::runtime::availability` the engine's plan uses.
-pub fn preflight(dir: &Path, speculation: Speculation, drafter: DrafterRequest) -> Result<()> {
-    if !matches!(speculation, Speculation::Block(_)) {
-        return Ok(());
-    }
-    let checkpoint = Checkpoint::open(dir).context("cannot load the model")?;
-    turbospark::runtime::resolve(
-        speculation,
-        drafter,
-        &turbospark::runtime::availability(&checkpoint),
-    )?;
-    Ok(())
-}
-
 /// Loads the model of `model` and plans speculation for `sampling`; prints the plan's warning.
 pub fn load(model: &ModelArgs, sampling: &SamplingArgs) -> Result<Loaded> {
     let dir = model.model_dir()?;
-    preflight(&dir, sampling.speculative, sampling.drafter)?;
     let spinner = progress::spinner(format!("loading {}", dir.display()));
     let opened = crate::open_model(model, &dir, sampling.speculative, sampling.drafter);
     spinner.finish_and_clear();

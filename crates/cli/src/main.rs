@@ -130,12 +130,22 @@ pub fn open_model(
         }
         builder = builder.threads(threads);
     }
-    let model = builder.build().map_err(|e| {
-        let unavailable = e.is_device_unavailable();
-        load_error(e, args.device, unavailable)
-    })?;
+    let model = builder.build().map_err(|e| open_error(e, args.device))?;
     note_fallback(args.device, model.device_note());
     Ok(model)
+}
+
+/// Why a model did not open: a refused speculation as it is, `--device X: ...` when the GPU could not
+/// be opened, else `cannot load the model: ...`.
+pub fn open_error(e: turbospark::Error, device: Device) -> anyhow::Error {
+    if matches!(
+        e.as_runtime(),
+        Some(turbospark::runtime::RuntimeError::SpeculationUnavailable { .. })
+    ) {
+        return anyhow::Error::new(e);
+    }
+    let unavailable = e.is_device_unavailable();
+    load_error(e, device, unavailable)
 }
 
 /// `--device X: ...` when the GPU could not be opened, else `cannot load the model: ...`.

@@ -46,7 +46,6 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         bail!("invalid value 0 for --threads: at least one thread is needed");
     }
     let dir = args.model.model_dir()?;
-    crate::generate::preflight(&dir, args.speculative, args.drafter)?;
     let name = match &args.served_model_name {
         Some(name) => name.clone(),
         None => dir
@@ -78,10 +77,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         !args.quiet,
     );
     spinner.finish_and_clear();
-    let queue = queue.map_err(|e| {
-        let unavailable = e.is_device_unavailable();
-        crate::load_error(e, device, unavailable)
-    })?;
+    let queue = queue.map_err(|e| crate::open_error(e, device))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -5,7 +5,7 @@ use drafters::dflash::DflashConfig;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
-/// The testbed drafter's config (models/testbed/dflash/config.json, run 1), trimmed to what matters.
+/// The testbed drafter's config (models/testbed/dflash/config.json), trimmed to what matters.
 fn base() -> Value {
     json!({
         "architectures": ["DFlashDraftModel"],

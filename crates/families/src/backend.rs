@@ -33,6 +33,15 @@ pub enum BackendError {
     Device(Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
+/// One sequence's rows in a [`Backend::forward_batch`]: `tokens` [n] at positions start..start+n of
+/// `state` — a decode row, a verify block [next, d1..dk], or a prefill chunk — and what it wants back.
+pub struct SeqRows<'a, S> {
+    pub tokens: &'a [u32],
+    pub start: usize,
+    pub state: &'a mut S,
+    pub wanted: &'a Wanted,
+}
+
 /// A model the decode loop can drive. `State` is the per-sequence data the model reads and extends.
 pub trait Backend {
     type State: BackendState;
@@ -53,6 +62,19 @@ pub trait Backend {
         state: &mut Self::State,
         wanted: &Wanted,
     ) -> Result<ForwardOut, BackendError>;
+    /// Runs several sequences' rows in one call, each from its own start on its own state: result i
+    /// is what `forward` would return for sequence i alone, bit for bit (a row's numerics never depend
+    /// on the other sequences' rows). The decode loop calls this with one sequence; a batching
+    /// scheduler passes many. Default: one `forward` per sequence.
+    fn forward_batch(
+        &self,
+        batch: &mut [SeqRows<'_, Self::State>],
+    ) -> Result<Vec<ForwardOut>, BackendError> {
+        batch
+            .iter_mut()
+            .map(|s| self.forward(s.tokens, s.start, s.state, s.wanted))
+            .collect()
+    }
     /// Starts recording a tape on `state` (replacing any previous one).
     fn begin_tape(&self, state: &mut Self::State) -> Result<(), BackendError>;
     /// Keeps the first `keep` rows run since `begin_tape` and drops the rest; ends the tape. `Ok(false)`
@@ -194,8 +216,34 @@ impl<T: Backend + ?Sized> Backend for std::sync::Arc<T> {
         (**self).begin_tape(state)
     }
 
+    fn forward_batch(
+        &self,
+        batch: &mut [SeqRows<'_, T::State>],
+    ) -> Result<Vec<ForwardOut>, BackendError> {
+        (**self).forward_batch(batch)
+    }
+
     fn rollback_retaining(&self, state: &mut T::State, keep: usize) -> Result<bool, BackendError> {
         (**self).rollback_retaining(state, keep)
+    }
+
+    fn greedy_chain(
+        &self,
+        first: u32,
+        start: usize,
+        state: &mut T::State,
+        max_steps: usize,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<usize>, BackendError> {
+        (**self).greedy_chain(first, start, state, max_steps, on_token)
+    }
+
+    fn last_logits(&self, state: &mut T::State) -> Result<Option<Vec<f32>>, BackendError> {
+        (**self).last_logits(state)
+    }
+
+    fn one_time_work(&self) -> u64 {
+        (**self).one_time_work()
     }
 
     fn prefill_chunk(&self) -> usize {

@@ -13,7 +13,7 @@ pub mod state;
 pub mod tape;
 
 pub use backend::{
-    Backend, BackendError, BackendState, HostHead, SharedHead, TargetHead, PREFILL_CHUNK,
+    Backend, BackendError, BackendState, HostHead, SeqRows, SharedHead, TargetHead, PREFILL_CHUNK,
 };
 pub use error::ModelError;
 pub use model::{Candidates, ForwardOut, Rows, Tap, Transformer, Wanted};

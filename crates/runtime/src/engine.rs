@@ -90,7 +90,23 @@ impl Engine {
 
     /// Opens `dir` with the target on `device` (`cuda` on a machine without a GPU is the error).
     pub fn open_on(dir: &Path, device: Device) -> Result<Self, RuntimeError> {
+        Self::open_checked(dir, device, Speculation::Off, DrafterRequest::Auto)
+    }
+
+    /// [`Engine::open_on`] for sessions that will speculate as `spec` / `drafter` ask: a named block the
+    /// checkpoint cannot serve (no such drafter, a block outside its range) is refused from the
+    /// checkpoint's files, before any weight is loaded. What the device verifies exactly is checked
+    /// when a session is planned ([`Engine::plan`]).
+    pub fn open_checked(
+        dir: &Path,
+        device: Device,
+        spec: Speculation,
+        drafter: DrafterRequest,
+    ) -> Result<Self, RuntimeError> {
         let checkpoint = Checkpoint::open(dir)?;
+        if let Speculation::Block(_) = spec {
+            policy::resolve(spec, drafter, &availability(&checkpoint))?;
+        }
         let loaded = Model::load(&checkpoint, device)?;
         let tokenizer = checkpoint.tokenizer()?;
         let eos = checkpoint.eos_token_ids();

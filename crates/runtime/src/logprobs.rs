@@ -87,7 +87,7 @@ const SCORE_CHUNK: usize = 64;
 /// token i + 1 judged by the row after prompt[..=i], on a fresh state of its own (a session's state is
 /// left alone). Cancellation is polled between chunks: `None` when it came. The rows are the backend's
 /// multi-row pass: on CUDA its prefill GEMMs take bf16 activations (as transformers' bf16 forward), so the
-/// scores there are within ~5e-2 nats of the CPU engine's (H200 run 185), not bitwise the decode rows'.
+/// scores there are within ~5e-2 nats of the CPU engine's (measured on the H200), not bitwise the decode rows'.
 pub fn prompt_logprobs<B: Backend>(
     model: &B,
     prompt: &[u32],

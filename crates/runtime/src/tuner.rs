@@ -7,9 +7,10 @@
 //! Why measure instead of deriving it: the best block is the argmax over b of E[tokens | b] / cost(b),
 //! and both factors move. Acceptance decays along the block at a rate that depends on the drafter and
 //! the text (the testbed's MTP head: 0.94 at position 1, 0.73 at 2; code differs from prose), and the
-//! verify cost curve depends on the device and model (H200, 4B shape: 1.10 / 1.30 / 1.78x one row for
-//! 2 / 4 / 8 rows; the testbed on the same GPU is launch-bound and nearly flat; on the CPU verify cost
-//! grows with the rows). Measured on the testbed, GPU: block 2 1.03x, block 4 1.25x over sequential.
+//! verify cost curve depends on the device and model (H200, 4B shape: 1.32 / 1.63 / 2.34x one row
+//! for 2 / 4 / 8 rows, `cuda_check --table`; the testbed on the same GPU is launch-bound and nearly
+//! flat; on the CPU verify cost grows with the rows). Measured on the testbed, GPU: block 2 1.03x,
+//! block 4 1.25x over sequential.
 //!
 //! Model: E[tokens | b] = 1 + a1 + a1 a2 + ... + a1 ... ab, with a_i the acceptance of position i
 //! given the ones before it, pooled over every round that reached i whatever its block (position i's
@@ -19,7 +20,7 @@
 //! than a bad one. cost(b) = the median seconds of the last `WINDOW` rounds of block b (drafting,
 //! verify, rollback, the drafter's observe), not counting its first round nor a round during which the
 //! backend did one-time work (`Backend::one_time_work`: a CUDA graph captured, 1.1-2.3 ms against
-//! 0.3-0.7 ms rounds on the testbed's GPU, run 168, and a block's first several rounds meet new row
+//! 0.3-0.7 ms rounds on the testbed's H200 rounds, and a block's first several rounds meet new row
 //! counts), and the lower median
 //! (with two rounds, the cheaper): one-time costs only ever add, and they come later too (the GPU
 //! MTP drafter captures a graph the first time a round keeps each number of rows). A simulation with
@@ -536,7 +537,7 @@ mod tests {
     }
     /// A round pays a one-time cost (`once` rounds' worth) the first time it meets a new `key(block,
     /// accepted)` (on a GPU, graphs captured for a verify block's rows, for the drafter's observe of the
-    /// rows kept, for a rollback: 1.1-2.3 ms against 0.3-0.7 ms rounds on the testbed, run 168), with
+    /// rows kept, for a rollback: 1.1-2.3 ms against 0.3-0.7 ms rounds on the testbed's H200), with
     /// 10% timing noise besides. Averaged over 50 runs of 120 rounds: the tokens per second it reaches,
     /// counting each round at its cost without the one-time part, as a share of the best fixed block's.
     /// `reported`: the rounds that paid are recorded untimed, as `generate` does when the backend's

@@ -512,7 +512,7 @@ fn from_ordered_bits(k: u64) -> f64 {
 /// found by a mass-weighted quickselect instead of sorting the vocabulary: partition around the
 /// median, keep the lower half if its mass still fits, else search inside it. The prefix's mass is
 /// summed half by half instead of token by token (equal up to rounding). A full sort of 151936
-/// tokens cost 17 ms per sampled token on the H200's host (run 32).
+/// tokens cost 17 ms per sampled token on the H200's host (`cargo bench -p sampling --bench shaping`).
 fn top_p(logits: &mut [f64], top_p: f64) {
     let s = Survivors::of(logits);
     let probs = &s.probs;
@@ -611,7 +611,7 @@ impl Survivors {
 }
 
 /// Rows at least this long are exponentiated on the rayon pool (151936 logits: 2.7 ms per softmax
-/// in one thread on the H200's host, run 32); element-wise, so the result is the same either way.
+/// in one thread on the H200's host, `cargo bench -p sampling`); element-wise, so the result is the same either way.
 pub(crate) const PARALLEL_MIN: usize = 16 * 1024;
 
 /// Drops every token whose probability is below `min_p` times the largest probability.

@@ -28,12 +28,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
 
     let mut messages = vec![ChatMessage::new("user", "Write a haiku about the sea.")];
-    for follow_up in ["Now one about the mountains."] {
-        let reply = session.chat(&messages, &options, &config, |_| {})?;
-        println!("assistant: {}\n", reply.text);
-        messages.push(ChatMessage::new("assistant", reply.text));
-        messages.push(ChatMessage::new("user", follow_up));
-    }
+    let reply = session.chat(&messages, &options, &config, |_| {})?;
+    println!("assistant: {}\n", reply.text);
+    messages.push(ChatMessage::new("assistant", reply.text));
+    messages.push(ChatMessage::new("user", "Now one about the mountains."));
     let reply = session.chat(&messages, &options, &config, |_| {})?;
     println!("assistant: {}", reply.text);
     println!(

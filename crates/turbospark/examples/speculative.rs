@@ -21,7 +21,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut speculative = model.session_with(Speculation::Block(3), Default::default())?;
     let fast = speculative.generate(prompt, &config, |_| {})?;
 
-    assert_eq!(plain.token_ids, fast.token_ids, "speculation changed the output");
+    assert_eq!(
+        plain.token_ids, fast.token_ids,
+        "speculation changed the output"
+    );
     println!("{}", fast.text);
     println!(
         "sequential {:.1} tok/s, {} {:.1} tok/s ({:.2}x)",

@@ -56,7 +56,8 @@ impl ModelBuilder {
         self
     }
 
-    /// Starts the thread pool and loads the checkpoint on the device inside it.
+    /// Starts the thread pool and loads the checkpoint on the device inside it. A named speculative
+    /// block the checkpoint cannot serve is refused before the weights are loaded.
     pub fn build(self) -> Result<Model, Error> {
         if self.threads == Some(0) {
             return Err(Error::InvalidOption {
@@ -70,7 +71,9 @@ impl ModelBuilder {
             .thread_name(|i| format!("turbospark-{i}"))
             .build()
             .map_err(|source| Error::ThreadPool { threads, source })?;
-        let engine = pool.install(|| Engine::open_on(&self.dir, self.device))?;
+        let engine = pool.install(|| {
+            Engine::open_checked(&self.dir, self.device, self.speculation, self.drafter)
+        })?;
         Ok(Model {
             inner: Arc::new(Inner {
                 engine,
