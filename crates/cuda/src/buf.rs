@@ -19,7 +19,7 @@ enum Storage {
 }
 
 /// A device allocation of `bytes` bytes at address `ptr` (a host address on the emulated device).
-pub(crate) struct DBuf {
+pub struct DBuf {
     _storage: Storage,
     pub ptr: u64,
     pub bytes: usize,
@@ -91,7 +91,7 @@ pub(crate) fn bind(dev: &CudaDevice) -> Result<(), CudaError> {
 }
 
 /// Host to device; returns once `data` may be reused (pageable copies are staged by the driver).
-pub(crate) fn htod<T: Copy>(dev: &CudaDevice, dst: u64, data: &[T]) -> Result<(), CudaError> {
+pub fn htod<T: Copy>(dev: &CudaDevice, dst: u64, data: &[T]) -> Result<(), CudaError> {
     if data.is_empty() {
         return Ok(());
     }
@@ -116,7 +116,7 @@ pub(crate) fn htod<T: Copy>(dev: &CudaDevice, dst: u64, data: &[T]) -> Result<()
 }
 
 /// Device to host, waiting for the copy (and everything queued before it).
-pub(crate) fn dtoh<T: Copy>(dev: &CudaDevice, out: &mut [T], src: u64) -> Result<(), CudaError> {
+pub fn dtoh<T: Copy>(dev: &CudaDevice, out: &mut [T], src: u64) -> Result<(), CudaError> {
     if out.is_empty() {
         return Ok(());
     }
@@ -199,7 +199,7 @@ pub(crate) fn dtod(dev: &CudaDevice, dst: u64, src: u64, bytes: usize) -> Result
 
 /// One kernel argument.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Arg {
+pub enum Arg {
     /// A device address.
     P(u64),
     I(i32),
@@ -209,7 +209,7 @@ pub(crate) enum Arg {
 }
 
 /// Launches kernel `name` with a 1-D block of `block` threads over `grid`.
-pub(crate) fn launch(
+pub fn launch(
     dev: &CudaDevice,
     name: &str,
     grid: (u32, u32, u32),
@@ -410,6 +410,6 @@ pub(crate) fn launch_struct(
 }
 
 /// Blocks for an element-wise kernel over `count` items (grid-stride loops cover the rest).
-pub(crate) fn elementwise_grid(count: usize) -> (u32, u32, u32) {
+pub fn elementwise_grid(count: usize) -> (u32, u32, u32) {
     ((count.div_ceil(256)).clamp(1, 65_535) as u32, 1, 1)
 }

@@ -359,8 +359,9 @@ impl CudaDevice {
         self.segments.get().map_or(0, |s| s.staged_norms())
     }
 
-    /// Where the traced segment kernels' time went (`TURBOSPARK_SEG_TRACE=1`; measurements only).
-    pub fn segment_trace_report(&self) -> Option<String> {
+    /// The segment launches traced so far (`TURBOSPARK_SEG_TRACE=1`) and the SM clock in kHz that
+    /// converts their cycles; for the lab's report (`lab::segment_trace`).
+    pub(crate) fn segment_trace(&self) -> Option<(Vec<crate::segment_trace::TracedLaunch>, f64)> {
         let seg = self.segments.get()?;
         let khz = self
             .gpu
@@ -368,7 +369,7 @@ impl CudaDevice {
             .ctx
             .attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
             .ok()?;
-        seg.trace.report(khz as f64)
+        Some((seg.trace.launches(), khz as f64))
     }
 
     /// Whether decode steps can run their GEMV runs as segments (`LoadOptions::segments`), or why not.

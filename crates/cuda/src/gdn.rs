@@ -27,7 +27,7 @@ pub(crate) const CONV_MAX_K: usize = 8;
 
 /// Shapes of one Gated DeltaNet layer.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct GdnShape {
+pub struct GdnShape {
     pub hk: usize,
     pub hv: usize,
     pub dk: usize,
@@ -76,7 +76,7 @@ impl GdnShape {
 }
 
 /// Buffers and parameters of one GDN layer's recurrence.
-pub(crate) struct GdnArgs {
+pub struct GdnArgs {
     pub conv_w: u64,
     pub a_log: u64,
     pub dt_bias: u64,
@@ -87,11 +87,11 @@ pub(crate) struct GdnArgs {
 /// How gdn_rec spreads a head's value columns over blocks, and where the gated norm runs; the results
 /// are the same bits either way.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum GdnCols {
+pub enum GdnCols {
     /// One block per value head, which also applies the gated norm.
     PerHead,
     /// The columns split over up to 8 blocks per head (more parallel: decode GDN 0.424 -> 0.352 ms per
-    /// token, run 7). The gated norm: each head's last block to finish, counting finished blocks in
+    /// token). The gated norm: each head's last block to finish, counting finished blocks in
     /// `done` (i32 [hv], zero between launches), or, with None, the gated_rmsnorm kernel.
     Split { done: Option<u64> },
 }
@@ -109,7 +109,7 @@ pub(crate) struct GdnOut {
 /// [rows, proj_width]: prep [rows, prep_width] (scratch), o [rows, hv, dv] = gated-normed outputs;
 /// window and state updated in place.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gdn_recurrence(
+pub fn gdn_recurrence(
     dev: &CudaDevice,
     s: GdnShape,
     g: &GdnArgs,

@@ -39,7 +39,7 @@ pub(crate) fn floats_per_row(s: GdnShape) -> usize {
 }
 
 /// Scratch floats for a pass of `rows` rows (rows padded to whole chunks).
-pub(crate) fn scratch_floats(s: GdnShape, rows: usize) -> usize {
+pub fn scratch_floats(s: GdnShape, rows: usize) -> usize {
     rows.next_multiple_of(CHUNK) * floats_per_row(s)
 }
 
@@ -47,7 +47,7 @@ pub(crate) fn scratch_floats(s: GdnShape, rows: usize) -> usize {
 /// [rows, prep_width] and `scratch` (>= scratch_floats) are work space; o [rows, hv, dv] = gated-normed
 /// outputs; window and state [hv, dk, dv] updated in place. On the host emulation: the step form.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gdn_chunked(
+pub fn gdn_chunked(
     dev: &CudaDevice,
     s: GdnShape,
     g: &GdnArgs,

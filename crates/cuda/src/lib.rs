@@ -36,6 +36,8 @@ pub mod error;
 mod forward;
 mod gdn;
 mod gdn_chunk;
+#[doc(hidden)]
+pub mod lab;
 mod mma;
 pub mod model;
 mod moe;
@@ -47,10 +49,9 @@ mod rollback;
 mod segment;
 mod segment_config;
 mod segment_trace;
-pub mod selftest;
 mod simulate;
 pub mod state;
-pub mod sweep;
+#[doc(hidden)]
 pub mod testing;
 mod verify_graph;
 mod weights;
@@ -60,12 +61,11 @@ pub use dflash::CudaDflash;
 pub use error::CudaError;
 pub use model::{CudaModel, LoadOptions};
 pub use mtp::CudaMtp;
-pub use profile::{HostCosts, ProfileRow};
 pub use state::{CudaSnapshot, CudaState};
 pub use weights::WeightFormat;
 
 /// CUDA graphs captured by this process: a capture costs ~1-2 ms against a ~0.3 ms speculative round on
-/// the testbed (run 168), so the block tuner leaves rounds during which this grew untimed.
+/// the testbed, so the block tuner leaves rounds during which this grew untimed.
 static GRAPH_CAPTURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// How many CUDA graphs this process has begun capturing (decode steps, chains, verify blocks, drafters).

@@ -76,7 +76,7 @@ impl MmaVariant {
     }
 }
 
-/// A GEMV kernel choice the sweep (`crate::sweep`) can force.
+/// A GEMV kernel choice the GEMV sweep (cuda-lab `sweep.rs`) can force.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemvKernel {
     /// The FMA kernel (linear.cu).
@@ -104,7 +104,7 @@ fn mma_variant(rows: usize, cols: usize, swiglu: bool, sms: usize) -> MmaVariant
             return v;
         }
     }
-    // The fastest variant per qwen35-4b shape over 1, 4 and 8 rows (the `--sweep` of run 6).
+    // The fastest variant per qwen35-4b shape over 1, 4 and 8 rows (measured with `cuda_check --sweep`).
     if swiglu {
         MmaVariant::new(2, 4, 3)
     } else if rows.div_ceil(32) >= 2 * sms.max(1) {

@@ -99,7 +99,7 @@ pub(crate) fn copy_cache_rows(
 
 /// Scratch of forward passes of up to `rows` rows whose attention partials need at most `row_splits`
 /// (rows x key chunks per row) slots per head.
-pub(crate) struct Scratch {
+pub struct Scratch {
     pub rows: usize,
     pub row_splits: usize,
     pub ids: DBuf,      // i32 [rows]
@@ -121,7 +121,7 @@ pub(crate) struct Scratch {
     /// f32 [rope_rows, 2, ATT_MAX_D]: the pass's RoPE cos / sin (ops::Rope), and where a pass is with it.
     pub rope: DBuf,
     pub rope_rows: usize,
-    pub rope_pass: RopePass,
+    pub(crate) rope_pass: RopePass,
     pub moe_ids: DBuf, // i32 [rows, moe_k]: routed experts per slot
     pub moe_wts: DBuf, // [rows, moe_k + 1]: their weights, then the shared expert's gate
     /// Chunked GDN work space (gdn_chunk.rs): [rows padded to a chunk, gdn_chunk]; empty for one row.
@@ -130,7 +130,7 @@ pub(crate) struct Scratch {
 
 /// Widths the scratch must hold, from the model.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Widths {
+pub struct Widths {
     pub hidden: usize,
     pub big: usize,
     pub mid: usize,

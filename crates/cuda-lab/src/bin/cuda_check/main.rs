@@ -152,7 +152,7 @@ fn main() {
         );
     }
     let mut all_ok = true;
-    match cuda_backend::selftest::self_test(&dev) {
+    match cuda_lab::selftest::self_test(&dev) {
         Ok(rows) => {
             for r in rows {
                 all_ok &= r.ok();

@@ -5,12 +5,12 @@
 //! head's form).
 
 use super::{bitwise_row, download, Rng, SelfTestRow};
-use crate::buf::DBuf;
-use crate::device::CudaDevice;
-use crate::error::CudaError;
-use crate::ops::{self, NormW};
-use crate::segment;
-use crate::weights::{Mat, WDtype};
+use cuda_backend::lab::ops::{self, NormW};
+use cuda_backend::lab::segment;
+use cuda_backend::lab::DBuf;
+use cuda_backend::lab::{Mat, WDtype};
+use cuda_backend::CudaDevice;
+use cuda_backend::CudaError;
 
 fn bf16_mat(dev: &CudaDevice, rng: &mut Rng, rows: usize, cols: usize) -> Result<Mat, CudaError> {
     let scale = 1.0 / (cols as f32).sqrt();
