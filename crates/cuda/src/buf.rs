@@ -219,25 +219,6 @@ pub fn launch(
     launch_smem(dev, name, grid, block, 0, args)
 }
 
-/// Kernels named in `TURBOSPARK_SKIP_KERNELS` (comma-separated) are not launched by [`launch_smem`] (the
-/// segment kernels have their own launch: `TURBOSPARK_SEG_DEBUG` instead): a what-if for measurements
-/// only (what a kernel costs inside the decode graph, run 103); every result after one is wrong.
-fn skipped_for_measurement(name: &str) -> bool {
-    static SKIP: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    SKIP.get_or_init(|| {
-        std::env::var("TURBOSPARK_SKIP_KERNELS")
-            .map(|v| {
-                v.split(',')
-                    .map(|s| s.trim().to_string())
-                    .filter(|s| !s.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default()
-    })
-    .iter()
-    .any(|k| k == name)
-}
-
 /// [`launch`] with `shared` bytes of dynamic shared memory (at most 48 KiB without an opt-in attribute).
 pub(crate) fn launch_smem(
     dev: &CudaDevice,
@@ -252,9 +233,6 @@ pub(crate) fn launch_smem(
     }
     // Queued GEMVs run first (segment.rs): the stream's order is the order operations were issued.
     crate::segment::flush(dev)?;
-    if skipped_for_measurement(name) {
-        return Ok(());
-    }
     if let Some(sim) = dev.sim() {
         return sim.launch(name, grid, block, shared, args);
     }

@@ -221,9 +221,7 @@ impl CudaDevice {
         let mut functions = HashMap::new();
         // Preferred shared-memory carveout of every kernel, percent (`TURBOSPARK_CARVEOUT`, measurements:
         // at 100 an SM that ran a mixer core can take a segment block before it drains; segment.cu).
-        let carveout = std::env::var("TURBOSPARK_CARVEOUT")
-            .ok()
-            .and_then(|v| v.parse::<i32>().ok());
+        let carveout = crate::debug_env::get().carveout;
         for &name in KERNELS {
             let f = module
                 .load_function(name)

@@ -15,7 +15,7 @@ pub(crate) const GDN_MAX_DK: usize = 128;
 /// Shared memory a gdn_step block reserves without using it, and the most device.rs opts it in to. Launched
 /// early (programmatic launch), its blocks take the SMs the segment before it frees first: with none
 /// reserved up to 7 land on one SM; 110 KB leaves two per SM, spread over the GPU (4B decode step
-/// 2.610 ms against 2.696, run 107). `TURBOSPARK_GDN_STEP_SMEM_KB=N` overrides it (measurements).
+/// 2.610 ms against 2.696). `TURBOSPARK_GDN_STEP_SMEM_KB=N` overrides it (measurements).
 const GDN_STEP_SMEM: usize = 110 * 1024;
 pub(crate) const GDN_STEP_MAX_SMEM: usize = 112 * 1024;
 /// Threads per value column of gdn_rec (GDN_P).
@@ -259,20 +259,18 @@ pub(crate) fn gdn_recurrence_into(
 /// Whether a decode row runs gdn_step (conv kernel 4, blocks of `threads`: 4 to 16 whole warps) instead
 /// of gdn_conv_prep + gdn_rec; `TURBOSPARK_GDN_STEP=0` keeps the two launches (A/B measurements).
 fn step_fused(s: GdnShape, threads: usize) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     s.kernel == 4
         && threads.is_multiple_of(32)
         && (128..=512).contains(&threads)
-        && *ON.get_or_init(|| std::env::var("TURBOSPARK_GDN_STEP").map_or(true, |v| v != "0"))
+        && crate::debug_env::get().gdn_step
 }
 
 /// The dynamic shared memory of a gdn_step launch ([`GDN_STEP_SMEM`]).
 fn step_smem() -> u32 {
     static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let bytes = *BYTES.get_or_init(|| {
-        std::env::var("TURBOSPARK_GDN_STEP_SMEM_KB")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
+        crate::debug_env::get()
+            .gdn_step_smem_kb
             .map_or(GDN_STEP_SMEM, |kb| kb * 1024)
     });
     bytes.min(GDN_STEP_MAX_SMEM) as u32

@@ -29,6 +29,7 @@ mod argmax;
 mod buf;
 mod candidates;
 mod chain;
+mod debug_env;
 pub mod device;
 mod dflash;
 mod emu;

@@ -72,22 +72,24 @@ pub struct LoadOptions {
 }
 
 impl Default for LoadOptions {
+    /// The defaults, with the environment's A/B toggles applied (`debug_env.rs`).
     fn default() -> Self {
+        let env = crate::debug_env::get();
         LoadOptions {
             weights: WeightFormat::Bf16,
             // Verify blocks (<= 16 rows) stay on the batch-invariant path, as the CPU engine's matvec.
             gemv_max_rows: 16,
             graphs: true,
-            verify_graphs: std::env::var("TURBOSPARK_VERIFY_GRAPHS").map_or(true, |v| v != "0"),
+            verify_graphs: env.verify_graphs,
             tensor_core_gemv: false,
             max_pass_rows: 512,
-            gdn_chunked: std::env::var("TURBOSPARK_GDN_CHUNKED").map_or(true, |v| v != "0"),
-            segments: std::env::var("TURBOSPARK_SEGMENTS").map_or(true, |v| v != "0"),
+            gdn_chunked: env.gdn_chunked,
+            segments: env.segments,
             attention_tc: true,
             attention_tc_splits: 0,
             rope_table: true,
-            chain: std::env::var("TURBOSPARK_CHAIN").map_or(true, |v| v != "0"),
-            candidates: std::env::var("TURBOSPARK_CANDIDATES").map_or(true, |v| v != "0"),
+            chain: env.chain,
+            candidates: env.candidates,
         }
     }
 }

@@ -66,8 +66,8 @@ pub fn cache_dir() -> PathBuf {
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     };
-    if let Some(dir) = var("TURBOSPARK_CUDA_CACHE") {
-        return dir;
+    if let Some(dir) = &crate::debug_env::get().cuda_cache {
+        return dir.clone();
     }
     if let Some(dir) = var("XDG_CACHE_HOME") {
         return dir.join("turbospark").join("cuda");

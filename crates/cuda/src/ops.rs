@@ -57,9 +57,8 @@ pub(crate) fn att_splits(rows: usize, gemv_max_rows: usize) -> usize {
     static FINE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     if rows <= gemv_max_rows {
         *FINE.get_or_init(|| {
-            std::env::var("TURBOSPARK_ATT_SPLITS")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
+            crate::debug_env::get()
+                .att_splits
                 .map_or(ATT_SPLITS_FINE, |n| n.clamp(1, ATT_SPLITS_FINE))
         })
     } else {
