@@ -177,7 +177,7 @@ pub fn dtoh<T: Copy>(dev: &CudaDevice, out: &mut [T], src: u64) -> Result<(), Cu
 }
 
 /// Device-to-host copies from this size go through the device's pinned staging buffer: a logits row
-/// (608 KB) took 0.079 ms into pageable memory on the H200 (run 19), ~8 GB/s.
+/// (608 KB) took 0.079 ms into pageable memory on the H200, ~8 GB/s.
 const STAGED_DTOH_BYTES: usize = 64 * 1024;
 
 /// Device to device, `bytes` bytes, queued on the stream.

@@ -49,7 +49,7 @@ impl GdnShape {
     }
     /// The recurrent state in the GPU's layout from the CPU engine's: head h's S [dk, dv] is stored
     /// transposed on the GPU ([dv, dk], a value column's dk entries contiguous), so that a warp's state
-    /// loads and stores in gdn_rec / gdn_step cover whole 32-byte sectors (run 140: the 4B decode step
+    /// loads and stores in gdn_rec / gdn_step cover whole 32-byte sectors (the 4B decode step
     /// 2.505 ms against 2.540 with the [dk, dv] layout's half-sector stores).
     pub fn state_to_device(&self, s: &[f32]) -> Vec<f32> {
         self.transpose_heads(s, self.dk, self.dv)

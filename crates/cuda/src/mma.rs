@@ -17,7 +17,7 @@ const MMA_MAX_ROWS: usize = 16;
 /// at 6 bytes (three bf16 terms) per value.
 pub(crate) const FRAG_SCRATCH_BYTES: usize = MMA_MAX_ROWS * 32768 * 6;
 /// Normed launches of at least this many rows split their input once (mma_split_rows) instead of in
-/// every block: the per-block prologue grows with the rows (run 24: a 4-row verify's normed GEMVs at
+/// every block: the per-block prologue grows with the rows (a 4-row verify's normed GEMVs at
 /// 1.5-1.9x one row); one row keeps the in-block stage (no extra launch on the decode path).
 const PRESPLIT_MIN_ROWS: usize = 2;
 /// Largest split-fragment stage (rows x cols x 6 bytes) of a tensor-core GEMV block: two blocks per SM

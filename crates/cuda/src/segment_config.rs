@@ -68,12 +68,12 @@ fn ring_overhead(consumers: usize, pages: usize) -> usize {
 /// Bytes a block may have in flight while it copies for the stage its consumers are on (segment.cu's
 /// in-flight cap; the rest of the ring holds landed pages): fewer queued bytes stream faster and more evenly
 /// over the SMs. With the boundary's cap below, 8 / 12 / 16 pages: 4B (5 KB pages) 2.433 / 2.399 / 2.395 ms,
-/// 9B (8 KB) 4.260 / 4.269 / 4.259, 8B (8 KB) 4.364 / 4.394 / 4.390 (run 155); with the 4B's 36-page ring,
-/// 8 / 12 / 16 / 20 pages 2.380 / 2.345 / 2.337 / 2.343 (run 165): 80 KB, which keeps 8 KB pages at 8.
+/// 9B (8 KB) 4.260 / 4.269 / 4.259, 8B (8 KB) 4.364 / 4.394 / 4.390; with the 4B's 36-page ring,
+/// 8 / 12 / 16 / 20 pages 2.380 / 2.345 / 2.337 / 2.343: 80 KB, which keeps 8 KB pages at 8.
 const FLIGHT_BYTES: usize = 80 * 1024;
 /// Pages a block may have in flight while it copies for a stage its consumers have not yet staged (they
 /// finish the one before, wait at the grid barrier, stage the input): the boundary's round trips wait
-/// behind fewer bytes. 4 / 8 pages: 4B 2.399 / 2.467 ms, 9B 4.269 / 4.357, 8B 4.394 / 4.479 (run 155).
+/// behind fewer bytes. 4 / 8 pages: 4B 2.399 / 2.467 ms, 9B 4.269 / 4.357, 8B 4.394 / 4.479.
 const EDGE_FLIGHT_PAGES: usize = 4;
 /// SegParams flags bits 10-15: a multiple of the 4 producers (each waits for its own earlier copy), 0 off.
 fn flight_pages(pages: usize) -> usize {
@@ -129,7 +129,7 @@ impl Ring {
     /// Dynamic shared memory of a block with `consumers` consumer warps and room for an input of
     /// `xs_floats`: pages, the staged input, the empty barriers and each consumer's full barriers, norm
     /// scratch, the in-flight cap's two words per page and the consumers' staged stages. Only what the segment needs: the less a block
-    /// holds, the sooner its neighbours in the stream fit beside it (4B step, runs 68 / 70: 2.980 ms with
+    /// holds, the sooner its neighbours in the stream fit beside it (4B step: 2.980 ms with
     /// a fixed 48 KB room, 2.970-2.975 with the segment's own 36 KB).
     pub(crate) fn smem_bytes(&self, consumers: usize, xs_floats: usize) -> usize {
         self.pages * self.page_bytes + xs_floats * 4 + ring_overhead(consumers, self.pages)
@@ -279,7 +279,7 @@ impl Config {
 
     /// The kernel for `stages` on `ring`: of the HELD_KERNELS, the one whose held stages carry the most
     /// weight bytes (the ~160 registers a held input takes leave room for 8 consumer warps: 4B step
-    /// 2.728 ms against 2.756 on 12 without, 9B 4.556 against 4.650, run 97); else the base kernel.
+    /// 2.728 ms against 2.756 on 12 without, 9B 4.556 against 4.650); else the base kernel.
     pub(crate) fn kernel_for(&self, stages: &[Stage], ring: &Ring) -> SegKernel {
         if !self.holds_inputs() {
             return self.base_kernel();

@@ -338,7 +338,7 @@ mod tests {
     #[test]
     fn verify_scratch_holds_every_block_after_a_prefill() {
         // A prefill of 35 rows leaves coarse splits (35 x 8 = 280): a 5-row block needs 5 x 64. Sizing the
-        // splits from the prefill's rows once overflowed the attention partials (run 9: wrong tokens).
+        // splits from the prefill's rows once overflowed the attention partials (wrong tokens).
         for gm in [1usize, 4, 16] {
             for have in [(0, 0), (35, 35 * 8), (512, 512 * 8), (16, 16 * 64)] {
                 let (rows, rs) = verify_scratch(have, gm);

@@ -200,7 +200,7 @@ __device__ __forceinline__ void split_rows_into(const float* __restrict__ x, int
 
 // mma_split_rows, grid (n), MMA_WARPS * 32 threads: the staged fragments of n input rows, written once
 // to global memory (frag [n, in/8, 12]) for every block of the GEMV that follows (`stage` 2), instead of
-// each block normalising and splitting all n rows itself — measured on the H200 (run 24), that prologue
+// each block normalising and splitting all n rows itself — measured on the H200, that prologue
 // made a 4-row verify's normed GEMVs 1.5-1.9x the one-row time. Block m does row m in rms_inv_rows'
 // order and split_rows_into's arithmetic, so the fragments equal the in-kernel stage bit for bit and a
 // row's result does not depend on which path its launch took.
