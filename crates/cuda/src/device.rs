@@ -227,13 +227,13 @@ impl CudaDevice {
                 .load_function(name)
                 .map_err(CudaError::driver(format!("looking up kernel {name}")))?;
             let opt_in = if name.starts_with("linear_mma_") {
-                crate::mma::MMA_STAGE_BYTES
+                crate::launch_limits::MMA_STAGE_BYTES
             } else if name.starts_with("attn_tc_") && name != "attn_tc_combine" {
-                crate::ops::ATT_TC_MAX_SMEM
+                crate::launch_limits::ATT_TC_MAX_SMEM
             } else if name == "gdn_step" || name == "gdn_step_into" {
-                crate::gdn::GDN_STEP_MAX_SMEM
+                crate::launch_limits::GDN_STEP_MAX_SMEM
             } else if name == "gdn_chunk_state" {
-                crate::gdn_chunk::STATE_SMEM_BYTES
+                crate::launch_limits::GDN_CHUNK_STATE_SMEM
             } else {
                 0
             };
@@ -464,7 +464,7 @@ impl CudaDevice {
 
     /// Allocates the tensor-core GEMV's fragment scratch (see `frag_scratch`).
     fn alloc_frag_scratch(&self) -> Result<(), CudaError> {
-        let buf = crate::buf::DBuf::zeros(self, crate::mma::FRAG_SCRATCH_BYTES)?;
+        let buf = crate::buf::DBuf::zeros(self, crate::launch_limits::FRAG_SCRATCH_BYTES)?;
         let _ = self.frag_scratch.set(buf);
         Ok(())
     }

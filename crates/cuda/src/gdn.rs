@@ -17,7 +17,7 @@ pub(crate) const GDN_MAX_DK: usize = 128;
 /// reserved up to 7 land on one SM; 110 KB leaves two per SM, spread over the GPU (4B decode step
 /// 2.610 ms against 2.696). `TURBOSPARK_GDN_STEP_SMEM_KB=N` overrides it (measurements).
 const GDN_STEP_SMEM: usize = 110 * 1024;
-pub(crate) const GDN_STEP_MAX_SMEM: usize = 112 * 1024;
+pub(crate) use crate::launch_limits::GDN_STEP_MAX_SMEM;
 /// Threads per value column of gdn_rec (GDN_P).
 const GDN_P: usize = 8;
 /// Largest value head dim of gdn_rec (GDN_P threads per column in one block of at most 1024).

@@ -19,7 +19,7 @@ use crate::device::CudaDevice;
 use crate::emu;
 use crate::error::CudaError;
 use crate::ops::{self, NormW};
-use crate::state::{Scratch, Widths};
+use crate::scratch::{Scratch, Widths};
 use crate::weights::{Mat, Uploader, WDtype};
 
 /// Warps per block of moe_gate_up / moe_down (MOE_WARPS).

@@ -23,8 +23,7 @@ pub(crate) use crate::gdn::{
     GDN_MAX_DV,
 };
 
-/// Warps per GEMV block.
-pub(crate) const LIN_WARPS: usize = 8;
+pub(crate) use crate::launch_limits::LIN_WARPS;
 /// Rows per GEMV launch (the kernels are instantiated for 1..=8).
 const LIN_MAX_ROWS: usize = 8;
 /// Output rows per warp of the GEMV kernel for a launch of `n` input rows (LIN_R in linear.cu).
@@ -42,8 +41,7 @@ const LIN_STAGE_BYTES: usize = 40 * 1024;
 const LIN_BLOCKS_PER_SM: usize = 4;
 /// Head dims per attn_combine block (ATT_COMBINE_DIMS).
 const ATT_COMBINE_DIMS: usize = 64;
-/// Largest head_dim the attention kernels hold per lane (ATT_MAX_D).
-pub const ATT_MAX_D: usize = 256;
+pub use crate::launch_limits::ATT_MAX_D;
 /// Key chunks per row for passes of at most `gemv_max_rows` rows (decode, verify): enough blocks for a
 /// one-row decode at any context (ATT_MAX_SPLITS in attention.cu).
 pub const ATT_SPLITS_FINE: usize = 64;
@@ -546,8 +544,6 @@ const ATT_TC_WARPS: usize = 4;
 pub(crate) fn att_tc_smem(d: usize) -> usize {
     256 * (d + 8)
 }
-/// The most any attn_tc kernel asks for (d = ATT_MAX_D); device.rs opts the kernels in to it.
-pub(crate) const ATT_TC_MAX_SMEM: usize = 256 * (ATT_MAX_D + 8);
 
 /// How attention runs after attn_prep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

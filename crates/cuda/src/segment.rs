@@ -442,7 +442,7 @@ fn launch_one(dev: &CudaDevice, s: &Stage) -> Result<(), CudaError> {
         dev,
         "linear_bf16_1",
         (s.blocks, 1, 1),
-        (crate::ops::LIN_WARPS * 32) as u32,
+        (crate::launch_limits::LIN_WARPS * 32) as u32,
         shared as u32,
         &[
             Arg::P(s.w),
