@@ -131,10 +131,13 @@ fn chain(
         let y1 = DBuf::f32s(dev, few)?;
         let act = DBuf::f32s(dev, inter)?;
         let out = DBuf::f32s(dev, many)?;
+        // h: a normed input (wide or few); big: a SwiGLU's [g ; u] or the many rows; xb: bf16 inputs.
+        // The host emulation writes all three, so each holds the widest use.
+        let widest = wide.max(few).max(inter);
         let (h, big, xb) = (
-            DBuf::f32s(dev, wide)?,
-            DBuf::f32s(dev, many)?,
-            DBuf::zeros(dev, wide * 2)?,
+            DBuf::f32s(dev, widest)?,
+            DBuf::f32s(dev, many.max(2 * inter))?,
+            DBuf::zeros(dev, widest * 2)?,
         );
         let before = dev.segment_launches();
         let scope = if segments {
