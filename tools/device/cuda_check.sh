@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the prebuilt cuda_check (crates/cuda) on the GPU machine: fixtures on CUDA vs transformers and the
+# Runs the prebuilt cuda_check (crates/cuda-lab) on the GPU machine: fixtures on CUDA vs transformers and the
 # CPU engine, then batch-1 decode tok/s on a synthetic qwen35-4b. Output is tee'd to $OUT/cuda_check.log.
 #
 # The binary dlopen()s libcuda.so.1 / libnvrtc.so.13 / libcublas.so.13 at run time; like
@@ -11,7 +11,7 @@
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN="${CUDA_CHECK_BIN:-$ROOT/target/release/cuda_check}"
-[ -x "$BIN" ] || { echo "cuda_check binary not found at $BIN (build: cargo build --release -p cuda-backend --bin cuda_check)"; exit 3; }
+[ -x "$BIN" ] || { echo "cuda_check binary not found at $BIN (build: cargo build --release -p cuda-lab --bin cuda_check)"; exit 3; }
 LOG="${OUT:-/tmp}/cuda_check.log"
 exec > >(tee "$LOG") 2>&1
 export NCCL_NVLS_ENABLE=0

@@ -5,7 +5,8 @@
 # simulator (cuda_check --simulate) cannot see: it runs blocks one at a time and host memory has no
 # bounds. Each tool is time-bounded ($SANITIZE_TIMEOUT s, default 100); output is tee'd to
 # $OUT/sanitize.log. Skipped (exit 0) when compute-sanitizer is not installed.
-# Run after tools/device/cuda_check.sh (same library path set-up), from the repository root.
+# Run after tools/device/cuda_check.sh (same library path set-up), from the repository root; the binary
+# is built by `cargo build --release -p cuda-lab --bin cuda_check`.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN="${CUDA_CHECK_BIN:-$ROOT/target/release/cuda_check}"

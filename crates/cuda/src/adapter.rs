@@ -105,7 +105,7 @@ impl Backend for CudaModel {
     }
 
     /// One pass (`LoadOptions::max_pass_rows`): the runtime's 256-row chunks made the 4B's 512-token
-    /// prefill two passes, 23.9k tok/s through the server against 32.3k for one (runs 176, 180).
+    /// prefill two passes, 23.9k tok/s through the server against 32.3k for one.
     fn prefill_chunk(&self) -> usize {
         self.opts.max_pass_rows.max(1)
     }

@@ -19,7 +19,7 @@ enum Storage {
 }
 
 /// A device allocation of `bytes` bytes at address `ptr` (a host address on the emulated device).
-pub(crate) struct DBuf {
+pub struct DBuf {
     _storage: Storage,
     pub ptr: u64,
     pub bytes: usize,
@@ -91,7 +91,7 @@ pub(crate) fn bind(dev: &CudaDevice) -> Result<(), CudaError> {
 }
 
 /// Host to device; returns once `data` may be reused (pageable copies are staged by the driver).
-pub(crate) fn htod<T: Copy>(dev: &CudaDevice, dst: u64, data: &[T]) -> Result<(), CudaError> {
+pub fn htod<T: Copy>(dev: &CudaDevice, dst: u64, data: &[T]) -> Result<(), CudaError> {
     if data.is_empty() {
         return Ok(());
     }
@@ -116,7 +116,7 @@ pub(crate) fn htod<T: Copy>(dev: &CudaDevice, dst: u64, data: &[T]) -> Result<()
 }
 
 /// Device to host, waiting for the copy (and everything queued before it).
-pub(crate) fn dtoh<T: Copy>(dev: &CudaDevice, out: &mut [T], src: u64) -> Result<(), CudaError> {
+pub fn dtoh<T: Copy>(dev: &CudaDevice, out: &mut [T], src: u64) -> Result<(), CudaError> {
     if out.is_empty() {
         return Ok(());
     }
@@ -177,7 +177,7 @@ pub(crate) fn dtoh<T: Copy>(dev: &CudaDevice, out: &mut [T], src: u64) -> Result
 }
 
 /// Device-to-host copies from this size go through the device's pinned staging buffer: a logits row
-/// (608 KB) took 0.079 ms into pageable memory on the H200 (run 19), ~8 GB/s.
+/// (608 KB) took 0.079 ms into pageable memory on the H200, ~8 GB/s.
 const STAGED_DTOH_BYTES: usize = 64 * 1024;
 
 /// Device to device, `bytes` bytes, queued on the stream.
@@ -199,7 +199,7 @@ pub(crate) fn dtod(dev: &CudaDevice, dst: u64, src: u64, bytes: usize) -> Result
 
 /// One kernel argument.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Arg {
+pub enum Arg {
     /// A device address.
     P(u64),
     I(i32),
@@ -209,7 +209,7 @@ pub(crate) enum Arg {
 }
 
 /// Launches kernel `name` with a 1-D block of `block` threads over `grid`.
-pub(crate) fn launch(
+pub fn launch(
     dev: &CudaDevice,
     name: &str,
     grid: (u32, u32, u32),
@@ -217,25 +217,6 @@ pub(crate) fn launch(
     args: &[Arg],
 ) -> Result<(), CudaError> {
     launch_smem(dev, name, grid, block, 0, args)
-}
-
-/// Kernels named in `TURBOSPARK_SKIP_KERNELS` (comma-separated) are not launched by [`launch_smem`] (the
-/// segment kernels have their own launch: `TURBOSPARK_SEG_DEBUG` instead): a what-if for measurements
-/// only (what a kernel costs inside the decode graph, run 103); every result after one is wrong.
-fn skipped_for_measurement(name: &str) -> bool {
-    static SKIP: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    SKIP.get_or_init(|| {
-        std::env::var("TURBOSPARK_SKIP_KERNELS")
-            .map(|v| {
-                v.split(',')
-                    .map(|s| s.trim().to_string())
-                    .filter(|s| !s.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default()
-    })
-    .iter()
-    .any(|k| k == name)
 }
 
 /// [`launch`] with `shared` bytes of dynamic shared memory (at most 48 KiB without an opt-in attribute).
@@ -252,9 +233,6 @@ pub(crate) fn launch_smem(
     }
     // Queued GEMVs run first (segment.rs): the stream's order is the order operations were issued.
     crate::segment::flush(dev)?;
-    if skipped_for_measurement(name) {
-        return Ok(());
-    }
     if let Some(sim) = dev.sim() {
         return sim.launch(name, grid, block, shared, args);
     }
@@ -410,6 +388,6 @@ pub(crate) fn launch_struct(
 }
 
 /// Blocks for an element-wise kernel over `count` items (grid-stride loops cover the rest).
-pub(crate) fn elementwise_grid(count: usize) -> (u32, u32, u32) {
+pub fn elementwise_grid(count: usize) -> (u32, u32, u32) {
     ((count.div_ceil(256)).clamp(1, 65_535) as u32, 1, 1)
 }

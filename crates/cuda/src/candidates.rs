@@ -3,7 +3,7 @@
 //! ~2k values instead of the [vocab] row (608 KB at Qwen's 151936) and the host shapes k of them instead of
 //! scanning the row (sampling's `ShapedDistribution::from_candidates`, the row's bits). H200, 4B shape,
 //! Qwen3's card: sampled decoding 0.80x of greedy with the rows copied, 0.96-0.97x with candidates (the two
-//! kernels 10 + 17 us a row, run 177).
+//! kernels 10 + 17 us a row).
 //!
 //! Algorithm: per chunk of 2048-8192 logits (in shared memory; `chunk_for`), the keys at or above the chunk's K-th largest in
 //! `f32::total_cmp`'s order (radix selection: four passes of 8 bits, counting the digits of the keys that

@@ -1,6 +1,6 @@
 //! Greedy decode steps queued back to back (`families::Backend::greedy_chain`): the host queues step k + 1
 //! before it reads step k's token, so the GPU never waits for the host's round trip (copy back, wake-up,
-//! stop checks, launch: 0.02-0.045 ms a token on the H200's hosts, runs 156 / 158).
+//! stop checks, launch: 0.02-0.045 ms a token on the H200's hosts).
 //!
 //! Algorithm. A chained step is the decode graph with two differences: its argmax kernel also writes the
 //! step's token and position + 1 where the next step reads them (`argmax::launch_feeding`), and each GDN
@@ -8,8 +8,8 @@
 //! (`StepIo`: step j reads the state's own buffers when j is even, its alternates when odd). The argmax
 //! kernel also stores the [token, refused] pair in mapped host memory, so nothing but an event separates two
 //! steps (a copy queued between them held the next one back as the round trip did: 4B 421.6 against 421.9
-//! tok/s, run 160; stored by the kernel 418.4 against 411.7 stepped, and within ~4 us of the graph replayed
-//! back to back, run 162). After queuing step k + 1 the host waits only for step k's event.
+//! tok/s; stored by the kernel 418.4 against 411.7 stepped, and within ~4 us of the graph replayed
+//! back to back). After queuing step k + 1 the host waits only for step k's event.
 //! When the caller stops at step k's token, step k + 1 may already have run: its KV row lies past the
 //! position (unread) and its GDN outputs went to the other pair, so dropping it costs nothing but its time.
 //!

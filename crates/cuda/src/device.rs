@@ -221,21 +221,19 @@ impl CudaDevice {
         let mut functions = HashMap::new();
         // Preferred shared-memory carveout of every kernel, percent (`TURBOSPARK_CARVEOUT`, measurements:
         // at 100 an SM that ran a mixer core can take a segment block before it drains; segment.cu).
-        let carveout = std::env::var("TURBOSPARK_CARVEOUT")
-            .ok()
-            .and_then(|v| v.parse::<i32>().ok());
+        let carveout = crate::debug_env::get().carveout;
         for &name in KERNELS {
             let f = module
                 .load_function(name)
                 .map_err(CudaError::driver(format!("looking up kernel {name}")))?;
             let opt_in = if name.starts_with("linear_mma_") {
-                crate::mma::MMA_STAGE_BYTES
+                crate::launch_limits::MMA_STAGE_BYTES
             } else if name.starts_with("attn_tc_") && name != "attn_tc_combine" {
-                crate::ops::ATT_TC_MAX_SMEM
+                crate::launch_limits::ATT_TC_MAX_SMEM
             } else if name == "gdn_step" || name == "gdn_step_into" {
-                crate::gdn::GDN_STEP_MAX_SMEM
+                crate::launch_limits::GDN_STEP_MAX_SMEM
             } else if name == "gdn_chunk_state" {
-                crate::gdn_chunk::STATE_SMEM_BYTES
+                crate::launch_limits::GDN_CHUNK_STATE_SMEM
             } else {
                 0
             };
@@ -359,8 +357,9 @@ impl CudaDevice {
         self.segments.get().map_or(0, |s| s.staged_norms())
     }
 
-    /// Where the traced segment kernels' time went (`TURBOSPARK_SEG_TRACE=1`; measurements only).
-    pub fn segment_trace_report(&self) -> Option<String> {
+    /// The segment launches traced so far (`TURBOSPARK_SEG_TRACE=1`) and the SM clock in kHz that
+    /// converts their cycles; for the lab's report (`lab::segment_trace`).
+    pub(crate) fn segment_trace(&self) -> Option<(Vec<crate::segment_trace::TracedLaunch>, f64)> {
         let seg = self.segments.get()?;
         let khz = self
             .gpu
@@ -368,7 +367,7 @@ impl CudaDevice {
             .ctx
             .attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
             .ok()?;
-        seg.trace.report(khz as f64)
+        Some((seg.trace.launches(), khz as f64))
     }
 
     /// Whether decode steps can run their GEMV runs as segments (`LoadOptions::segments`), or why not.
@@ -465,7 +464,7 @@ impl CudaDevice {
 
     /// Allocates the tensor-core GEMV's fragment scratch (see `frag_scratch`).
     fn alloc_frag_scratch(&self) -> Result<(), CudaError> {
-        let buf = crate::buf::DBuf::zeros(self, crate::mma::FRAG_SCRATCH_BYTES)?;
+        let buf = crate::buf::DBuf::zeros(self, crate::launch_limits::FRAG_SCRATCH_BYTES)?;
         let _ = self.frag_scratch.set(buf);
         Ok(())
     }
@@ -492,7 +491,7 @@ impl CudaDevice {
     }
 
     /// Plain launches until the guard drops, for passes whose grids fill the GPU (prefill): there an
-    /// early-launched successor only occupies SM slots while it waits. Measured on the H200 (run 3):
+    /// early-launched successor only occupies SM slots while it waits. Measured on the H200:
     /// prefill of 512 tokens 21.0k tok/s with plain launches, 17.4k with PDL.
     pub(crate) fn pause_pdl(&self) -> PdlPause<'_> {
         self.pdl_paused.store(true, Ordering::Relaxed);

@@ -4,7 +4,8 @@
 //!
 //! What this proves is everything above the kernels (fused projection layouts, strides, KV and state
 //! buffers, multi-pass forwards, tape replay, snapshots); the kernels themselves are checked on the GPU
-//! by `selftest.rs`. The cuBLAS path is mirrored by rounding activations to bf16 for bf16 weights.
+//! by the lab's self-test (`crates/cuda-lab`). The cuBLAS path is mirrored by rounding activations
+//! to bf16 for bf16 weights.
 
 use half::bf16;
 

@@ -15,9 +15,9 @@ pub(crate) const GDN_MAX_DK: usize = 128;
 /// Shared memory a gdn_step block reserves without using it, and the most device.rs opts it in to. Launched
 /// early (programmatic launch), its blocks take the SMs the segment before it frees first: with none
 /// reserved up to 7 land on one SM; 110 KB leaves two per SM, spread over the GPU (4B decode step
-/// 2.610 ms against 2.696, run 107). `TURBOSPARK_GDN_STEP_SMEM_KB=N` overrides it (measurements).
+/// 2.610 ms against 2.696). `TURBOSPARK_GDN_STEP_SMEM_KB=N` overrides it (measurements).
 const GDN_STEP_SMEM: usize = 110 * 1024;
-pub(crate) const GDN_STEP_MAX_SMEM: usize = 112 * 1024;
+pub(crate) use crate::launch_limits::GDN_STEP_MAX_SMEM;
 /// Threads per value column of gdn_rec (GDN_P).
 const GDN_P: usize = 8;
 /// Largest value head dim of gdn_rec (GDN_P threads per column in one block of at most 1024).
@@ -27,7 +27,7 @@ pub(crate) const CONV_MAX_K: usize = 8;
 
 /// Shapes of one Gated DeltaNet layer.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct GdnShape {
+pub struct GdnShape {
     pub hk: usize,
     pub hv: usize,
     pub dk: usize,
@@ -49,7 +49,7 @@ impl GdnShape {
     }
     /// The recurrent state in the GPU's layout from the CPU engine's: head h's S [dk, dv] is stored
     /// transposed on the GPU ([dv, dk], a value column's dk entries contiguous), so that a warp's state
-    /// loads and stores in gdn_rec / gdn_step cover whole 32-byte sectors (run 140: the 4B decode step
+    /// loads and stores in gdn_rec / gdn_step cover whole 32-byte sectors (the 4B decode step
     /// 2.505 ms against 2.540 with the [dk, dv] layout's half-sector stores).
     pub fn state_to_device(&self, s: &[f32]) -> Vec<f32> {
         self.transpose_heads(s, self.dk, self.dv)
@@ -76,7 +76,7 @@ impl GdnShape {
 }
 
 /// Buffers and parameters of one GDN layer's recurrence.
-pub(crate) struct GdnArgs {
+pub struct GdnArgs {
     pub conv_w: u64,
     pub a_log: u64,
     pub dt_bias: u64,
@@ -87,11 +87,11 @@ pub(crate) struct GdnArgs {
 /// How gdn_rec spreads a head's value columns over blocks, and where the gated norm runs; the results
 /// are the same bits either way.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum GdnCols {
+pub enum GdnCols {
     /// One block per value head, which also applies the gated norm.
     PerHead,
     /// The columns split over up to 8 blocks per head (more parallel: decode GDN 0.424 -> 0.352 ms per
-    /// token, run 7). The gated norm: each head's last block to finish, counting finished blocks in
+    /// token). The gated norm: each head's last block to finish, counting finished blocks in
     /// `done` (i32 [hv], zero between launches), or, with None, the gated_rmsnorm kernel.
     Split { done: Option<u64> },
 }
@@ -109,7 +109,7 @@ pub(crate) struct GdnOut {
 /// [rows, proj_width]: prep [rows, prep_width] (scratch), o [rows, hv, dv] = gated-normed outputs;
 /// window and state updated in place.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gdn_recurrence(
+pub fn gdn_recurrence(
     dev: &CudaDevice,
     s: GdnShape,
     g: &GdnArgs,
@@ -259,20 +259,18 @@ pub(crate) fn gdn_recurrence_into(
 /// Whether a decode row runs gdn_step (conv kernel 4, blocks of `threads`: 4 to 16 whole warps) instead
 /// of gdn_conv_prep + gdn_rec; `TURBOSPARK_GDN_STEP=0` keeps the two launches (A/B measurements).
 fn step_fused(s: GdnShape, threads: usize) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     s.kernel == 4
         && threads.is_multiple_of(32)
         && (128..=512).contains(&threads)
-        && *ON.get_or_init(|| std::env::var("TURBOSPARK_GDN_STEP").map_or(true, |v| v != "0"))
+        && crate::debug_env::get().gdn_step
 }
 
 /// The dynamic shared memory of a gdn_step launch ([`GDN_STEP_SMEM`]).
 fn step_smem() -> u32 {
     static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let bytes = *BYTES.get_or_init(|| {
-        std::env::var("TURBOSPARK_GDN_STEP_SMEM_KB")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
+        crate::debug_env::get()
+            .gdn_step_smem_kb
             .map_or(GDN_STEP_SMEM, |kb| kb * 1024)
     });
     bytes.min(GDN_STEP_MAX_SMEM) as u32

@@ -12,19 +12,13 @@ use crate::device::CudaDevice;
 use crate::error::CudaError;
 use crate::ops::{self, GdnArgs, GdnShape};
 
-/// Rows per chunk (GDC_C).
-pub(crate) const CHUNK: usize = 64;
-/// Value columns per gdn_chunk_state block (GDC_COLS).
-const COLS: usize = 32;
+pub(crate) use crate::launch_limits::GDN_CHUNK as CHUNK;
+use crate::launch_limits::GDN_CHUNK_COLS as COLS;
 /// Threads of gdn_chunk_prep (GDC_THREADS).
 const THREADS: u32 = 512;
 /// Threads of gdn_chunk_state (GDC_ST_THREADS).
 const STATE_THREADS: u32 = 512;
-/// Dynamic shared memory of gdn_chunk_state (GDC_ST_FLOATS floats): the S slice [128, COLS], V' and
-/// its scaled copy [CHUNK, COLS] each, W, Q and K rows [CHUNK, 132] each, P rows [CHUNK, 68]. Above
-/// 48 KiB: device.rs opts the kernel in.
-pub(crate) const STATE_SMEM_BYTES: usize =
-    4 * (128 * COLS + 2 * CHUNK * COLS + 3 * CHUNK * 132 + CHUNK * 68);
+pub(crate) use crate::launch_limits::GDN_CHUNK_STATE_SMEM as STATE_SMEM_BYTES;
 
 /// Whether a pass of `rows` rows runs the chunked form: a prefill (more than `gemv_max_rows` rows,
 /// whose rows need not equal decode rows) with no tape recording (the replay uses the step form).
@@ -39,7 +33,7 @@ pub(crate) fn floats_per_row(s: GdnShape) -> usize {
 }
 
 /// Scratch floats for a pass of `rows` rows (rows padded to whole chunks).
-pub(crate) fn scratch_floats(s: GdnShape, rows: usize) -> usize {
+pub fn scratch_floats(s: GdnShape, rows: usize) -> usize {
     rows.next_multiple_of(CHUNK) * floats_per_row(s)
 }
 
@@ -47,7 +41,7 @@ pub(crate) fn scratch_floats(s: GdnShape, rows: usize) -> usize {
 /// [rows, prep_width] and `scratch` (>= scratch_floats) are work space; o [rows, hv, dv] = gated-normed
 /// outputs; window and state [hv, dk, dv] updated in place. On the host emulation: the step form.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gdn_chunked(
+pub fn gdn_chunked(
     dev: &CudaDevice,
     s: GdnShape,
     g: &GdnArgs,

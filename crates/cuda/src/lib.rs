@@ -23,12 +23,26 @@
 //! Invariant: a verify block of up to `LoadOptions::gemv_max_rows` rows computes each row exactly as a
 //! one-row decode step would (batch-invariant kernels, step-form GDN), so greedy speculative decoding
 //! on the GPU equals sequential decoding on the GPU token for token.
+//!
+//! Layers: a file imports (`use crate::`) only from its own layer and the ones below it; cycles exist
+//! only inside a layer.
+//! 0. Base: `error.rs`, `debug_env.rs` (every environment switch), `nvrtc.rs`, `launch_limits.rs`
+//!    (shared-memory opt-ins and warps the device layer needs from the kernels above it).
+//! 1. Device and buffers: `device.rs`, `buf.rs`, `simulate.rs`, `weights.rs`, and the segment queue
+//!    every launch and copy flushes first: `segment.rs`, `segment_config.rs`, `segment_trace.rs`.
+//! 2. Kernels and operations: `ops.rs`, `mma.rs`, `gdn.rs`, `gdn_chunk.rs`, `moe.rs`, `emu.rs` (host
+//!    emulation of the operations), `argmax.rs`, `scratch.rs` (the passes' scratch buffers).
+//! 3. Forward and graphs: `model.rs`, `state.rs`, `forward.rs`, `verify_graph.rs`, `chain.rs`,
+//!    `rollback.rs`, `candidates.rs`, `profile.rs` (timing marks of the forward).
+//! 4. Drafters and surfaces: `adapter.rs` (`families::Model`), `mtp.rs`, `dflash.rs`, `lab.rs` (the
+//!    measurement lab's access, `crates/cuda-lab`), `testing.rs` (test support).
 
 pub mod adapter;
 mod argmax;
 mod buf;
 mod candidates;
 mod chain;
+mod debug_env;
 pub mod device;
 mod dflash;
 mod emu;
@@ -36,6 +50,9 @@ pub mod error;
 mod forward;
 mod gdn;
 mod gdn_chunk;
+#[doc(hidden)]
+pub mod lab;
+mod launch_limits;
 mod mma;
 pub mod model;
 mod moe;
@@ -44,13 +61,13 @@ pub mod nvrtc;
 mod ops;
 mod profile;
 mod rollback;
+mod scratch;
 mod segment;
 mod segment_config;
 mod segment_trace;
-pub mod selftest;
 mod simulate;
 pub mod state;
-pub mod sweep;
+#[doc(hidden)]
 pub mod testing;
 mod verify_graph;
 mod weights;
@@ -60,12 +77,11 @@ pub use dflash::CudaDflash;
 pub use error::CudaError;
 pub use model::{CudaModel, LoadOptions};
 pub use mtp::CudaMtp;
-pub use profile::{HostCosts, ProfileRow};
 pub use state::{CudaSnapshot, CudaState};
 pub use weights::WeightFormat;
 
 /// CUDA graphs captured by this process: a capture costs ~1-2 ms against a ~0.3 ms speculative round on
-/// the testbed (run 168), so the block tuner leaves rounds during which this grew untimed.
+/// the testbed, so the block tuner leaves rounds during which this grew untimed.
 static GRAPH_CAPTURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// How many CUDA graphs this process has begun capturing (decode steps, chains, verify blocks, drafters).

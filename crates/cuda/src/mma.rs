@@ -11,18 +11,11 @@ use crate::error::CudaError;
 use crate::ops::{GemvMode, NormW, LIN_WARPS};
 use crate::weights::{Mat, WDtype};
 
-/// Rows per launch of the tensor-core GEMV (MMA_MAX_ROWS: the m16 of its mma).
-const MMA_MAX_ROWS: usize = 16;
-/// Bytes of the device's fragment scratch (`CudaDevice::frag_scratch`): 16 rows of up to 32768 columns
-/// at 6 bytes (three bf16 terms) per value.
-pub(crate) const FRAG_SCRATCH_BYTES: usize = MMA_MAX_ROWS * 32768 * 6;
+pub(crate) use crate::launch_limits::{MMA_MAX_ROWS, MMA_STAGE_BYTES};
 /// Normed launches of at least this many rows split their input once (mma_split_rows) instead of in
-/// every block: the per-block prologue grows with the rows (run 24: a 4-row verify's normed GEMVs at
+/// every block: the per-block prologue grows with the rows (a 4-row verify's normed GEMVs at
 /// 1.5-1.9x one row); one row keeps the in-block stage (no extra launch on the decode path).
 const PRESPLIT_MIN_ROWS: usize = 2;
-/// Largest split-fragment stage (rows x cols x 6 bytes) of a tensor-core GEMV block: two blocks per SM
-/// within the H100/H200's 227 KiB; the kernels are opted in to it at load (`device.rs`).
-pub(crate) const MMA_STAGE_BYTES: usize = 96 * 1024;
 
 /// Whether `w` runs on the tensor-core GEMV (linear_mma.cu): bf16 weights in whole 32-column chunks on a
 /// device with bf16 mma (sm_80+; the simulator emulates it). A function of the matrix and the device
@@ -76,7 +69,7 @@ impl MmaVariant {
     }
 }
 
-/// A GEMV kernel choice the sweep (`crate::sweep`) can force.
+/// A GEMV kernel choice the GEMV sweep (cuda-lab `sweep.rs`) can force.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemvKernel {
     /// The FMA kernel (linear.cu).
@@ -104,7 +97,7 @@ fn mma_variant(rows: usize, cols: usize, swiglu: bool, sms: usize) -> MmaVariant
             return v;
         }
     }
-    // The fastest variant per qwen35-4b shape over 1, 4 and 8 rows (the `--sweep` of run 6).
+    // The fastest variant per qwen35-4b shape over 1, 4 and 8 rows (measured with `cuda_check --sweep`).
     if swiglu {
         MmaVariant::new(2, 4, 3)
     } else if rows.div_ceil(32) >= 2 * sms.max(1) {

@@ -38,7 +38,7 @@ pub struct LoadOptions {
     /// Run every GEMV of up to `gemv_max_rows` rows, decode rows included, on the tensor-core kernel
     /// (linear_mma.cu) instead of the FMA kernel (linear.cu). One kernel serves both so verify rows equal
     /// decode rows bit for bit; which one is a per-load trade measured on the H200 (qwen35-4b shape,
-    /// greedy verify rounds, run 40): FMA 3.56 / 3.9 / 4.6 ms for 1 / 2 / 4 rows, tensor cores 4.51 /
+    /// greedy verify rounds): FMA 3.56 / 3.9 / 4.6 ms for 1 / 2 / 4 rows, tensor cores 4.51 /
     /// 5.1 / 5.4 ms, but 8.3 ms against FMA's 11.5 for 16 rows. The engine turns it on for checkpoints
     /// whose drafter is DFlash (16-row blocks) and not MTP.
     pub tensor_core_gemv: bool,
@@ -72,22 +72,24 @@ pub struct LoadOptions {
 }
 
 impl Default for LoadOptions {
+    /// The defaults, with the environment's A/B toggles applied (`debug_env.rs`).
     fn default() -> Self {
+        let env = crate::debug_env::get();
         LoadOptions {
             weights: WeightFormat::Bf16,
             // Verify blocks (<= 16 rows) stay on the batch-invariant path, as the CPU engine's matvec.
             gemv_max_rows: 16,
             graphs: true,
-            verify_graphs: std::env::var("TURBOSPARK_VERIFY_GRAPHS").map_or(true, |v| v != "0"),
+            verify_graphs: env.verify_graphs,
             tensor_core_gemv: false,
             max_pass_rows: 512,
-            gdn_chunked: std::env::var("TURBOSPARK_GDN_CHUNKED").map_or(true, |v| v != "0"),
-            segments: std::env::var("TURBOSPARK_SEGMENTS").map_or(true, |v| v != "0"),
+            gdn_chunked: env.gdn_chunked,
+            segments: env.segments,
             attention_tc: true,
             attention_tc_splits: 0,
             rope_table: true,
-            chain: std::env::var("TURBOSPARK_CHAIN").map_or(true, |v| v != "0"),
-            candidates: std::env::var("TURBOSPARK_CANDIDATES").map_or(true, |v| v != "0"),
+            chain: env.chain,
+            candidates: env.candidates,
         }
     }
 }
@@ -152,7 +154,7 @@ pub struct CudaModel {
     pub(crate) zero_centred: bool,
     /// Decode steps stream the weights with an L2 evict-first hint: models without recurrent layers,
     /// whose per-step re-read set (the KV cache: ~12 MB on the 8B at 640 tokens) then stays in L2. Decode
-    /// graph, hint on against off (runs 150-151): 8B 4.421 / 4.420 ms against 4.498 / 4.498; the
+    /// graph, hint on against off: 8B 4.421 / 4.420 ms against 4.498 / 4.498; the
     /// hybrids lose (4B 2.521 against 2.487, 9B 4.386 against 4.314: their GDN states do not fit L2 anyway).
     pub(crate) stream_evict_first: bool,
     pub(crate) eps: f32,

@@ -19,7 +19,7 @@ use crate::device::CudaDevice;
 use crate::emu;
 use crate::error::CudaError;
 use crate::ops::{self, NormW};
-use crate::state::{Scratch, Widths};
+use crate::scratch::{Scratch, Widths};
 use crate::weights::{Mat, Uploader, WDtype};
 
 /// Warps per block of moe_gate_up / moe_down (MOE_WARPS).
@@ -29,7 +29,7 @@ const MOE_MAX_EXPERTS: usize = 1024;
 
 /// The shape of one MoE block.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct MoeShape {
+pub struct MoeShape {
     pub experts: usize,
     pub top_k: usize,
     pub inter: usize,
@@ -58,7 +58,7 @@ impl MoeShape {
 }
 
 /// The weights of one MoE block.
-pub(crate) struct MoeW {
+pub struct MoeW {
     pub router: Mat,                // [E (+1 shared gate), hidden]
     pub gate_up: Mat,               // [E * 2I, hidden]: per expert gate rows then up rows
     pub down: Mat,                  // [E * hidden, I]
@@ -173,7 +173,7 @@ pub(crate) fn load_moe(
 
 /// x [m, hidden] += moe(rmsnorm(x)), in the scratch's buffers: h (normed rows), big (router logits),
 /// moe_ids / moe_wts (routing), mid (expert activations).
-pub(crate) fn forward(
+pub fn forward(
     dev: &CudaDevice,
     w: &MoeW,
     norm: NormW,

@@ -15,8 +15,6 @@ use crate::device::CudaDevice;
 use crate::emu;
 use crate::error::CudaError;
 use crate::mma;
-pub(crate) use crate::mma::with_gemv_kernel;
-pub use crate::mma::{GemvKernel, MMA_VARIANTS};
 use crate::segment;
 use crate::weights::{Mat, WDtype};
 
@@ -25,8 +23,7 @@ pub(crate) use crate::gdn::{
     GDN_MAX_DV,
 };
 
-/// Warps per GEMV block.
-pub(crate) const LIN_WARPS: usize = 8;
+pub(crate) use crate::launch_limits::LIN_WARPS;
 /// Rows per GEMV launch (the kernels are instantiated for 1..=8).
 const LIN_MAX_ROWS: usize = 8;
 /// Output rows per warp of the GEMV kernel for a launch of `n` input rows (LIN_R in linear.cu).
@@ -44,13 +41,12 @@ const LIN_STAGE_BYTES: usize = 40 * 1024;
 const LIN_BLOCKS_PER_SM: usize = 4;
 /// Head dims per attn_combine block (ATT_COMBINE_DIMS).
 const ATT_COMBINE_DIMS: usize = 64;
-/// Largest head_dim the attention kernels hold per lane (ATT_MAX_D).
-pub(crate) const ATT_MAX_D: usize = 256;
+pub use crate::launch_limits::ATT_MAX_D;
 /// Key chunks per row for passes of at most `gemv_max_rows` rows (decode, verify): enough blocks for a
 /// one-row decode at any context (ATT_MAX_SPLITS in attention.cu).
-pub(crate) const ATT_SPLITS_FINE: usize = 64;
+pub const ATT_SPLITS_FINE: usize = 64;
 /// Key chunks per row for larger (prefill) passes, whose rows already fill the GPU; bounds the partials.
-pub(crate) const ATT_SPLITS_COARSE: usize = 8;
+pub const ATT_SPLITS_COARSE: usize = 8;
 
 /// Chunks per attention row for a pass of `rows` rows (the kernels' s_max). Decode and verify rows
 /// share one value, so a row's chunking (and bits) does not depend on its pass; `TURBOSPARK_ATT_SPLITS=N`
@@ -59,9 +55,8 @@ pub(crate) fn att_splits(rows: usize, gemv_max_rows: usize) -> usize {
     static FINE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     if rows <= gemv_max_rows {
         *FINE.get_or_init(|| {
-            std::env::var("TURBOSPARK_ATT_SPLITS")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
+            crate::debug_env::get()
+                .att_splits
                 .map_or(ATT_SPLITS_FINE, |n| n.clamp(1, ATT_SPLITS_FINE))
         })
     } else {
@@ -84,7 +79,7 @@ fn gemv_wpr(out: usize, swiglu: bool, sms: usize) -> usize {
 
 /// The RMSNorm applied to a GEMV's input rows.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct NormW {
+pub struct NormW {
     pub w: u64,
     pub eps: f32,
     pub zero_centred: bool,
@@ -211,7 +206,7 @@ fn stageable(rows: usize, cols: usize) -> bool {
 
 /// y [rows, w.rows] (+)= x [rows, w.cols] · wᵀ. `xb` is bf16 scratch of rows * w.cols for the cuBLAS path.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn linear(
+pub fn linear(
     dev: &CudaDevice,
     w: &Mat,
     x: u64,
@@ -246,7 +241,7 @@ pub(crate) fn linear(
 /// y [rows, w.rows] = RMSNorm(x) · wᵀ. The normalised rows go to `h` [rows, w.cols] whenever the norm
 /// is not fused into the GEMV (more rows than stage, or the cuBLAS path).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn linear_normed(
+pub fn linear_normed(
     dev: &CudaDevice,
     w: &Mat,
     x: u64,
@@ -277,7 +272,7 @@ pub(crate) fn linear_normed(
 /// act [rows, I] = silu(g) * u with [g ; u] = RMSNorm(x) · wᵀ (w = [gate ; up], [2I, cols]). `h` takes
 /// the normalised rows and `big` [rows, 2I] the projection when they are not fused.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn linear_swiglu(
+pub fn linear_swiglu(
     dev: &CudaDevice,
     w: &Mat,
     x: u64,
@@ -406,7 +401,7 @@ pub(crate) fn embed(
 
 /// y [rows, width] = RMSNorm(x) with weight w [width].
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn rmsnorm(
+pub fn rmsnorm(
     dev: &CudaDevice,
     x: u64,
     w: u64,
@@ -497,7 +492,7 @@ pub(crate) fn regroup(
 
 /// Shapes of one attention layer, for the launchers.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct AttnShape {
+pub struct AttnShape {
     pub hq: usize,
     pub hkv: usize,
     pub d: usize,
@@ -508,7 +503,7 @@ pub(crate) struct AttnShape {
 }
 
 /// Buffers of one attention call.
-pub(crate) struct AttnBufs {
+pub struct AttnBufs {
     pub qkv: u64,
     pub q: u64,
     pub gate: u64,
@@ -527,7 +522,7 @@ pub(crate) struct AttnBufs {
 /// most the table's rows, computed and stored by the pass's first attention layer into `f32 [rows, 2,
 /// ATT_MAX_D]` at the address and read back by the later ones (the same values, without the trig).
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Rope {
+pub enum Rope {
     Compute,
     Store(u64),
     Read(u64),
@@ -549,12 +544,10 @@ const ATT_TC_WARPS: usize = 4;
 pub(crate) fn att_tc_smem(d: usize) -> usize {
     256 * (d + 8)
 }
-/// The most any attn_tc kernel asks for (d = ATT_MAX_D); device.rs opts the kernels in to it.
-pub(crate) const ATT_TC_MAX_SMEM: usize = 256 * (ATT_MAX_D + 8);
 
 /// How attention runs after attn_prep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AttnCore {
+pub enum AttnCore {
     /// attn_split + attn_combine (f32, CUDA cores) with `s_max` key chunks per row: decode and verify
     /// passes, batch-invariant per row.
     SplitK { s_max: usize },
@@ -601,7 +594,7 @@ fn att_gq(s: AttnShape) -> usize {
 /// attn_prep, then the attention `core` over `rows` rows. The split buffers are [rows, hq, s_max(, d)]
 /// for split-K and [rows, hq, splits(, d)] for tensor cores.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attention(
+pub fn attention(
     dev: &CudaDevice,
     s: AttnShape,
     b: &AttnBufs,

@@ -442,7 +442,7 @@ fn launch_one(dev: &CudaDevice, s: &Stage) -> Result<(), CudaError> {
         dev,
         "linear_bf16_1",
         (s.blocks, 1, 1),
-        (crate::ops::LIN_WARPS * 32) as u32,
+        (crate::launch_limits::LIN_WARPS * 32) as u32,
         shared as u32,
         &[
             Arg::P(s.w),
@@ -463,12 +463,12 @@ fn launch_one(dev: &CudaDevice, s: &Stage) -> Result<(), CudaError> {
 
 /// A decode step whose eligible GEMVs are gathered into segments until `finish` (or drop, which
 /// discards what an failed step left queued).
-pub(crate) struct Scope<'a>(&'a CudaDevice);
+pub struct Scope<'a>(&'a CudaDevice);
 
 /// Opens a scope when the device runs segments and none is open; `evict_first`: the step's weights
 /// stream with an L2 evict-first hint (the model's choice, `CudaModel::stream_evict_first`, unless
 /// `TURBOSPARK_SEG_EVICT_FIRST` sets it).
-pub(crate) fn open(dev: &CudaDevice, evict_first: bool) -> Option<Scope<'_>> {
+pub fn open(dev: &CudaDevice, evict_first: bool) -> Option<Scope<'_>> {
     let seg = dev.segments()?;
     let mut q = seg.queue.lock().ok()?;
     if q.is_some() {

@@ -1,7 +1,8 @@
 //! How segments run (segment.rs): the weight ring a launch takes (`Ring`: page size and pieces per row),
-//! the configuration read from the environment (`Config`), and which kernel a launch runs
+//! the configuration the environment's switches ask for (`Config`, `debug_env.rs`), and which kernel a launch runs
 //! (`Config::kernel_for`: one holding a stage's input in registers when its rows allow, `HELD_KERNELS`).
 
+use crate::debug_env::SegEnv;
 use crate::segment::{Stage, MAX_IN, MAX_STAGES};
 
 /// The kernel instantiations (segment.cu), for the kernel simulator's table (the trace kernels too, so
@@ -43,15 +44,15 @@ const HELD_KERNELS: [HeldKernel; 2] = [
 /// Shared memory of a block's weight ring, before `Config::ring` trims it to what the launch's staged input
 /// leaves of the device's shared memory: "as large as fits". The pages beyond those in flight hold landed
 /// data across a stage boundary, so more pages bank more: 4B step with 128 / 144 / 160 KB 2.480 / 2.425 /
-/// 2.377 ms (run 157), 160 against as large as fits (180 KB of 5 KB pages) 2.388 against 2.359 (run 158; 9B
+/// 2.377 ms, 160 against as large as fits (180 KB of 5 KB pages) 2.388 against 2.359 (9B
 /// / 8B flat). `TURBOSPARK_SEG_RING_KB` (32..=224) sets another for measurements.
 const RING_BYTES: usize = 224 * 1024;
 fn ring_bytes() -> usize {
     static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *BYTES.get_or_init(|| {
-        std::env::var("TURBOSPARK_SEG_RING_KB")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
+        crate::debug_env::get()
+            .seg
+            .ring_kb
             .map_or(RING_BYTES, |kb| kb.clamp(32, 224) * 1024)
     })
 }
@@ -67,12 +68,12 @@ fn ring_overhead(consumers: usize, pages: usize) -> usize {
 /// Bytes a block may have in flight while it copies for the stage its consumers are on (segment.cu's
 /// in-flight cap; the rest of the ring holds landed pages): fewer queued bytes stream faster and more evenly
 /// over the SMs. With the boundary's cap below, 8 / 12 / 16 pages: 4B (5 KB pages) 2.433 / 2.399 / 2.395 ms,
-/// 9B (8 KB) 4.260 / 4.269 / 4.259, 8B (8 KB) 4.364 / 4.394 / 4.390 (run 155); with the 4B's 36-page ring,
-/// 8 / 12 / 16 / 20 pages 2.380 / 2.345 / 2.337 / 2.343 (run 165): 80 KB, which keeps 8 KB pages at 8.
+/// 9B (8 KB) 4.260 / 4.269 / 4.259, 8B (8 KB) 4.364 / 4.394 / 4.390; with the 4B's 36-page ring,
+/// 8 / 12 / 16 / 20 pages 2.380 / 2.345 / 2.337 / 2.343: 80 KB, which keeps 8 KB pages at 8.
 const FLIGHT_BYTES: usize = 80 * 1024;
 /// Pages a block may have in flight while it copies for a stage its consumers have not yet staged (they
 /// finish the one before, wait at the grid barrier, stage the input): the boundary's round trips wait
-/// behind fewer bytes. 4 / 8 pages: 4B 2.399 / 2.467 ms, 9B 4.269 / 4.357, 8B 4.394 / 4.479 (run 155).
+/// behind fewer bytes. 4 / 8 pages: 4B 2.399 / 2.467 ms, 9B 4.269 / 4.357, 8B 4.394 / 4.479.
 const EDGE_FLIGHT_PAGES: usize = 4;
 /// SegParams flags bits 10-15: a multiple of the 4 producers (each waits for its own earlier copy), 0 off.
 fn flight_pages(pages: usize) -> usize {
@@ -128,7 +129,7 @@ impl Ring {
     /// Dynamic shared memory of a block with `consumers` consumer warps and room for an input of
     /// `xs_floats`: pages, the staged input, the empty barriers and each consumer's full barriers, norm
     /// scratch, the in-flight cap's two words per page and the consumers' staged stages. Only what the segment needs: the less a block
-    /// holds, the sooner its neighbours in the stream fit beside it (4B step, runs 68 / 70: 2.980 ms with
+    /// holds, the sooner its neighbours in the stream fit beside it (4B step: 2.980 ms with
     /// a fixed 48 KB room, 2.970-2.975 with the segment's own 36 KB).
     pub(crate) fn smem_bytes(&self, consumers: usize, xs_floats: usize) -> usize {
         self.pages * self.page_bytes + xs_floats * 4 + ring_overhead(consumers, self.pages)
@@ -157,19 +158,11 @@ pub(crate) struct Config {
     /// The L2 evict-first hint on the weights (flags bit 0) for every step (`TURBOSPARK_SEG_EVICT_FIRST`
     /// 1 / 0); unset: as the model opening the step asks (`segment::open`).
     pub evict_first: Option<bool>,
-    /// Kernel flags (SegParams::flags), but bit 0 (`evict_first`); bits 1-5 for
-    /// measurements only (`TURBOSPARK_SEG_DEBUG`: skipped arithmetic, barrier or staging give wrong
-    /// sums; polling instead of try_wait); bit 6 keeps RMSNorm weights out of the staging
-    /// (`TURBOSPARK_SEG_NORM_STAGED=0`); bit 7 reads a gated norm's weights as 1 (timing only, wrong
-    /// sums: `TURBOSPARK_SEG_GATED_W1=1`); bit 8 runs a gated norm twice, the second pass with its code
-    /// and data hot (timing only, wrong sums: `TURBOSPARK_SEG_GATED_TWICE=1`; the trace stamps both);
+    /// Kernel flags (SegParams::flags), but bit 0 (`evict_first`) and bits 10-15 (the launch's in-flight
+    /// cap, `flags_for`): bit 6 keeps RMSNorm weights out of the staging (`TURBOSPARK_SEG_NORM_STAGED=0`);
     /// bits 16-21 the pages a block may have in flight at a stage boundary (`TURBOSPARK_SEG_FLIGHT_EDGE`,
-    /// default `EDGE_FLIGHT_PAGES`, 0: as in the rows); bit 22 ends the boundary as the grid barrier is passed,
-    /// before the staging (`TURBOSPARK_SEG_EDGE_TO_BARRIER=1`, measurements); bit 23 drops the grid barrier
-    /// after a SwiGLU stage (timing only, wrong sums: `TURBOSPARK_SEG_WHATIF_NO_MLP_BARRIER=1`); bits 24-31 hold
-    /// the consumers of a segment starting with a gated norm for that many 64 SM cycles at entry (timing
-    /// only: `TURBOSPARK_SEG_WHATIF_CORE_DELAY_CYCLES`). Bits 10-15 are the launch's
-    /// (`flags_for`).
+    /// default `EDGE_FLIGHT_PAGES`, 0: as in the rows); bit 22 ends the boundary as the grid barrier is
+    /// passed, before the staging (`TURBOSPARK_SEG_EDGE_TO_BARRIER=1`, measurements).
     pub flags: u32,
     /// Dynamic shared memory a block may have (the device's opt-in less the trace kernels' static bytes;
     /// `CudaDevice` sets it): a launch's ring takes at most what its staged input leaves.
@@ -217,50 +210,32 @@ impl SegKernel {
 
 impl Config {
     /// 12 consumer warps without held inputs: the fastest of the variants measured (see segment.cu);
-    /// `TURBOSPARK_SEG_CONSUMERS` (8 or 12), `_PAGE`, `_EVICT_FIRST` change them for measurements;
-    /// `TURBOSPARK_SEG_XREG=0` keeps every stage's input in shared memory.
+    /// the `TURBOSPARK_SEG_*` switches (`debug_env.rs`) change them for measurements.
     pub fn from_env() -> Self {
-        let get = |name: &str, default: usize| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(default)
-        };
+        Self::from_switches(&crate::debug_env::get().seg)
+    }
+
+    /// The configuration `env` asks for (unset switches: the defaults).
+    pub(crate) fn from_switches(env: &SegEnv) -> Self {
+        let get = |v: Option<usize>, default: usize| v.unwrap_or(default);
         Config {
-            consumers: if get("TURBOSPARK_SEG_CONSUMERS", 12) == 8 {
-                8
-            } else {
-                12
-            },
-            page_bytes: std::env::var("TURBOSPARK_SEG_PAGE")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .map(|b| (b / 16 * 16).clamp(1024, 10240)),
-            evict_first: std::env::var("TURBOSPARK_SEG_EVICT_FIRST")
-                .ok()
-                .and_then(|v| v.parse::<u32>().ok())
-                .map(|v| v == 1),
-            flags: ((get("TURBOSPARK_SEG_DEBUG", 0) as u32 & 31) << 1)
-                | ((get("TURBOSPARK_SEG_NORM_STAGED", 1) == 0) as u32) << 6
-                | ((get("TURBOSPARK_SEG_GATED_W1", 0) == 1) as u32) << 7
-                | ((get("TURBOSPARK_SEG_GATED_TWICE", 0) == 1) as u32) << 8
-                | (flight_pages(get("TURBOSPARK_SEG_FLIGHT_EDGE", EDGE_FLIGHT_PAGES)) as u32) << 16
-                | ((get("TURBOSPARK_SEG_EDGE_TO_BARRIER", 0) == 1) as u32) << 22
-                | ((get("TURBOSPARK_SEG_WHATIF_NO_MLP_BARRIER", 0) == 1) as u32) << 23
-                | ((get("TURBOSPARK_SEG_WHATIF_CORE_DELAY_CYCLES", 0) / 64).min(255) as u32) << 24,
+            consumers: if get(env.consumers, 12) == 8 { 8 } else { 12 },
+            page_bytes: env.page.map(|b| (b / 16 * 16).clamp(1024, 10240)),
+            evict_first: env.evict_first.map(|v| v == 1),
+            flags: ((get(env.norm_staged, 1) == 0) as u32) << 6
+                | (flight_pages(get(env.flight_edge, EDGE_FLIGHT_PAGES)) as u32) << 16
+                | ((get(env.edge_to_barrier, 0) == 1) as u32) << 22,
             smem_limit: 227 * 1024 - 64,
-            flight: std::env::var("TURBOSPARK_SEG_FLIGHT")
-                .ok()
-                .and_then(|v| v.parse().ok()),
-            cooperative: get("TURBOSPARK_SEG_COOP", 1) != 0,
-            max_stages: get("TURBOSPARK_SEG_MAX", MAX_STAGES).clamp(1, MAX_STAGES),
-            max_rows: get("TURBOSPARK_SEG_MAX_ROWS", usize::MAX),
-            single: get("TURBOSPARK_SEG_SINGLE", 0) == 1,
-            trace: get("TURBOSPARK_SEG_TRACE", 0) == 1,
-            regcap: get("TURBOSPARK_SEG_REGCAP", 0) == 1,
-            prefetch: get("TURBOSPARK_SEG_PREFETCH", 1) != 0,
-            gated_norm: get("TURBOSPARK_SEG_GATED_NORM", 1) != 0,
-            held_inputs: get("TURBOSPARK_SEG_XREG", 1) != 0,
+            flight: env.flight,
+            cooperative: get(env.coop, 1) != 0,
+            max_stages: get(env.max, MAX_STAGES).clamp(1, MAX_STAGES),
+            max_rows: get(env.max_rows, usize::MAX),
+            single: get(env.single, 0) == 1,
+            trace: get(env.trace, 0) == 1,
+            regcap: get(env.regcap, 0) == 1,
+            prefetch: get(env.prefetch, 1) != 0,
+            gated_norm: get(env.gated_norm, 1) != 0,
+            held_inputs: get(env.xreg, 1) != 0,
         }
     }
 
@@ -304,7 +279,7 @@ impl Config {
 
     /// The kernel for `stages` on `ring`: of the HELD_KERNELS, the one whose held stages carry the most
     /// weight bytes (the ~160 registers a held input takes leave room for 8 consumer warps: 4B step
-    /// 2.728 ms against 2.756 on 12 without, 9B 4.556 against 4.650, run 97); else the base kernel.
+    /// 2.728 ms against 2.756 on 12 without, 9B 4.556 against 4.650); else the base kernel.
     pub(crate) fn kernel_for(&self, stages: &[Stage], ring: &Ring) -> SegKernel {
         if !self.holds_inputs() {
             return self.base_kernel();
@@ -400,7 +375,7 @@ mod tests {
         assert_eq!(Ring::of(8192).pages, 28);
         // As large as fits: the 4B's down projection (9216 floats of input) 36 pages, 32 beside 12288.
         let c = Config::from_env();
-        if std::env::var_os("TURBOSPARK_SEG_RING_KB").is_none() {
+        if crate::debug_env::get().seg.ring_kb.is_none() {
             let rooms =
                 [9216, 12288, 2 * 4096].map(|xs| c.ring(&[gemv(2560, 8)], xs).map(|r| r.pages));
             assert_eq!(rooms, [Some(36), Some(32), Some(36)]);
@@ -419,7 +394,7 @@ mod tests {
                 c.flags_for(&Ring::of(b)) >> 16 & 63,
             )
         };
-        if std::env::var_os("TURBOSPARK_SEG_FLIGHT_EDGE").is_none() {
+        if crate::debug_env::get().seg.flight_edge.is_none() {
             assert_eq!(
                 (caps(&c, 5120), caps(&c, 8192), caps(&c, 4096)),
                 ((16, 4), (8, 4), (20, 4))

@@ -9,13 +9,12 @@
 //! after it. The work is the same sequence of kernels `pass` launches for those rows, so the result is
 //! bit for bit the same (the fixture checks compare both).
 //!
-//! On by default (`LoadOptions::verify_graphs`, `TURBOSPARK_VERIFY_GRAPHS=0` turns it off). Session 2 left it
-//! off (testbed MTP bench, run 10: no gain); with chained sequential steps and fed drafts the verify share of
-//! a round grew, and graphs pay (run 167, testbed MTP block 4: verify 0.33 -> 0.31 ms, 1.17 -> 1.30x of
-//! the chained sequential with fed drafts; block 1 0.29 -> 0.25 ms). An early version diverged
-//! from sequential decoding: the scratch it grew sized the attention partials from the prefill's rows
-//! (coarse splits) instead of the block's (fine splits), so a 5-row block wrote past them; fixed
-//! (`verify_scratch`, tested), and the same bench is exact with graphs on (runs 10, 167).
+//! On by default (`LoadOptions::verify_graphs`, `TURBOSPARK_VERIFY_GRAPHS=0` turns it off): with chained
+//! sequential steps and fed drafts, verify graphs pay (testbed MTP block 4 on the H200: verify 0.33 ->
+//! 0.31 ms, 1.17 -> 1.30x of the chained sequential with fed drafts; block 1 0.29 -> 0.25 ms). The verify
+//! scratch is sized by the block's rows (fine attention splits), not a prefill's (coarse splits), so a
+//! block never writes past its attention partials (`verify_scratch`, tested); the testbed MTP bench is
+//! exact with graphs on.
 //!
 //! Invariants: a graph is keyed by (rows, first logits row, final-hidden tap, tape on) and by the buffers
 //! it holds: the scratch (`verify_graphs` is cleared whenever `many` is replaced) and the tape buffers
@@ -339,7 +338,7 @@ mod tests {
     #[test]
     fn verify_scratch_holds_every_block_after_a_prefill() {
         // A prefill of 35 rows leaves coarse splits (35 x 8 = 280): a 5-row block needs 5 x 64. Sizing the
-        // splits from the prefill's rows once overflowed the attention partials (run 9: wrong tokens).
+        // splits from the prefill's rows once overflowed the attention partials (wrong tokens).
         for gm in [1usize, 4, 16] {
             for have in [(0, 0), (35, 35 * 8), (512, 512 * 8), (16, 16 * 64)] {
                 let (rows, rs) = verify_scratch(have, gm);

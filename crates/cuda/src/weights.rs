@@ -28,7 +28,7 @@ pub enum WeightFormat {
 
 /// Element type of a matrix on the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum WDtype {
+pub enum WDtype {
     Bf16,
     F32,
 }
@@ -43,7 +43,7 @@ impl WDtype {
 }
 
 /// A row-major [rows, cols] matrix on the GPU.
-pub(crate) struct Mat {
+pub struct Mat {
     pub buf: DBuf,
     pub rows: usize,
     pub cols: usize,

@@ -23,11 +23,12 @@ fn open_without_a_gpu_is_one_clear_error() {
 }
 
 #[test]
-fn kernels_compile_with_nvrtc_when_it_is_present() {
-    if !cuda_backend::nvrtc::nvrtc_present() {
-        println!("note: libnvrtc not loadable here; kernel compilation not checked");
-        return;
-    }
+#[ignore = "needs libnvrtc (the CUDA toolkit): run with --ignored where it is installed"]
+fn kernels_compile_with_nvrtc() {
+    assert!(
+        cuda_backend::nvrtc::nvrtc_present(),
+        "libnvrtc is not loadable: install the CUDA toolkit's NVRTC or put it on LD_LIBRARY_PATH"
+    );
     let src = cuda_backend::nvrtc::module_source();
     let include = cuda_backend::nvrtc::include_dirs();
     let cubin = cuda_backend::nvrtc::compile_cubin("test", &src, 90, &include)

@@ -47,7 +47,7 @@ extern "C" __global__ void __launch_bounds__(ATT_PREP_THREADS)
     // rope_mode ATT_ROPE_READ takes cos / sin from the table instead, which this pass's first attn_prep
     // stored (ATT_ROPE_STORE) at least four kernels earlier; every kernel signals its dependents only after
     // its own PDL wait, so that launch has completed and its stores are visible here before the wait (read
-    // through L2). The f64 trig was 1.5 us a layer on the 8B's critical path (run 127: 4.652 against 4.706 ms
+    // through L2). The f64 trig was 1.5 us a layer on the 8B's critical path (4.652 against 4.706 ms
     // without it).
     const int pos = *start_p + row;
     const float* nw = head < hq ? q_norm : k_norm;
@@ -295,7 +295,7 @@ __device__ __forceinline__ void merge_splits(const float* __restrict__ part_m, c
 // One block per (head, row, 64 dims of the head); out [n, hq, d]. merge_splits' arithmetic in its order, the
 // same bits, but the splits' maxima and weights are taken by the block's threads in parallel (thread s:
 // split s) and the head's dims spread over d / 64 blocks: decode's 16 heads filled 16 SMs, each behind one
-// thread's 64 serial exponentials (6.4 us isolated, run 71).
+// thread's 64 serial exponentials (6.4 us isolated).
 #define ATT_COMBINE_DIMS 64
 static_assert(ATT_MAX_SPLITS <= ATT_COMBINE_DIMS, "one split per thread");
 extern "C" __global__ void __launch_bounds__(ATT_COMBINE_DIMS)

@@ -331,8 +331,8 @@ struct GdnConv4 {
 // block, a key head's q / k channels by the last of the head group's blocks to count itself in
 // kh_done[kh] (zero between launches: that block resets it). gdn_step_into leaves the new state and
 // window in another pair of buffers (a chained step's ping-pong, chain.rs); each form keeps __restrict__
-// (one pointer per buffer: the form without it cost the 4B step 0.004 ms, run 160).
-// Measured (4B decode step, runs 104-107): the first form, 88 KB of code (both conv forms, 8 groups per
+// (one pointer per buffer: the form without it cost the 4B step 0.004 ms).
+// Measured (4B decode step): the first form, 88 KB of code (both conv forms, 8 groups per
 // thread: a once-a-layer kernel starts with a cold instruction cache), 2.799 ms against 2.659 for the two
 // launches; 30 KB 2.743; reads before the wait 2.713 against 2.676; with gdn.rs's shared-memory
 // reservation spreading the blocks two per SM, 2.610 against 2.664.

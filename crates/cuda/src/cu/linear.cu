@@ -21,7 +21,7 @@
 // blocks per SM, R rows per warp so that each input value read from shared memory (or L1) feeds R
 // weight rows, and the double buffer, which the longer arithmetic needs. With R = 1 and no double
 // buffer, 4 rows cost 1.94x one row on the H200's verify round; with these, 1.10x for 2 rows, 1.30x for
-// 4, 1.77x for 8 (R, U, DB variants A/B'd in one call, session 5). None changes a row's summation order.
+// 4, 1.77x for 8 (R, U, DB variants A/B'd in one `cuda_check --sweep` call). None changes a row's summation order.
 #define LIN_R(N) ((N) <= 1 ? 1 : (N) <= 2 ? 2 : 4)
 #define LIN_U(N) ((N) <= 1 ? 4 : (N) <= 2 ? 2 : 1)
 #define LIN_DB(N) ((N) >= 2)

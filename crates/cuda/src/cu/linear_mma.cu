@@ -15,9 +15,9 @@
 // from shared memory, where the block split every input row once (`stage`, when n x in x 6 bytes fit),
 // else split on the spot. The mma's k index is a fixed permutation of the chunk's columns (weights and x
 // permuted alike), see `chunk_mma`. Splitting per chunk and warp with round-to-nearest made the kernel
-// issue-bound (decode 84 tok/s on the H200 against 272 with the FMA kernel, run 6), hence truncation,
+// issue-bound (decode 84 tok/s on the H200 against 272 with the FMA kernel), hence truncation,
 // staging and no g + 8 rows for <= 8. One row still costs 20-40% more than on the FMA kernel (latency-
-// bound: 98-126 registers leave 2-3 blocks per SM), 8 rows 2x less, 16 rows 3x less (run 6 sweep).
+// bound: 98-126 registers leave 2-3 blocks per SM), 8 rows 2x less, 16 rows 3x less (`cuda_check --sweep`).
 //
 // Batch invariance: an output element is D[m][n] of the same sequence of mma's whatever the row count —
 // row m of A only ever meets row m's activations, other rows are other columns of the product — so a
@@ -200,7 +200,7 @@ __device__ __forceinline__ void split_rows_into(const float* __restrict__ x, int
 
 // mma_split_rows, grid (n), MMA_WARPS * 32 threads: the staged fragments of n input rows, written once
 // to global memory (frag [n, in/8, 12]) for every block of the GEMV that follows (`stage` 2), instead of
-// each block normalising and splitting all n rows itself — measured on the H200 (run 24), that prologue
+// each block normalising and splitting all n rows itself — measured on the H200, that prologue
 // made a 4-row verify's normed GEMVs 1.5-1.9x the one-row time. Block m does row m in rms_inv_rows'
 // order and split_rows_into's arithmetic, so the fragments equal the in-kernel stage bit for bit and a
 // row's result does not depend on which path its launch took.

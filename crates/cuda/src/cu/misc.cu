@@ -153,7 +153,7 @@ __device__ __forceinline__ void argmax_take(float v, int i, float& best, int& bi
 // argmax_parts: each block takes a chunk of a row ([part, row] grid, ARGMAX_PART_THREADS threads) and leaves
 // its [best value's bits, its index, flags] in parts [rows, nparts, 3]; argmax_rows (one warp a row) merges a
 // row's parts in order. The first form, one block of 1024 threads reading the whole row, took 24-27 us of each
-// greedy 4B step (run 173, ncu): latency-bound.
+// greedy 4B step (ncu): latency-bound.
 #define ARGMAX_PART_THREADS 256
 __device__ __forceinline__ void argmax_see(float v, int i, float& best, int& bi, int& bad) {
     const unsigned u = __float_as_uint(v);
@@ -254,8 +254,8 @@ extern "C" __global__ void __launch_bounds__(32)
 // inside it: fewer than K of the row's keys exceed a candidate); topk_merge selects the row's set from the
 // union of its chunks'. The K-th largest by radix selection, 8 bits a pass from the top (a pass counts the
 // digits of the keys that match the prefix chosen so far). The first form, one block scanning the row from
-// L2 five times, took 294 us a 151936-logit row (run 173: latency-bound), 0.28 ms of a 2.59 ms sampled step;
-// 19 chunks of 8192 and a merge, 56 + 43 us (run 174).
+// L2 five times, took 294 us a 151936-logit row (latency-bound), 0.28 ms of a 2.59 ms sampled step;
+// 19 chunks of 8192 and a merge, 56 + 43 us.
 // ids / vals [rows, cap] in no particular order (the host sorts them); meta [rows, 2] = [candidates, flags]:
 // bit 0 a NaN or +inf in the row, bit 1 more candidates than a buffer holds (only some stored), or fewer than K
 // logits above -inf. Either flag sends the host back to the row.
@@ -388,7 +388,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_PART_THREADS)
 }
 // Grid rows: the row's candidates from its parts' (topk_parts, `parts` of them). Warp 0 lays the parts' sets out
 // (a scan over 4 parts a lane), then a warp per part moves them in and out (a loop over the parts in one thread
-// took most of the first form's 43 us, run 174: one dependent global load after another).
+// took most of the first form's 43 us: one dependent global load after another).
 extern "C" __global__ void __launch_bounds__(TOPK_MERGE_THREADS)
     topk_merge(const int* __restrict__ part_ids, const float* __restrict__ part_vals,
                const int* __restrict__ part_meta, int parts, int capb, int K, int cap, int* __restrict__ ids,

@@ -7,10 +7,10 @@
 // Done with their copies, the producers prefetch into L2 what the caller named for the kernels after
 // the segment (segment.rs prefetch_after: a GDN layer's state, read by the recurrence next).
 // A stage may first apply a GDN layer's gated RMSNorm to its staged input (gate_z): the norm gdn_rec
-// would otherwise end with after a fence and a counter (4B step 2.783 ms against 2.830, run 91).
+// would otherwise end with after a fence and a counter (4B step 2.783 ms against 2.830).
 // Rows summed by one warp in one piece may read their input from registers instead of the staged copy
-// (seg_row_held, kernels of 8 consumers: the 4B step 2.728 ms against 2.756, run 97).
-// Probe: tools/device/probes/ring_chain.cu (run 48): 128 GEMVs in 2.10 ms against 2.335 as launches.
+// (seg_row_held, kernels of 8 consumers: the 4B step 2.728 ms against 2.756).
+// Probe: tools/device/probes/ring_chain.cu: 128 GEMVs in 2.10 ms against 2.335 as launches.
 //
 // Exactness: a row's sum is formed as linear.cu forms it for one row (linear_rows<bf16, 1>): lane l of
 // part p accumulates vectors p*32 + l + k*32*wpr in k order with the same fmaf chain, each part is
@@ -22,7 +22,7 @@
 // gate/up row pair) and reads their row pieces ("units") in order through one ring of pages (unit u in
 // page u % pages); the block's k-th job of the whole kernel goes to consumer warp k % C. Page p is
 // filled only by producer warp p % P (pages: a multiple of P, at most 64); a mbarrier phase must never
-// be waited on two phases ahead (that reads as complete: run 48), so every consumer has its own `full`
+// be waited on two phases ahead (that reads as complete), so every consumer has its own `full`
 // barrier per page, whose phases are that consumer's uses of the page, in its order; `empty` (one
 // arrival per use) orders the reuses. Grid barrier: an arrival count that only grows (seg_grid_sync),
 // so captured graphs replay it unchanged. The kernel must have all its blocks resident: one per SM, and
@@ -49,12 +49,10 @@ struct SegPrefetch {
 };
 struct SegParams {
     SegStage st[SEG_MAX_STAGES];
-    // flags bit 0: weights stream with an L2 evict-first hint; bits 1-3 (measurements only, wrong
-    // sums): consumers skip the arithmetic / the grid barrier / staging the input; bits 4-5: consumers /
-    // producers poll their barriers (test_wait) instead of try_wait; bit 6: no stage stages its
-    // RMSNorm's weights (measurements); bit 7: a gated norm's weights read as 1 (measurements, wrong sums);
-    // bit 8: the trace kernels run a gated norm twice, the second time with its code and data hot (wrong sums);
-    // bits 10-15: the pages a block may have in flight (the in-flight cap in gemv_segment_body; 0: no cap)
+    // flags bit 0: weights stream with an L2 evict-first hint; bit 6: no stage stages its RMSNorm's
+    // weights (measurements); bits 10-15: the pages a block may have in flight (the in-flight cap in
+    // gemv_segment_body; 0: no cap); bits 16-21: the same at a stage boundary; bit 22: the boundary ends
+    // as the grid barrier is passed (measurements)
     int n, page_bytes, pages, flags;
     int xs_floats;  // the staged input's room: the widest stage input (<= SEG_MAX_IN), a multiple of 4
     unsigned pages_m;  // seg_magic(pages), from the host (a kernel parameter costs no register)
@@ -108,7 +106,7 @@ __device__ __forceinline__ void seg_consumers_sync() {
 // loads: the release reaches everyone one L2 round trip after the last arrival (trace, 4B step: the
 // counter + generation pair with its reset and fences waited 3-5 us per barrier).
 // (A fire-and-forget red.release arrival against a target read at entry, polled relaxed and followed
-// by fence.acq_rel: 2.837 ms against 2.816, run 88: the fence costs more than the round trip it saves.)
+// by fence.acq_rel: 2.837 ms against 2.816: the fence costs more than the round trip it saves.)
 template <int C, bool TRACE = false>
 __device__ __forceinline__ void seg_grid_sync(unsigned long long* count, unsigned long long* tr = nullptr) {
     seg_consumers_sync<C>();
@@ -125,10 +123,10 @@ __device__ __forceinline__ void seg_grid_sync(unsigned long long* count, unsigne
 // The staged input in two planes of float4 (seg_x_at): element i of vector v = i / 8 is in plane
 // (i / 4) % 2, so lane l's two float4 of vector v (8 consecutive values) come from 16-byte slots that
 // are consecutive across the warp's lanes in each plane: 4 shared-memory wavefronts per plane and
-// warp step instead of 8 for two loads 32 bytes apart (trace run 76: the consumers' shared-memory
+// warp step instead of 8 for two loads 32 bytes apart (segment trace: the consumers' shared-memory
 // traffic bounded the gate_up and in_proj stages).
 // 1.0f / y as the IEEE division computes it (round to nearest), without its branch: the division's own
-// fast path (MUFU.RCP, then one fma correction: the SASS of `1.0f / y`, run 112's listing) for y whose
+// fast path (MUFU.RCP, then one fma correction: the SASS of `1.0f / y`) for y whose
 // exponent field is 1..252, the range the division's check sends there; `slow` is set for any other y,
 // whose result the caller must take from the division itself. The simulator divides.
 __device__ __forceinline__ float seg_rcp_fast(float y, bool& slow) {
@@ -182,7 +180,7 @@ __device__ __forceinline__ float seg_dot8(uint4 u, float4 a, float4 b, float s) 
 // this warp (bit p).
 // n / d for the ring's counts (n < 2^26, 4 <= d <= 64) by a multiply-high with m = ceil(2^32 / d) (segment.rs
 // ring_magic): exact there (n (m d - 2^32) < 2^32), three instructions instead of a runtime division's ~20
-// (run 112's SASS: MUFU.RCP and I2F in every piece's page lookup and every producer copy).
+// (the SASS: MUFU.RCP and I2F in every piece's page lookup and every producer copy).
 __device__ __forceinline__ unsigned seg_div(unsigned n, unsigned m) { return __umulhi(n, m); }
 
 template <class Par>  // the consumer's page parities: unsigned (at most 32 pages) or unsigned long long (64)
@@ -193,7 +191,6 @@ struct SegRing {
     int pages_n, page_bytes;
     unsigned pages_m;  // SegParams::pages_m
     Par parity;  // bit k: page k's next phase for this consumer
-    bool spin;
     unsigned long long waited;  // trace kernels: cycles spent waiting for pages
     int* waiting;               // trace kernels: the block's consumer warps waiting for a page now
 };
@@ -207,12 +204,12 @@ __device__ __forceinline__ int seg_page_take(R& r, unsigned seq) {
         if (!seg_mbar_test(&r.full[k], (unsigned)(r.parity >> k) & 1u)) {
             const bool counts = (threadIdx.x & 31) == 0;
             if (counts) atomicAdd(r.waiting, 1);
-            seg_mbar_wait(&r.full[k], (unsigned)(r.parity >> k) & 1u, r.spin);
+            seg_mbar_wait(&r.full[k], (unsigned)(r.parity >> k) & 1u);
             if (counts) atomicAdd(r.waiting, -1);
         }
         r.waited += SEG_CLOCK() - w0;
     } else {
-        seg_mbar_wait(&r.full[k], (unsigned)(r.parity >> k) & 1u, r.spin);
+        seg_mbar_wait(&r.full[k], (unsigned)(r.parity >> k) & 1u);
     }
     r.parity ^= decltype(r.parity)(1) << k;
     return k;
@@ -221,8 +218,7 @@ __device__ __forceinline__ int seg_page_take(R& r, unsigned seq) {
 // One weight row of `in` values, read from units seq, seq + 1, ... (`pieces` of them): the row's sum
 // in linear.cu's order for `WPR` parts.
 template <int WPR, bool TRACE, class R>
-__device__ __forceinline__ float seg_row(R& r, unsigned seq, const float* xs, int in, int pieces, int lane,
-                                         bool skip) {
+__device__ __forceinline__ float seg_row(R& r, unsigned seq, const float* xs, int in, int pieces, int lane) {
     float acc[WPR];
 #pragma unroll
     for (int q = 0; q < WPR; ++q) acc[q] = 0.0f;
@@ -238,11 +234,11 @@ __device__ __forceinline__ float seg_row(R& r, unsigned seq, const float* xs, in
         const int base = ((v0 >> 5) & ~(WPR - 1)) << 5;
         // A round inside the piece issues all its loads before its arithmetic; guarded one vector at a
         // time, each vector's loads waited for its predecessor's eight dependent FMAs (SASS: a branch per
-        // vector). 8B step 4.582 ms against 4.656, 9B 4.419 against 4.442, 4B equal (run 133). Rounds the
+        // vector). 8B step 4.582 ms against 4.656, 9B 4.419 against 4.442, 4B equal. Rounds the
         // piece's ends cut (pieces not a multiple of 32 * WPR vectors) stay guarded: loading their outside
-        // vectors too cost more than the branches (run 131: 4B down projection rows 11.86 us against 11.41).
+        // vectors too cost more than the branches (4B down projection rows 11.86 us against 11.41).
 #pragma unroll 1
-        for (int b = skip ? v1 : base; b < v1; b += 32 * WPR) {
+        for (int b = base; b < v1; b += 32 * WPR) {
             if (b >= v0 && b + 32 * WPR <= v1) {
                 uint4 w[WPR];
                 float4 lo[WPR], hi[WPR];
@@ -277,7 +273,7 @@ __device__ __forceinline__ float seg_row(R& r, unsigned seq, const float* xs, in
 // them in registers (the two planes) and reads only the rest and its weights from shared memory: for
 // NR = NV, 4 wavefronts per warp step instead of 12. Vector 32 j + lane is the lane's j-th: seg_row<1>'s
 // order, so the same bits. (Also holding the out projection's input (4 warps per row, in pieces): 4B
-// step 2.752 ms against 2.729, 9B 4.700 against 4.557, run 98: its stage ran faster, the rest slower.)
+// step 2.752 ms against 2.729, 9B 4.700 against 4.557: its stage ran faster, the rest slower.)
 template <bool B, class T, class F>
 struct SegIf {
     using type = T;
@@ -318,12 +314,12 @@ __device__ __forceinline__ float seg_row_held(R& r, unsigned seq, const float4 (
 
 template <bool TRACE, class R>
 __device__ __forceinline__ float seg_row_any(R& r, unsigned seq, const float* xs, int in, int pieces, int wpr,
-                                             int lane, bool skip) {
+                                             int lane) {
     switch (wpr) {
-        case 1: return seg_row<1, TRACE>(r, seq, xs, in, pieces, lane, skip);
-        case 2: return seg_row<2, TRACE>(r, seq, xs, in, pieces, lane, skip);
-        case 4: return seg_row<4, TRACE>(r, seq, xs, in, pieces, lane, skip);
-        default: return seg_row<8, TRACE>(r, seq, xs, in, pieces, lane, skip);
+        case 1: return seg_row<1, TRACE>(r, seq, xs, in, pieces, lane);
+        case 2: return seg_row<2, TRACE>(r, seq, xs, in, pieces, lane);
+        case 4: return seg_row<4, TRACE>(r, seq, xs, in, pieces, lane);
+        default: return seg_row<8, TRACE>(r, seq, xs, in, pieces, lane);
     }
 }
 
@@ -334,8 +330,8 @@ __device__ __forceinline__ int seg_owned(int jobs, int b, int g) { return b < jo
 // Producer `who` of `n` prefetches its chunks of the ranges in p.pf (chunk c of the ranges' concatenation
 // goes to producer c % n), after its last copy: the DRAM then serves them while the segment drains its
 // ring, so the kernel after it finds its first reads in L2 (4B step, GDN state and conv window: 2.809
-// ms against 2.815, run 87; the next segment's weights instead, 21-44 MB: 2.888-2.939 against 2.853,
-// run 84, the recurrence's own reads then wait behind them).
+// ms against 2.815; the next segment's weights instead, 21-44 MB: 2.888-2.939 against 2.853:
+// the recurrence's own reads then wait behind them).
 #define SEG_PREFETCH_CHUNK 16384
 __device__ __forceinline__ void seg_prefetch_after(const SegParams& p, int who, int n) {
     int c0 = 0;  // chunks of the ranges before r
@@ -361,7 +357,7 @@ __device__ __forceinline__ void seg_stage_rows(const SegStage& st, int b, int g,
         // The residual this row adds to, fetched before the row so its L2 latency hides behind it.
         const float prev = st.accumulate && lane == 0 ? __ldcg(st.y + j) : 0.0f;
         // A SwiGLU job's gate then up row through one copy of the row's code (x10 kernel 97.7 KB of code
-        // instead of 139.6; 4B step 2.609 / 2.608 ms against 2.611 / 2.611, run 110).
+        // instead of 139.6; 4B step 2.609 / 2.608 ms against 2.611 / 2.611).
         float t = 0.0f, u = 0.0f;
 #pragma unroll 1
         for (int half = 0; half < (st.swiglu_inter ? 2 : 1); ++half) {
@@ -415,7 +411,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     // A producer copying for a stage its consumers have not yet staged (they finish the stage before, wait
     // at the grid barrier or stage its input) keeps fewer copies in flight (flags bits 16-21, 0: as
     // `flight`): the boundary's round trips queue behind fewer bytes. 4B / 9B / 8B step 2.433 / 4.260 /
-    // 4.364 ms against 2.497 / 4.372 / 4.482 with no boundary rule (runs 154-155).
+    // 4.364 ms against 2.497 / 4.372 / 4.482 with no boundary rule.
     int* staged = reinterpret_cast<int*>(flight_par + pages);  // the stages the consumers have staged
     const int edge_flight = ((p.flags >> 16) & 63) < pages ? (p.flags >> 16) & 63 : 0;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = gridDim.x, b = blockIdx.x;
@@ -453,7 +449,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             const unsigned piece_bytes = (unsigned)(in / pieces) * 2u;
             for (int u = (int)((unsigned)(pw - (int)seq0) % PRODUCERS);; u += PRODUCERS) {
                 const int i = units == 1 ? u : u / units, rem = u - i * units;
-                if (i >= owned) break;  // (not `u < owned * units`: 2.797 ms against 2.814, run 83)
+                if (i >= owned) break;  // (not `u < owned * units`: 2.797 ms against 2.814)
                 const int half = rem >= pieces, pc = rem - half * pieces;
                 const int c = (k + i) % C;
                 const int j = b + i * g;
@@ -463,7 +459,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                 const int page = (int)(seq - use * (unsigned)pages);
                 const unsigned long long w0 = TRACE ? SEG_CLOCK() : 0ull;
                 const bool coupled_before = TRACE && use > 0 && *(volatile int*)waiting > 0;
-                if (use > 0) seg_mbar_wait(&empty[page], (use - 1) & 1u, p.flags & 32);
+                if (use > 0) seg_mbar_wait(&empty[page], (use - 1) & 1u);
                 if (flight) {
                     const int f = edge_flight && s >= *(volatile int*)staged ? edge_flight : flight;
                     if (seq >= (unsigned)f) {
@@ -471,7 +467,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                         const unsigned before = seq - (unsigned)f;
                         const int q = (int)(before - seg_div(before, p.pages_m) * (unsigned)pages);
                         const unsigned m = flight_last[q];
-                        seg_mbar_wait(&full[(m & 255u) * pages + q], m >> 8, p.flags & 32);
+                        seg_mbar_wait(&full[(m & 255u) * pages + q], m >> 8);
                         if (TRACE) pcapped += SEG_CLOCK() - c0;
                     }
                     const unsigned par = (flight_par[page] >> c) & 1u;
@@ -509,17 +505,6 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         tr[SEG_TR_GT_ENTRY] = SEG_GLOBALTIMER();
         tr[SEG_TR_SM] = SEG_SMID() + 1;
     }
-#ifndef KERNEL_SIM
-    // Measurements only (flags bits 24-31, units of 64 SM cycles; TURBOSPARK_SEG_WHATIF_CORE_DELAY_CYCLES):
-    // the consumers of a segment that starts with a GDN layer's gated norm wait this long first while the
-    // producers stream; with gdn_step not launched, the step costs what a GDN core of that length run
-    // inside the segment would (run 138's what-if, re-priced under the flight caps of runs 148-155).
-    if (const unsigned delay = (unsigned)p.flags >> 24; delay && p.st[0].gate_z) {
-        const unsigned long long t0 = SEG_CLOCK();
-        while (SEG_CLOCK() - t0 < 64ull * delay) {
-        }
-    }
-#endif
     SegRing<typename HELD::Parity> ring;
     ring.pages = smem;
     ring.full = full + warp * pages;
@@ -528,12 +513,10 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     ring.pages_m = p.pages_m;
     ring.page_bytes = p.page_bytes;
     ring.parity = 0;
-    ring.spin = p.flags & 16;
     ring.waited = 0;
     ring.waiting = waiting;
     int k = 0;
     unsigned seq0 = 0;  // the stage's first unit
-    const bool skip_math = p.flags & 2, skip_barrier = p.flags & 4, skip_stage = p.flags & 8;
     for (int s = 0; s < p.n; ++s) {
         const SegStage& st = p.st[s];
         // Every block is resident once the first barrier is behind (this is the second stage or later).
@@ -545,16 +528,16 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         // The input was written by every block in the previous stage: L2 only (L1 may hold an old copy).
         float gw[4];  // a gated norm's weights w[lane + 32 k] (gated_dv <= 128)
         const bool norm_staged = st.norm_staged && !(p.flags & 64);
-        if (!skip_stage || s == 0) {
+        {
             // x, then a gated norm's z (plainly, after x), loaded together, and the norm's weights of
-            // this lane: one round trip (run 90: 6.8 us of staging with them loaded in the norm's loop).
+            // this lane: one round trip (6.8 us of staging with them loaded in the norm's loop).
             if (st.gate_z)
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
                     const int i = lane + 32 * k;
-                    gw[k] = i < st.gated_dv ? ((p.flags & 128) ? 1.0f : __ldg(st.norm_w + i)) : 0.0f;
+                    gw[k] = i < st.gated_dv ? __ldg(st.norm_w + i) : 0.0f;
                 }
-            // (An RMSNorm's weights likewise, when they fit: one round trip instead of two, run 100.)
+            // (An RMSNorm's weights likewise, when they fit: one round trip instead of two.)
             const float4* x4 = reinterpret_cast<const float4*>(st.x);
             const float4* z4 = reinterpret_cast<const float4*>(st.gate_z ? st.gate_z : st.norm_w);
             float4* d4 = reinterpret_cast<float4*>(xs);
@@ -576,22 +559,21 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         }
         seg_consumers_sync<C>();
         if (TRACE && threadIdx.x == 0 && s == 0) tr[SEG_TR_LOADED + SEG_MAX_STAGES - 4] = SEG_CLOCK();
-        if (st.gate_z && (!skip_stage || s == 0)) {
+        if (st.gate_z) {
             // gated_norm_warp's arithmetic (misc.cu) per group, one warp per group: the same bits as
             // gdn_rec's own norm or the gated_rmsnorm kernel, without their fence, counter and pass.
             // A warp takes 4 heads at a time, their sums and reductions interleaved (independent chains):
-            // 2.774 ms against 2.784 one head at a time (run 94).
+            // 2.774 ms against 2.784 one head at a time.
             const int dv = st.gated_dv, heads = st.in / dv;
             // ss / dv as ss * (1 / dv) when dv is a power of two: the same bits without the double
             // division's branchy sequence.
             const bool dv_pow2 = (dv & (dv - 1)) == 0;
             const double inv_dv = 1.0 / (double)dv;
-            for (int pass = 0; pass < ((TRACE && (p.flags & 256)) ? 2 : 1); ++pass) {
             for (int h0 = warp; h0 < heads; h0 += 4 * C) {
                 // The branch-free work for all 16 values of the lane first (loads, sums of squares, the
                 // gates' denominators 1 + expf(-z)), so their latencies overlap; then the divisions, whose
                 // range checks branch. One value at a time, each chain in its own basic block, the warp's
-                // share took 3.66 us (run 116: 1260 instructions of dependent latency). The denominator is
+                // share took 3.66 us (1260 instructions of dependent latency). The denominator is
                 // formed in one expression, as in sigmoid_f, so it contracts alike (the SASS fuses expf's last
                 // multiply with the + 1).
                 float xv[4][4], den[4][4];  // (z is read again where it gates: fewer live registers)
@@ -637,10 +619,9 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
                     }
                 }
             }
-            if (TRACE && threadIdx.x == 0 && s == 0) tr[SEG_TR_LOADED + SEG_MAX_STAGES - 3 + pass] = SEG_CLOCK();
-            }
+            if (TRACE && threadIdx.x == 0 && s == 0) tr[SEG_TR_LOADED + SEG_MAX_STAGES - 3] = SEG_CLOCK();
             seg_consumers_sync<C>();
-        } else if (st.norm_w && (!skip_stage || s == 0)) {
+        } else if (st.norm_w) {
             const float inv = seg_rms_inv<C>(xs, st.in, st.eps, scratch);
             const float4* w4 = reinterpret_cast<const float4*>(st.norm_w);
             float4* x4 = reinterpret_cast<float4*>(xs);
@@ -667,12 +648,12 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         const int i0 = (warp - k % C + C) % C;
         bool held = false;
         if constexpr (HELD::NV > 0) {
-            held = !skip_math && HELD::fits(st);
+            held = HELD::fits(st);
             if (held) seg_stage_rows_held<C, HELD, TRACE>(st, ring, xs, b, g, owned, i0, seq0, units, lane);
         }
         if (!held) {
             seg_stage_rows<C>(st, b, g, owned, i0, seq0, units, lane, [&](unsigned seq) {
-                return seg_row_any<TRACE>(ring, seq, xs, st.in, st.pieces, st.wpr, lane, skip_math);
+                return seg_row_any<TRACE>(ring, seq, xs, st.in, st.pieces, st.wpr, lane);
             });
         }
         k += owned;
@@ -682,9 +663,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
             if (lane == 0 && s < 4 && warp < 16) tr[SEG_TR_WARPS + 16 * s + warp] = SEG_CLOCK();
             ring.waited = 0;
         }
-        // (Measurements, flags bit 23: no grid barrier after a SwiGLU stage, the price of an MLP whose down
-        // projection needs no barrier after gate_up; wrong sums.)
-        if (s + 1 < p.n && !skip_barrier && !((p.flags & (1u << 23)) && st.swiglu_inter)) {
+        if (s + 1 < p.n) {
             seg_grid_sync<C, TRACE>(p.barrier, ts);
         } else if (TRACE) {
             seg_consumers_sync<C>();
@@ -698,12 +677,12 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
     __syncthreads();
 }
 
-// C consumer and P producer warps. 4B-shaped decode step on the H200 (runs 58-63): 8 / 12 / 16 consumers
+// C consumer and P producer warps. 4B-shaped decode step on the H200: 8 / 12 / 16 consumers
 // 3.066 / 2.947 / 2.981 ms (per-GEMV launches 3.040); 8 producers instead of 4: 3.091; registers capped
 // so that a block fits beside two gdn_rec blocks: no gain (88) or spills (80).
 // Held inputs need ~160 registers, so 12 warps at most: 16 x 128 registers fill the SM, and 14 x 144 do
-// not fit its four register files (run 95). One kernel per held width (segment.rs HELD_KERNELS): a kernel
-// carrying both widths' code ran the 4B step 0.06 ms slower (run 96). Held vectors: as many as fit 168
+// not fit its four register files. One kernel per held width (segment.rs HELD_KERNELS): a kernel
+// carrying both widths' code ran the 4B step 0.06 ms slower. Held vectors: as many as fit 168
 // registers without spills (ptxas, sm_90).
 #define SEG_KERNEL(C, P, HELD, NAME)                                                                           \
     extern "C" __global__ void __launch_bounds__(((C) + (P)) * 32, 1) gemv_segment_##NAME(const SegParams p) {  \
@@ -713,7 +692,7 @@ __device__ __forceinline__ void gemv_segment_body(const SegParams& p) {
         gemv_segment_body<C, P, true, HELD>(p);                                                               \
     }
 using SegHeld10 = SegHeld<10, 10>;
-// x16 holds 11: with 12 it spilled 8 bytes once norm weights were staged (9B 4.611 vs 4.551 ms, runs 100-101).
+// x16 holds 11: with 12 it spilled 8 bytes once norm weights were staged (9B 4.611 vs 4.551 ms).
 using SegHeld16 = SegHeld<16, 11>;
 SEG_KERNEL(8, 4, SegHeldNone, c8p4)
 SEG_KERNEL(12, 4, SegHeldNone, c12p4)
@@ -723,7 +702,7 @@ SEG_KERNEL(8, 4, SegHeld16, c8p4_x16)
 // 128-thread gdn_rec blocks of 64 on the same SM. Resident beside them only with every kernel's
 // carveout at 100% and no cooperative launch (TURBOSPARK_CARVEOUT=100, TURBOSPARK_SEG_COOP=0: the
 // producers start 4.5-5.7 us before the consumers, stage 0 rows 7.3 -> 4.9 us), yet the step is not
-// faster: 2.838-2.850 ms against 2.815 (runs 86-87; the recurrence's reads wait behind the stream).
+// faster: 2.838-2.850 ms against 2.815 (the recurrence's reads wait behind the stream).
 extern "C" __global__ void __maxnreg__(88) gemv_segment_r88_c12p4(const SegParams p) {
     gemv_segment_body<12, 4, false, SegHeldNone>(p);
 }

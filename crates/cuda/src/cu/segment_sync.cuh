@@ -4,7 +4,7 @@
 // the simulator's versions (sim.h: mbarriers, bulk copies and the grid barrier emulated on fibers).
 #ifdef KERNEL_SIM
 __device__ __forceinline__ void seg_mbar_init(unsigned long long* b, unsigned count) { sim_mbar_init(b, count); }
-__device__ __forceinline__ void seg_mbar_wait(unsigned long long* b, unsigned parity, bool = false) {
+__device__ __forceinline__ void seg_mbar_wait(unsigned long long* b, unsigned parity) {
     sim_mbar_wait(b, parity);
 }
 __device__ __forceinline__ void seg_mbar_arrive(unsigned long long* b) { sim_mbar_arrive(b); }
@@ -31,20 +31,10 @@ __device__ __forceinline__ unsigned seg_smem_addr(const void* p) { return (unsig
 __device__ __forceinline__ void seg_mbar_init(unsigned long long* b, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(seg_smem_addr(b)), "r"(count));
 }
-// Waits for the phase of parity `parity` to complete: with try_wait (the thread may be suspended until it
-// completes or a time limit passes) or, `spin`, polling test_wait.
-__device__ __forceinline__ void seg_mbar_wait(unsigned long long* b, unsigned parity, bool spin = false) {
+// Waits for the phase of parity `parity` to complete, with try_wait (the thread may be suspended until it
+// completes or a time limit passes).
+__device__ __forceinline__ void seg_mbar_wait(unsigned long long* b, unsigned parity) {
     unsigned ok = 0;
-    if (spin) {
-        do {
-            asm volatile(
-                "{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                : "=r"(ok)
-                : "r"(seg_smem_addr(b)), "r"(parity)
-                : "memory");
-        } while (!ok);
-        return;
-    }
     do {
         asm volatile(
             "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"

@@ -3,13 +3,13 @@
 //! equal one launch per row, with the columns in one block per head or split over several.
 
 use super::{bitwise_row, download, rel_err, same_bits, Rng, SelfTestRow};
-use crate::buf::DBuf;
-use crate::device::CudaDevice;
-use crate::error::CudaError;
-use crate::ops::{
+use cuda_backend::lab::ops::{
     self, AttnBufs, AttnCore, AttnShape, GdnArgs, GdnCols, GdnShape, Rope, ATT_MAX_D,
     ATT_SPLITS_COARSE, ATT_SPLITS_FINE,
 };
+use cuda_backend::lab::DBuf;
+use cuda_backend::CudaDevice;
+use cuda_backend::CudaError;
 
 pub(super) fn checks(
     dev: &CudaDevice,
@@ -396,7 +396,7 @@ fn gdn_check(
         same &= same_bits(&o_d, &o_got) && same_bits(&s_d, &s_got) && same_bits(&w_d, &w_got);
     }
     let mut left = vec![0i32; hv];
-    crate::buf::dtoh(dev, &mut left, done.ptr)?;
+    cuda_backend::lab::dtoh(dev, &mut left, done.ptr)?;
     out.push(bitwise_row(
         format!(
             "gdn split columns, norm by the head's last block == one block per head (bits) ({tag})"
@@ -418,7 +418,7 @@ fn gdn_check(
     // Decode launches, one row each on one counter buffer: gdn_step where the shape takes it (whole
     // warps, split columns), conv_prep + gdn_rec otherwise; the same bits, the counter back to zero.
     let (o_rows, st, win) = row_by_row(split)?;
-    crate::buf::dtoh(dev, &mut left, done.ptr)?;
+    cuda_backend::lab::dtoh(dev, &mut left, done.ptr)?;
     out.push(bitwise_row(
         format!("gdn decode rows (gdn_step) == {n} rows per launch (bits) ({tag})"),
         same_bits(&o_rows, &o_got)

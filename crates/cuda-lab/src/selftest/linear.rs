@@ -4,11 +4,11 @@
 //! same rows run one at a time must give the same bits.
 
 use super::{bf16_round, bitwise_row, download, rel_err, same_bits, Rng, SelfTestRow};
-use crate::buf::DBuf;
-use crate::device::CudaDevice;
-use crate::error::CudaError;
-use crate::ops::{self, NormW};
-use crate::weights::{Mat, WDtype};
+use cuda_backend::lab::ops::{self, NormW};
+use cuda_backend::lab::DBuf;
+use cuda_backend::lab::{Mat, WDtype};
+use cuda_backend::CudaDevice;
+use cuda_backend::CudaError;
 
 /// Row counts up to this use the GEMV kernel (as LoadOptions::default()).
 const GEMV_ROWS: usize = 16;

@@ -5,13 +5,13 @@
 //! renormalisation.
 
 use super::{bf16_round, bitwise_row, download, rel_err, same_bits, Rng, SelfTestRow};
-use crate::buf::{htod, DBuf};
-use crate::device::CudaDevice;
-use crate::error::CudaError;
-use crate::moe::{self, MoeShape, MoeW};
-use crate::ops::NormW;
-use crate::state::{Scratch, Widths};
-use crate::weights::{Mat, WDtype};
+use cuda_backend::lab::moe::{self, MoeShape, MoeW};
+use cuda_backend::lab::ops::NormW;
+use cuda_backend::lab::{htod, DBuf};
+use cuda_backend::lab::{Mat, WDtype};
+use cuda_backend::lab::{Scratch, Widths};
+use cuda_backend::CudaDevice;
+use cuda_backend::CudaError;
 
 pub(super) fn checks(
     dev: &CudaDevice,

@@ -19,7 +19,7 @@ use families::Wanted;
 use model_io::ModelConfig;
 
 /// Device-to-device copy bandwidth in bytes/s, counting read + write: the best of 7 timed batches of 10
-/// copies of 1 GiB. One batch alone read 3.80 TB/s in run 142 where the same call's other measurements
+/// copies of 1 GiB. One batch alone read 3.80 TB/s where the same call's other measurements
 /// read 4.22 (an overstated roofline fraction); the best batch is the conservative roofline.
 pub fn copy_bandwidth(dev: &CudaDevice) -> Result<f64> {
     let bytes = 1usize << 30;
@@ -141,7 +141,7 @@ pub fn run(
         }
     }
     dev.set_pdl(default_pdl);
-    if let Some(report) = dev.segment_trace_report() {
+    if let Some(report) = cuda_lab::segment_trace::device_report(dev) {
         print!("{report}");
     }
     println!("bench: segments {:?}", dev.segment_status());
@@ -195,7 +195,7 @@ pub fn verify_curve(
     Ok(out)
 }
 
-fn print_profile(title: &str, rows: &[cuda_backend::ProfileRow]) {
+fn print_profile(title: &str, rows: &[cuda_lab::profile::ProfileRow]) {
     let total: f64 = rows.iter().map(|r| r.ms).sum();
     println!("bench profile of {title} ({total:.3} ms):");
     for r in rows {
@@ -318,14 +318,15 @@ fn one_config(
         if graphs {
             let mut scratch = model.new_state(prompt_len + 2)?;
             model.forward(&prompt, 0, &mut scratch, &Wanted::last())?;
-            if let Some(ms) = model.time_decode_graph(&mut scratch, next, 50)? {
+            if let Some(ms) = cuda_lab::profile::time_decode_graph(&model, &mut scratch, next, 50)?
+            {
                 let wall_ms = 1e3 / tps;
                 println!(
                     "bench {name}: decode graph alone {ms:.3} ms per step on the GPU ({:.1}% of roofline) vs {wall_ms:.3} ms per token end to end: host side {:.3} ms",
                     100.0 / (ms * 1e-3) / roof,
                     wall_ms - ms
                 );
-                if let Some(h) = model.host_costs(&mut scratch, next, 50)? {
+                if let Some(h) = cuda_lab::profile::host_costs(&model, &mut scratch, next, 50)? {
                     let argmax_ms = {
                         let row = out.row(0);
                         let t = Instant::now();
@@ -378,7 +379,7 @@ fn one_config(
         }
         print_profile(
             "one un-graphed decode step",
-            &model.profile_decode(&mut st, next)?,
+            &cuda_lab::profile::profile_decode(&model, &mut st, next)?,
         );
         // Where a verify round's time goes (compare with the one-row step above).
         let drafts: Vec<u32> = (0..4)
@@ -386,14 +387,14 @@ fn one_config(
             .collect();
         print_profile(
             "one verify round of 4 rows (tape, all logits to the host, rollback)",
-            &model.profile_verify(&mut st, &drafts)?,
+            &cuda_lab::profile::profile_verify(&model, &mut st, &drafts)?,
         );
         // A forward splits longer prompts into passes of max_pass_rows: profile the first pass.
         let pass_len = prompt_len.min(model.options().max_pass_rows.max(1));
         let mut ps = model.new_state(pass_len + 1)?;
         print_profile(
             &format!("one prefill pass of {pass_len} tokens"),
-            &model.profile_pass(&mut ps, &prompt[..pass_len])?,
+            &cuda_lab::profile::profile_pass(&model, &mut ps, &prompt[..pass_len])?,
         );
     }
     Ok(outcome)
@@ -402,7 +403,7 @@ fn one_config(
 /// The GEMV kernel sweep on the qwen35-4b matrix shapes (`--sweep`): one line per (shape, rows,
 /// kernel), then the fastest kernel per (shape, rows).
 pub fn sweep(dev: &CudaDevice) -> Result<(), Box<dyn std::error::Error>> {
-    use cuda_backend::sweep::{gemv_sweep, SweepOp};
+    use cuda_lab::sweep::{gemv_sweep, SweepOp};
     let shapes = [
         ("gdn norm+proj", 12352, 2560, SweepOp::Normed),
         ("attn norm+qkv", 10240, 2560, SweepOp::Normed),

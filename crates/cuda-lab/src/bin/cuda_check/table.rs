@@ -152,7 +152,7 @@ pub fn run(dev: &Arc<CudaDevice>, shapes: &[&str], new: usize) -> Result<bool> {
     let bw = copy_bandwidth(dev)?;
     println!("table: D2D copy {:.0} GB/s (read + write)", bw / 1e9);
     // The read-only ceiling beside it: the roofline column keeps the copy rate (the convention).
-    match dev.read_bandwidth() {
+    match cuda_lab::profile::read_bandwidth(dev) {
         Ok(read) => println!(
             "table: read-only stream {:.0} GB/s; against it every roofline fraction below is x{:.3}",
             read / 1e9,

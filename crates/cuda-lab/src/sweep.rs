@@ -3,11 +3,11 @@
 //! measurements from one run. Each timed call reads a different copy of the matrix (copies enough to
 //! exceed the L2 cache), so the figures are DRAM figures, not L2 hits.
 
-use crate::buf::{elementwise_grid, launch, Arg, DBuf};
-use crate::device::CudaDevice;
-use crate::error::CudaError;
-use crate::ops::{self, GemvKernel, NormW, MMA_VARIANTS};
-use crate::weights::{Mat, WDtype};
+use cuda_backend::lab::ops::{self, GemvKernel, NormW, MMA_VARIANTS};
+use cuda_backend::lab::{elementwise_grid, launch, Arg, DBuf};
+use cuda_backend::lab::{Mat, WDtype};
+use cuda_backend::CudaDevice;
+use cuda_backend::CudaError;
 
 /// What the GEMV does with its input and output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,7 +109,7 @@ pub fn gemv_sweep(
 
 fn random_mat(dev: &CudaDevice, rows: usize, cols: usize, seed: u64) -> Result<Mat, CudaError> {
     let buf = DBuf::zeros(dev, rows * cols * 2)?;
-    if !dev.host_ops() && dev.sim().is_none() {
+    if dev.stream().is_some() {
         launch(
             dev,
             "fill_normal_bf16",

@@ -11,11 +11,11 @@
 //! by the same code in both: bitwise.
 
 use super::{bitwise_row, download, rel_err, same_bits, Rng, SelfTestRow};
-use crate::buf::DBuf;
-use crate::device::CudaDevice;
-use crate::error::CudaError;
-use crate::gdn_chunk;
-use crate::ops::{self, GdnArgs, GdnShape};
+use cuda_backend::lab::gdn_chunk;
+use cuda_backend::lab::ops::{self, GdnArgs, GdnShape};
+use cuda_backend::lab::DBuf;
+use cuda_backend::CudaDevice;
+use cuda_backend::CudaError;
 
 /// Relative error bound of each path against f64, and between the two.
 const BOUND: f64 = 1e-5;
@@ -190,7 +190,7 @@ fn check(
         format!("gdn chunked conv window == step form (bits) ({tag})"),
         same_bits(&w_chunk, &w_step),
     ));
-    if !dev.host_ops() {
+    if !cuda_backend::lab::host_ops(dev) {
         // Another summation order: equal bits would mean the chunked kernels never ran.
         out.push(bitwise_row(
             format!("gdn chunked output differs from the step form's bits ({tag})"),

@@ -5,12 +5,12 @@
 //! head's form).
 
 use super::{bitwise_row, download, Rng, SelfTestRow};
-use crate::buf::DBuf;
-use crate::device::CudaDevice;
-use crate::error::CudaError;
-use crate::ops::{self, NormW};
-use crate::segment;
-use crate::weights::{Mat, WDtype};
+use cuda_backend::lab::ops::{self, NormW};
+use cuda_backend::lab::segment;
+use cuda_backend::lab::DBuf;
+use cuda_backend::lab::{Mat, WDtype};
+use cuda_backend::CudaDevice;
+use cuda_backend::CudaError;
 
 fn bf16_mat(dev: &CudaDevice, rng: &mut Rng, rows: usize, cols: usize) -> Result<Mat, CudaError> {
     let scale = 1.0 / (cols as f32).sqrt();
@@ -131,10 +131,13 @@ fn chain(
         let y1 = DBuf::f32s(dev, few)?;
         let act = DBuf::f32s(dev, inter)?;
         let out = DBuf::f32s(dev, many)?;
+        // h: a normed input (wide or few); big: a SwiGLU's [g ; u] or the many rows; xb: bf16 inputs.
+        // The host emulation writes all three, so each holds the widest use.
+        let widest = wide.max(few).max(inter);
         let (h, big, xb) = (
-            DBuf::f32s(dev, wide)?,
-            DBuf::f32s(dev, many)?,
-            DBuf::zeros(dev, wide * 2)?,
+            DBuf::f32s(dev, widest)?,
+            DBuf::f32s(dev, many.max(2 * inter))?,
+            DBuf::zeros(dev, widest * 2)?,
         );
         let before = dev.segment_launches();
         let scope = if segments {

@@ -17,9 +17,9 @@ mod mixers;
 mod moe;
 mod segment;
 
-use crate::buf::{dtoh, DBuf};
-use crate::device::CudaDevice;
-use crate::error::CudaError;
+use cuda_backend::lab::{dtoh, DBuf};
+use cuda_backend::CudaDevice;
+use cuda_backend::CudaError;
 
 /// One self-test line: what, the worst error (relative to the reference's scale), and the bound.
 #[derive(Clone, Debug)]

@@ -12,10 +12,10 @@
 
 use super::mixers::run_attention;
 use super::{bitwise_row, rel_err, same_bits, Rng, SelfTestRow};
-use crate::buf::DBuf;
-use crate::device::CudaDevice;
-use crate::error::CudaError;
-use crate::ops::{AttnCore, AttnShape, Rope, ATT_SPLITS_COARSE};
+use cuda_backend::lab::ops::{AttnCore, AttnShape, Rope, ATT_SPLITS_COARSE};
+use cuda_backend::lab::DBuf;
+use cuda_backend::CudaDevice;
+use cuda_backend::CudaError;
 
 /// Bound on max |tc - split-K| / max |split-K| (module doc).
 const TC_BOUND: f64 = 1e-2;
