@@ -125,13 +125,13 @@ impl Device {
                 note: None,
             }),
             Device::Cuda => Ok(Resolved {
-                placement: Placement::Cuda(Arc::new(opened(CudaDevice::open()?))),
+                placement: Placement::Cuda(Arc::new(CudaDevice::open()?)),
                 note: None,
             }),
             Device::Auto if !cuda_backend::driver_present() => Ok(cpu(None)),
             Device::Auto => match CudaDevice::open() {
                 Ok(dev) => Ok(Resolved {
-                    placement: Placement::Cuda(Arc::new(opened(dev))),
+                    placement: Placement::Cuda(Arc::new(dev)),
                     note: None,
                 }),
                 Err(e) => Ok(cpu(Some(format!("using the CPU: {e}")))),
@@ -202,17 +202,7 @@ impl Model {
             Placement::Cuda(dev) => match CudaModel::load(
                 &dev,
                 ck,
-                // The FMA GEMV is faster for one row and for verify blocks up to ~4 rows (the MTP
-                // head's blocks); the tensor-core GEMV for DFlash's 16-row blocks (H200, 4B shape:
-                // 1 / 4 / 16 rows 3.6 / 4.7 / 11.6 ms against 4.5 / 5.4 / 8.2, `cuda_check --sweep`). Per load,
-                // so sequential and speculative runs of a model share one arithmetic.
-                LoadOptions {
-                    tensor_core_gemv: env_flag("TURBOSPARK_TENSOR_CORE_GEMV")
-                        .unwrap_or(ck.has_dflash && !ck.has_mtp),
-                    graphs: env_flag("TURBOSPARK_CUDA_GRAPHS").unwrap_or(true),
-                    verify_graphs: env_flag("TURBOSPARK_VERIFY_GRAPHS").unwrap_or(true),
-                    ..LoadOptions::default()
-                },
+                LoadOptions::for_checkpoint(ck),
             ) {
                 Ok(m) => Ok(Loaded {
                     model: Model::Cuda(Arc::new(m)),
@@ -505,21 +495,3 @@ impl BackendState for ModelState {
     }
 }
 
-/// An opened GPU with the environment's overrides applied (`TURBOSPARK_PDL=0`: plain launches).
-fn opened(dev: CudaDevice) -> CudaDevice {
-    if let Some(on) = env_flag("TURBOSPARK_PDL") {
-        dev.set_pdl(on);
-    }
-    dev
-}
-
-/// A 0/1 override from the environment (diagnosis: `TURBOSPARK_TENSOR_CORE_GEMV`, `TURBOSPARK_CUDA_GRAPHS`,
-/// `TURBOSPARK_VERIFY_GRAPHS`, `TURBOSPARK_PDL`);
-/// None when unset or not 0/1.
-fn env_flag(name: &str) -> Option<bool> {
-    match std::env::var(name).ok()?.as_str() {
-        "0" => Some(false),
-        "1" => Some(true),
-        _ => None,
-    }
-}

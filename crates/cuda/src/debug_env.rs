@@ -4,6 +4,9 @@
 //! takes them from [`DebugEnv`], through `LoadOptions::default()` where the choice is per load.
 //!
 //! Per load (`LoadOptions` defaults; a caller's options override them):
+//! - `TURBOSPARK_CUDA_GRAPHS=0`: decode steps launch their kernels directly (`LoadOptions::graphs`).
+//! - `TURBOSPARK_TENSOR_CORE_GEMV=0|1`: the GEMV kernel family, instead of the per-checkpoint choice
+//!   (`LoadOptions::for_checkpoint`).
 //! - `TURBOSPARK_VERIFY_GRAPHS=0`: verify blocks run without CUDA graphs (`LoadOptions::verify_graphs`).
 //! - `TURBOSPARK_GDN_CHUNKED=0`: prefill runs the GDN step form, not the chunked one (`gdn_chunked`).
 //! - `TURBOSPARK_SEGMENTS=0`: decode GEMVs launch one by one, not as segments (`segments`).
@@ -11,6 +14,9 @@
 //! - `TURBOSPARK_CANDIDATES=0`: sampled top-k rows come back as full logits (`candidates`).
 //!
 //! Per process (kernel choices and launch shapes, read when a device opens or a kernel first runs):
+//! - `TURBOSPARK_CUDA_DRIVER=none`: behave as on a machine without an NVIDIA driver (`driver_present`
+//!   is false, `--device cuda` fails, `auto` is the CPU): the no-GPU tests run on GPU machines too.
+//! - `TURBOSPARK_PDL=0`: kernels launch without programmatic dependent launch (device.rs).
 //! - `TURBOSPARK_CUDA_CACHE=DIR`: where compiled kernels are cached (`nvrtc::cache_dir`).
 //! - `TURBOSPARK_CARVEOUT=PCT`: preferred shared-memory carveout of every kernel (device.rs).
 //! - `TURBOSPARK_ATT_SPLITS=N` (1..=64): key chunks of decode and verify attention rows (ops.rs).
@@ -32,6 +38,10 @@ use std::sync::OnceLock;
 /// The switches, parsed ([`get`]). `None` / the default where unset or unparsable.
 #[derive(Clone, Debug)]
 pub(crate) struct DebugEnv {
+    pub no_driver: bool,
+    pub graphs: bool,
+    pub tensor_core_gemv: Option<bool>,
+    pub pdl: bool,
     pub verify_graphs: bool,
     pub gdn_chunked: bool,
     pub segments: bool,
@@ -83,6 +93,14 @@ fn parsed<T: std::str::FromStr>(name: &str) -> Option<T> {
 impl DebugEnv {
     fn read() -> Self {
         DebugEnv {
+            no_driver: var("TURBOSPARK_CUDA_DRIVER").as_deref() == Some("none"),
+            graphs: on_unless_zero("TURBOSPARK_CUDA_GRAPHS"),
+            tensor_core_gemv: match var("TURBOSPARK_TENSOR_CORE_GEMV").as_deref() {
+                Some("0") => Some(false),
+                Some("1") => Some(true),
+                _ => None,
+            },
+            pdl: on_unless_zero("TURBOSPARK_PDL"),
             verify_graphs: on_unless_zero("TURBOSPARK_VERIFY_GRAPHS"),
             gdn_chunked: on_unless_zero("TURBOSPARK_GDN_CHUNKED"),
             segments: on_unless_zero("TURBOSPARK_SEGMENTS"),

@@ -151,7 +151,11 @@ impl Drop for PdlPause<'_> {
 }
 
 /// Whether the CUDA driver library can be loaded here (cheap; never panics). `--device auto` uses it.
+/// `TURBOSPARK_CUDA_DRIVER=none` answers no (debug_env.rs).
 pub fn driver_present() -> bool {
+    if crate::debug_env::get().no_driver {
+        return false;
+    }
     // SAFETY: only tries to dlopen the candidate library names.
     unsafe { dsys::is_culib_present() }
 }
@@ -315,7 +319,7 @@ impl CudaDevice {
             sim: None,
             frag_scratch: std::sync::OnceLock::new(),
             segments: std::sync::OnceLock::new(),
-            pdl: AtomicBool::new(arch >= 90),
+            pdl: AtomicBool::new(arch >= 90 && crate::debug_env::get().pdl),
             pdl_failure: Mutex::new(None),
             pdl_paused: AtomicBool::new(false),
             gpu: Some(Gpu {

@@ -71,6 +71,22 @@ pub struct LoadOptions {
     pub candidates: bool,
 }
 
+impl LoadOptions {
+    /// The defaults for a checkpoint: the FMA GEMV is faster for one row and for verify blocks up to
+    /// ~4 rows (the MTP head's blocks), the tensor-core GEMV for DFlash's 16-row blocks (H200, 4B
+    /// shape: 1 / 4 / 16 rows 3.6 / 4.7 / 11.6 ms against 4.5 / 5.4 / 8.2, `cuda_check --sweep`), so a
+    /// checkpoint whose only drafter is DFlash loads the tensor-core family. Per load, so sequential and
+    /// speculative runs of a model share one arithmetic.
+    pub fn for_checkpoint(ck: &model_io::Checkpoint) -> Self {
+        LoadOptions {
+            tensor_core_gemv: crate::debug_env::get()
+                .tensor_core_gemv
+                .unwrap_or(ck.has_dflash && !ck.has_mtp),
+            ..LoadOptions::default()
+        }
+    }
+}
+
 impl Default for LoadOptions {
     /// The defaults, with the environment's A/B toggles applied (`debug_env.rs`).
     fn default() -> Self {
@@ -79,9 +95,9 @@ impl Default for LoadOptions {
             weights: WeightFormat::Bf16,
             // Verify blocks (<= 16 rows) stay on the batch-invariant path, as the CPU engine's matvec.
             gemv_max_rows: 16,
-            graphs: true,
+            graphs: env.graphs,
             verify_graphs: env.verify_graphs,
-            tensor_core_gemv: false,
+            tensor_core_gemv: env.tensor_core_gemv.unwrap_or(false),
             max_pass_rows: 512,
             gdn_chunked: env.gdn_chunked,
             segments: env.segments,
