@@ -27,9 +27,7 @@ fn simulated() -> Option<Arc<CudaDevice>> {
 }
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name)
+    testdata::fixture(name)
 }
 
 fn bits_eq(a: &[f32], b: &[f32]) -> bool {
