@@ -1,7 +1,6 @@
 //! Device resolution on this machine (CI has no GPU), the host head GPU models lend their drafters
 //! (against the CPU engine's embeddings and LM head, tied and untied), and the dispatch guards.
 
-
 use backend::{Device, Model, ModelSnapshot, ModelState, Placement};
 use families::{Backend, BackendState, Wanted};
 use model_io::Checkpoint;
