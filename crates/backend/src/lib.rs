@@ -199,21 +199,21 @@ impl Model {
                 model: Model::Cpu(Arc::new(families::load(ck)?)),
                 note: resolved.note,
             }),
-            Placement::Cuda(dev) => match CudaModel::load(
-                &dev,
-                ck,
-                LoadOptions::for_checkpoint(ck),
-            ) {
-                Ok(m) => Ok(Loaded {
-                    model: Model::Cuda(Arc::new(m)),
-                    note: None,
-                }),
-                Err(e @ CudaError::Unsupported { .. }) if device == Device::Auto => Ok(Loaded {
-                    model: Model::Cpu(Arc::new(families::load(ck)?)),
-                    note: Some(format!("using the CPU: {e}")),
-                }),
-                Err(e) => Err(e.into()),
-            },
+            Placement::Cuda(dev) => {
+                match CudaModel::load(&dev, ck, LoadOptions::for_checkpoint(ck)) {
+                    Ok(m) => Ok(Loaded {
+                        model: Model::Cuda(Arc::new(m)),
+                        note: None,
+                    }),
+                    Err(e @ CudaError::Unsupported { .. }) if device == Device::Auto => {
+                        Ok(Loaded {
+                            model: Model::Cpu(Arc::new(families::load(ck)?)),
+                            note: Some(format!("using the CPU: {e}")),
+                        })
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
         }
     }
 
@@ -494,4 +494,3 @@ impl BackendState for ModelState {
         }
     }
 }
-

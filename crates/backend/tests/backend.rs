@@ -1,17 +1,12 @@
 //! Device resolution on this machine (CI has no GPU), the host head GPU models lend their drafters
 //! (against the CPU engine's embeddings and LM head, tied and untied), and the dispatch guards.
 
-use std::path::PathBuf;
-
 use backend::{Device, Model, ModelSnapshot, ModelState, Placement};
 use families::{Backend, BackendState, Wanted};
 use model_io::Checkpoint;
 
 fn checkpoint(name: &str) -> Checkpoint {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name);
-    Checkpoint::open(&dir).unwrap()
+    Checkpoint::open(&testdata::fixture(name)).unwrap()
 }
 
 #[test]

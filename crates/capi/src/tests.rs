@@ -256,7 +256,7 @@ fn refusals_name_what_is_wrong() {
         assert_eq!(got, TsStatus::LoadFailed, "{message}");
         assert!(message.contains("/nonexistent/ts-model"), "{message}");
         // A named block on a checkpoint without a drafter: refused, not downgraded.
-        let dense = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_realtok");
+        let dense = testdata::fixture("qwen3_realtok");
         let (got, _, message) = open(&dense, &[("device", "cpu"), ("speculative", "3")]);
         assert_eq!(got, TsStatus::Unavailable, "{message}");
         assert!(

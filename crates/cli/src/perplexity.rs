@@ -279,9 +279,7 @@ mod tests {
     }
 
     fn fixture(name: &str) -> std::path::PathBuf {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../fixtures")
-            .join(name)
+        testdata::fixture(name)
     }
 
     /// Σ nll of targets `first..` from transformers' `logits_full` of the fixture's prompt.

@@ -12,7 +12,7 @@ fn repo() -> PathBuf {
 }
 
 fn fixture(name: &str) -> String {
-    repo().join("fixtures").join(name).display().to_string()
+    testdata::fixture(name).display().to_string()
 }
 
 /// Runs the binary with `args` (no TURBOSPARK_MODEL or TURBOSPARK_EMBEDDED_MODEL inherited) and
@@ -81,8 +81,7 @@ fn info_field(text: &str, key: &str) -> String {
 
 /// transformers' prompt and greedy continuation for `fixtures/qwen3_realtok`.
 fn realtok_reference() -> (String, Vec<u32>) {
-    let json =
-        std::fs::read_to_string(repo().join("fixtures/qwen3_realtok/reference.json")).unwrap();
+    let json = std::fs::read_to_string(testdata::fixture("qwen3_realtok/reference.json")).unwrap();
     let json: serde_json::Value = serde_json::from_str(&json).unwrap();
     let prompt = json["prompt_text"].as_str().unwrap().to_string();
     let greedy = json["greedy_ids"]
@@ -570,7 +569,7 @@ fn chat_flag_renders_the_qwen3_template() {
         "tokenizer.json",
     ] {
         std::fs::copy(
-            repo().join("fixtures/qwen3_realtok").join(file),
+            testdata::fixture("qwen3_realtok").join(file),
             dir.path().join(file),
         )
         .unwrap();
@@ -673,7 +672,7 @@ fn ctrl_c_cancels_the_reply_not_the_chat_and_twice_at_the_prompt_exits() {
 /// tokenizer whose token `i` is the word `w{i}`, so text prompts map to known ids.
 fn qwen3_5_with_words() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let src = repo().join("fixtures/qwen3_5");
+    let src = testdata::fixture("qwen3_5");
     for entry in std::fs::read_dir(&src).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_str().unwrap().to_string();
@@ -695,7 +694,7 @@ fn qwen3_5_with_words() -> tempfile::TempDir {
 }
 
 fn reference_ids(name: &str, key: &str) -> Vec<u32> {
-    let path = repo().join("fixtures").join(name).join("reference.json");
+    let path = testdata::fixture(name).join("reference.json");
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     json[key]

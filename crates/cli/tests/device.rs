@@ -5,15 +5,10 @@
 //! sequential stream. On a machine with a GPU these run as without one (`TURBOSPARK_CUDA_DRIVER=none`).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 fn fixture(name: &str) -> String {
-    repo().join("fixtures").join(name).display().to_string()
+    testdata::fixture(name).display().to_string()
 }
 
 fn run_with(args: &[&str], stdin: &str) -> Output {
@@ -152,7 +147,7 @@ fn unknown_device_is_a_flag_error() {
 /// A copy of `fixtures/qwen3_5` (MTP head) with a word-level tokenizer: token `i` is the word `w{i}`.
 fn qwen3_5_with_words() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let src = repo().join("fixtures/qwen3_5");
+    let src = testdata::fixture("qwen3_5");
     for entry in std::fs::read_dir(&src).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_str().unwrap().to_string();

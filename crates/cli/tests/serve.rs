@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -12,11 +12,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 fn fixture(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name)
-        .display()
-        .to_string()
+    testdata::fixture(name).display().to_string()
 }
 
 fn serve(args: &[&str]) -> Command {

@@ -155,7 +155,7 @@ mod tests {
     /// A state grown by `reserve` continues bit-identically to one created large enough.
     #[test]
     fn reserve_moves_the_contents_into_a_larger_state() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_5");
+        let dir = testdata::fixture("qwen3_5");
         let ck = model_io::Checkpoint::open(&dir).unwrap();
         let dev = Arc::new(CudaDevice::emulated());
         let m = CudaModel::load(&dev, &ck, LoadOptions::default()).unwrap();
@@ -188,7 +188,7 @@ mod tests {
     #[test]
     fn only_models_without_recurrent_layers_stream_weights_evict_first() {
         let dev = Arc::new(CudaDevice::emulated());
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+        let root = testdata::fixtures();
         for (family, dense) in [("qwen3", true), ("qwen3_5", false), ("qwen3_next", false)] {
             let ck = model_io::Checkpoint::open(&root.join(family)).unwrap();
             let m = CudaModel::load(&dev, &ck, LoadOptions::default()).unwrap();

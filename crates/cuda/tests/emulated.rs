@@ -12,9 +12,7 @@ use model_io::Checkpoint;
 use safetensors::SafeTensors;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name)
+    testdata::fixture(name)
 }
 
 fn f32s(st: &SafeTensors<'_>, name: &str) -> Vec<f32> {

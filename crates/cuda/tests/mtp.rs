@@ -285,7 +285,7 @@ fn gpu_mtp_equals_host_mtp_on_the_emulated_device() {
     let dev = Arc::new(CudaDevice::emulated());
     check(
         "qwen3_5 f32",
-        &repo("fixtures/qwen3_5"),
+        &testdata::fixture("qwen3_5"),
         &dev,
         exact(),
         1e-5,
@@ -293,13 +293,13 @@ fn gpu_mtp_equals_host_mtp_on_the_emulated_device() {
     // The product's options: bf16 matrices, verify-sized rows on the batch-invariant path.
     check(
         "qwen3_5 bf16",
-        &repo("fixtures/qwen3_5"),
+        &testdata::fixture("qwen3_5"),
         &dev,
         LoadOptions::default(),
         1e-5,
     );
     // Qwen3-Next: the MTP layer's feed-forward is a sparse MoE.
-    let next = repo("fixtures/qwen3_next");
+    let next = testdata::fixture("qwen3_next");
     check("qwen3_next f32", &next, &dev, exact(), 1e-5);
     check("qwen3_next bf16", &next, &dev, LoadOptions::default(), 1e-5);
 }
@@ -316,7 +316,7 @@ fn gpu_mtp_equals_host_mtp_on_the_testbed() {
 #[test]
 fn gpu_mtp_kernels_equal_host_mtp_in_the_simulator() {
     let dev = simulated();
-    let dir = repo("fixtures/qwen3_5");
+    let dir = testdata::fixture("qwen3_5");
     check("simulated qwen3_5 f32", &dir, &dev, exact(), 1e-5);
     check(
         "simulated qwen3_5 bf16",
@@ -325,7 +325,7 @@ fn gpu_mtp_kernels_equal_host_mtp_in_the_simulator() {
         LoadOptions::default(),
         1e-5,
     );
-    let next = repo("fixtures/qwen3_next");
+    let next = testdata::fixture("qwen3_next");
     check(
         "simulated qwen3_next bf16",
         &next,
@@ -345,7 +345,7 @@ fn bad_inputs_are_errors() {
         prompt,
         cpu,
         ..
-    } = setup(&repo("fixtures/qwen3_5"), &dev, exact());
+    } = setup(&testdata::fixture("qwen3_5"), &dev, exact());
     let hd = cpu.hidden;
     let h = taps[..hd].to_vec();
     let err = gpu

@@ -23,9 +23,7 @@ fn simulated() -> Arc<CudaDevice> {
 }
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name)
+    testdata::fixture(name)
 }
 
 fn bits_eq(a: &[f32], b: &[f32]) -> bool {

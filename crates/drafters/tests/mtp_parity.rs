@@ -5,7 +5,6 @@ use drafters::MtpHead;
 use families::{Tap, Wanted};
 use model_io::Checkpoint;
 use safetensors::SafeTensors;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 fn f32s(st: &SafeTensors<'_>, name: &str) -> Vec<f32> {
@@ -18,9 +17,7 @@ fn f32s(st: &SafeTensors<'_>, name: &str) -> Vec<f32> {
 }
 
 fn check(name: &str) {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name);
+    let dir = testdata::fixture(name);
     let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let prompt: Vec<u32> = st
@@ -97,7 +94,7 @@ fn qwen3_next_mtp_head_matches_reference() {
 
 #[test]
 fn checkpoint_without_head_loads_none() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3");
+    let dir = testdata::fixture("qwen3");
     let ck = Checkpoint::open(&dir).unwrap();
     let target = Arc::new(families::load(&ck).unwrap());
     assert!(MtpHead::load(&ck, target).unwrap().is_none());

@@ -6,10 +6,7 @@ use model_io::Checkpoint;
 use std::path::PathBuf;
 
 fn load(name: &str) -> Transformer {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name);
-    families::load(&Checkpoint::open(&dir).unwrap()).unwrap()
+    families::load(&Checkpoint::open(&testdata::fixture(name)).unwrap()).unwrap()
 }
 
 fn check(name: &str) {

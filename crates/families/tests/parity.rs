@@ -9,9 +9,7 @@ use std::path::PathBuf;
 const TOLERANCE: f32 = 1e-3;
 
 fn fixture_dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name)
+    testdata::fixture(name)
 }
 
 struct Reference {

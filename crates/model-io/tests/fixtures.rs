@@ -9,9 +9,7 @@ use model_io::{Checkpoint, DType, Family, LayerKind, LoadError, ModelConfig, Ten
 use LayerKind::{FullAttention as F, LinearAttention as L};
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name)
+    testdata::fixture(name)
 }
 
 /// Every tensor of the checkpoint decodes as f32 at its stored shape, with finite values.

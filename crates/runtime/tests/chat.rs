@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use runtime::{ChatMessage, ChatTemplate, RenderOptions, RuntimeError};
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+    testdata::fixtures().to_path_buf()
 }
 
 fn read(path: &str) -> String {

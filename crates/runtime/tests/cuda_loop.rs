@@ -458,9 +458,7 @@ fn a_state_of_the_other_device_is_refused() {
 /// makes every later row's logits NaN, while the rows before it are untouched (the qwen3 fixture's LM
 /// head is not tied to the embeddings).
 fn with_nan_embedding(name: &str, token: u32) -> Checkpoint {
-    let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name);
+    let src = testdata::fixture(name);
     let dir = std::env::temp_dir().join(format!(
         "turbospark-nan-embed-{name}-{token}-{}",
         std::process::id()

@@ -10,7 +10,7 @@ use runtime::{
 use serde::Deserialize;
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+    testdata::fixtures().to_path_buf()
 }
 
 fn tokenizer() -> tokenizers::Tokenizer {

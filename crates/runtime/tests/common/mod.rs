@@ -2,7 +2,6 @@
 //! oracle drafter that proposes the target's own future tokens with a controlled error rate.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use drafters::{Chooser, Drafter};
@@ -10,9 +9,7 @@ use families::{BackendError, Tap, Transformer};
 use runtime::ByteDetokenizer;
 
 pub fn fixture(name: &str) -> (model_io::Checkpoint, Arc<Transformer>) {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures")
-        .join(name);
+    let dir = testdata::fixture(name);
     let ck = model_io::Checkpoint::open(&dir).unwrap();
     let m = Arc::new(families::load(&ck).unwrap());
     (ck, m)

@@ -10,6 +10,8 @@
 //! 4. Batch-1 decode tok/s on a synthetic qwen35-4b and its roofline fraction (see bench.rs).
 //!
 //! Exit code: 0 all checks passed, 1 a check failed, 2 no GPU/driver.
+//! `--fixtures DIR` (default `fixtures`, the repository's) is read through `testdata::materialize`: its
+//! `*.zst` files are decompressed once into a cache beside this binary.
 //! Usage: cuda_check [--fixtures DIR] [--only NAME] [--no-bench] [--shape NAME] [--prompt N] [--new N]
 //!                   [--sweep]     (times every GEMV kernel variant on the qwen35-4b matrix shapes)
 //!                   [--table]     (the issue's table: decode / prefill 512, 4096 / verify curves for
@@ -102,13 +104,22 @@ extern "C" __global__ void probe(__nv_bfloat16* x, float s, int n) {
 "#;
 
 fn main() {
-    let args = match parse() {
+    let mut args = match parse() {
         Ok(a) => a,
         Err(e) => {
             eprintln!("cuda_check: {e}");
             std::process::exit(64);
         }
     };
+    // fixtures/ stores its large files zstd-compressed (fixtures/README.md): check a plain copy of it.
+    let plain = testdata::cache_dir().join("cuda_check-fixtures");
+    match testdata::materialize(&args.fixtures, &plain) {
+        Ok(()) => args.fixtures = plain,
+        Err(e) => println!(
+            "fixtures: {e} (reading {} as it is)",
+            args.fixtures.display()
+        ),
+    }
     let t0 = std::time::Instant::now();
     let opened = if args.emulate {
         Ok(CudaDevice::emulated())
