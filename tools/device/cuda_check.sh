@@ -10,7 +10,10 @@
 # Run from the repository root (fixtures/ is read relative to it). Extra arguments go to cuda_check.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BIN="${CUDA_CHECK_BIN:-$ROOT/target/release/cuda_check}"
+# The binary: $CUDA_CHECK_BIN, else the one tools/device/unpack.sh extracted, else this tree's build.
+if [ -n "${CUDA_CHECK_BIN:-}" ]; then BIN=$CUDA_CHECK_BIN
+elif [ -x "$ROOT/.carry/bin/cuda_check" ]; then BIN=$ROOT/.carry/bin/cuda_check
+else BIN=$ROOT/target/release/cuda_check; fi
 [ -x "$BIN" ] || { echo "cuda_check binary not found at $BIN (build: cargo build --release -p cuda-lab --bin cuda_check)"; exit 3; }
 LOG="${OUT:-/tmp}/cuda_check.log"
 exec > >(tee "$LOG") 2>&1

@@ -9,7 +9,10 @@
 # is built by `cargo build --release -p cuda-lab --bin cuda_check`.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BIN="${CUDA_CHECK_BIN:-$ROOT/target/release/cuda_check}"
+# The binary: $CUDA_CHECK_BIN, else the one tools/device/unpack.sh extracted, else this tree's build.
+if [ -n "${CUDA_CHECK_BIN:-}" ]; then BIN=$CUDA_CHECK_BIN
+elif [ -x "$ROOT/.carry/bin/cuda_check" ]; then BIN=$ROOT/.carry/bin/cuda_check
+else BIN=$ROOT/target/release/cuda_check; fi
 LOG="${OUT:-/tmp}/sanitize.log"
 exec > >(tee "$LOG") 2>&1
 SAN="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"

@@ -1,7 +1,7 @@
 //! The DFlash block drafter (z-lab's `DFlashDraftModel`) on the GPU: the same function as the host
 //! drafter `drafters::DflashDrafter`, run with the target's kernels next to the target, so a round
 //! costs one block pass on the device instead of a tap copy and a host forward per token (the host
-//! drafter next to an H200 target ran at 0.16-0.21x, tools/device/README.md).
+//! drafter next to an H200 target ran at 0.16-0.21x, docs/PERFORMANCE.md).
 //!
 //! Context (observe): for each verified target row j, c_j = hidden_norm(fc([taps of row j])), the
 //! taps (`target_layer_ids` outputs) concatenated on the host and uploaded [n, taps * H]; each layer

@@ -5,7 +5,7 @@
 //! acceptance rule (redraw from p on rejection) must fail the same test.
 //!
 //! The gate runs on the CPU engine and on the CUDA backend (the host emulation of its operations in CI; the
-//! real GPU with `TURBOSPARK_TEST_GPU=1`, tools/device/README.md), there with the GPU MTP head: the law is
+//! real GPU with `TURBOSPARK_TEST_GPU=1`, tools/device/README.md says how), there with the GPU MTP head: the law is
 //! enumerated through the same device, whose passes of <= 16 rows take the decode kernels, so the exact
 //! law and the sampled runs read the same logits.
 

@@ -10,7 +10,7 @@
 // would otherwise end with after a fence and a counter (4B step 2.783 ms against 2.830).
 // Rows summed by one warp in one piece may read their input from registers instead of the staged copy
 // (seg_row_held, kernels of 8 consumers: the 4B step 2.728 ms against 2.756).
-// Probe: tools/device/probes/ring_chain.cu: 128 GEMVs in 2.10 ms against 2.335 as launches.
+// A persistent ring of 128 GEMVs ran in 2.10 ms against 2.335 as launches (a standalone probe).
 //
 // Exactness: a row's sum is formed as linear.cu forms it for one row (linear_rows<bf16, 1>): lane l of
 // part p accumulates vectors p*32 + l + k*32*wpr in k order with the same fmaf chain, each part is
