@@ -306,6 +306,60 @@ fn speculation_on_qwen3_5_needs_its_missing_tokenizer_for_text() {
 }
 
 #[test]
+fn bench_acceptance_profiles_set_what_is_accepted() {
+    // A random dense checkpoint with no drafter at all: the profile drafter needs none.
+    let model = fixture("qwen3");
+    let bench = |profile: &str, cost: &str| {
+        run(&[
+            "bench",
+            "--model",
+            &model,
+            "--threads-list",
+            "1",
+            "--runs",
+            "1",
+            "--prompt-tokens",
+            "8",
+            "--gen-tokens",
+            "24",
+            "--speculative",
+            "2,3",
+            "--acceptance",
+            profile,
+            "--draft-cost",
+            cost,
+        ])
+    };
+    let row = |out: &str, block: &str| -> Vec<String> {
+        let line = out
+            .lines()
+            .find(|l| l.split('|').next().map(str::trim) == Some(block))
+            .unwrap_or_else(|| panic!("no block {block} row: {out}"));
+        line.split('|').map(|c| c.trim().to_string()).collect()
+    };
+    // Every proposal corrupted: none accepted, and the output is still the sequential one.
+    let out = expect_success(&bench("geometric:0", "free"));
+    for block in ["2", "3"] {
+        let cols = row(&out, block);
+        assert_eq!(cols[3], "0.00 (exp 0.00)", "{out}");
+        assert_eq!(cols[8], "yes", "{out}");
+    }
+    // Every proposal right: each round accepts the whole block but for the budget's last one.
+    let out = expect_success(&bench("oracle", "free"));
+    let cols = row(&out, "3");
+    assert!(cols[3].ends_with("(exp 3.00)"), "{out}");
+    let accepted: f64 = cols[3].split(' ').next().unwrap().parse().unwrap();
+    assert!(accepted > 2.4, "{out}");
+    assert_eq!(cols[4], "4.00x", "{out}");
+    assert_eq!(cols[8], "yes", "{out}");
+    // A drafter's cost needs that drafter.
+    let err = expect_error(&bench("oracle", "mtp"));
+    assert!(err.contains("--draft-cost mtp"), "{err}");
+    let err = expect_error(&bench("1.5", "free"));
+    assert!(err.contains("--acceptance"), "{err}");
+}
+
+#[test]
 fn bench_compares_mtp_with_sequential_on_qwen3_5() {
     let model = fixture("qwen3_5");
     let o = run(&[

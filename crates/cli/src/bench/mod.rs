@@ -16,6 +16,9 @@
 //!    whether the tokens equal the sequential ones (greedy speculative decoding is lossless, so they
 //!    should, up to float ties).
 //!
+//! 3. With `--acceptance PROFILE` instead of 2: speculation at a chosen acceptance on any checkpoint,
+//!    against the bound the acceptance allows and the model of this build's costs (`acceptance.rs`).
+//!
 //! Timing covers `turbospark::runtime::generate` only (model load and session allocation excluded); text is not
 //! detokenized, so the numbers are the model's.
 
@@ -36,12 +39,15 @@ use turbospark::sampling::Shaping;
 
 use crate::progress;
 
+mod acceptance;
+
 /// `println!` that returns a closed stdout as an error instead of panicking.
 macro_rules! out {
     ($($arg:tt)*) => {
         writeln!(std::io::stdout(), $($arg)*)?
     };
 }
+pub(crate) use out;
 
 /// Used when the checkpoint has a tokenizer and no `--prompt` is given: text in the testbed's
 /// training domains (code and prose), so acceptance reflects real use rather than random ids.
@@ -90,6 +96,16 @@ pub struct BenchArgs {
     /// Prompt text for the speculative comparison (needs the checkpoint's tokenizer).
     #[arg(long, value_name = "TEXT")]
     pub prompt: Option<String>,
+    /// Speculation at a chosen acceptance instead of a drafter's own: proposals are the target's greedy
+    /// tokens, each corrupted with probability 1 - a_i at block position i: `oracle` (a_i = 1),
+    /// `geometric:P`, or a list `0.9,0.8,0.7` (its last value repeats). Prints each block's rate
+    /// against the bound the acceptance allows and the model of this build's verify and draft costs.
+    #[arg(long, value_name = "PROFILE")]
+    pub acceptance: Option<String>,
+    /// With --acceptance: the drafter cost charged per round: `mtp` (the checkpoint's MTP head runs a
+    /// step per proposal), `dflash` (its DFlash drafter's block pass) or `free`.
+    #[arg(long, value_name = "mtp|dflash|free", default_value = "free")]
+    pub draft_cost: acceptance::DraftCost,
     /// Where the model runs: cpu, cuda, or auto (CUDA when a driver is present). On the GPU the thread
     /// counts only size the host side (drafters, sampling).
     #[arg(long, value_name = "cpu|cuda|auto", default_value = "auto", value_parser = crate::parse_device)]
@@ -351,16 +367,24 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let model = loaded.model;
     check_args(args, model.context())?;
     let availability = turbospark::runtime::availability(&checkpoint);
+    let profile = args
+        .acceptance
+        .as_deref()
+        .map(acceptance::Profile::parse)
+        .transpose()?;
+    if profile.is_none() && args.draft_cost != acceptance::DraftCost::Free {
+        bail!("--draft-cost prices the --acceptance drafter: give --acceptance PROFILE too");
+    }
     let mut plans = Vec::new();
     if let Some(flag) = args.speculative.as_deref().map(str::trim) {
-        if flag != "off" && !availability.mtp && !availability.dflash {
+        if profile.is_none() && flag != "off" && !availability.mtp && !availability.dflash {
             bail!(
                 "--speculative {flag}: this checkpoint carries no drafter to compare (no MTP head, \
                  mtp.* tensors; no DFlash drafter, dflash/config.json)"
             );
         }
     }
-    if args.speculative.as_deref().map(str::trim) != Some("off") {
+    if profile.is_none() && args.speculative.as_deref().map(str::trim) != Some("off") {
         for drafter in drafters_to_bench(args.drafter, &availability)? {
             let blocks = speculative_blocks(args.speculative.as_deref(), drafter, &availability)?;
             plans.push((drafter, blocks, auto_blocks(drafter, &availability)?));
@@ -386,6 +410,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let random = random_ids(args.seed, args.prompt_tokens, bench.model.vocab());
     throughput(&bench, args, &random)?;
+    if let Some(profile) = &profile {
+        let prompt = speculative_prompt(&bench, args, random)?;
+        return acceptance::table(
+            &bench,
+            args,
+            &prompt,
+            profile,
+            args.draft_cost,
+            &availability,
+        );
+    }
     plans.retain(|(_, blocks, _)| !blocks.is_empty());
     if !plans.is_empty() {
         let prompt = speculative_prompt(&bench, args, random)?;
@@ -503,7 +538,7 @@ fn speculative_prompt(bench: &Bench, args: &BenchArgs, random: Vec<u32>) -> Resu
 
 /// "1.52+7.87+0.43": milliseconds a round spends drafting (proposing and observing), verifying and
 /// rolling back, averaged over the rounds.
-fn round_costs(spec: &SpecStats) -> String {
+pub(crate) fn round_costs(spec: &SpecStats) -> String {
     if spec.rounds == 0 {
         return "-".into();
     }
