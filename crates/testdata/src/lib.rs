@@ -22,9 +22,13 @@ use std::sync::OnceLock;
 /// The suffix of a stored compressed file: `X.zst` materializes as `X`.
 pub const COMPRESSED_SUFFIX: &str = ".zst";
 
-/// The repository's `fixtures/` directory as committed (compressed files included).
+/// The repository's `fixtures/` directory as committed (compressed files included), or
+/// `$TURBOSPARK_FIXTURES` (a test executable run away from its checkout).
 pub fn source_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+    match std::env::var_os("TURBOSPARK_FIXTURES") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"),
+    }
 }
 
 /// A writable cache directory under the cargo target dir: `<target>/<profile>/testdata` for a test
