@@ -102,7 +102,7 @@ impl From<RuntimeError> for Failure {
                 TsStatus::InvalidArgument
             }
             RuntimeError::SpeculationUnavailable { .. } => TsStatus::Unavailable,
-            RuntimeError::Device(d) if ts::backend::is_unavailable(d.as_ref()) => {
+            RuntimeError::Device(d) if ts::device::is_unavailable(d.as_ref()) => {
                 TsStatus::Unavailable
             }
             RuntimeError::Load(_) | RuntimeError::Io { .. } | RuntimeError::Config { .. } => {

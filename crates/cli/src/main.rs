@@ -31,7 +31,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use turbospark::backend::Device;
+use turbospark::device::Device;
 use turbospark::{DrafterRequest, Model, Speculation};
 
 /// Where the embedded default model is looked for instead of the repository's `models/testbed`
@@ -106,7 +106,7 @@ pub struct ModelArgs {
 pub fn parse_device(value: &str) -> Result<Device, String> {
     value
         .parse()
-        .map_err(|e: turbospark::backend::UnknownDevice| {
+        .map_err(|e: turbospark::device::UnknownDevice| {
             format!("expected cpu, cuda or auto (got {:?})", e.value)
         })
 }

@@ -3,7 +3,7 @@
 //! The loop (`runtime::generate`, `runtime::Session`) drives a model only through [`Backend`] and its
 //! state only through [`BackendState`]: forward over n rows, tape begin / rollback, snapshot / restore,
 //! cursor rewind. The CPU engine ([`Transformer`], [`State`]) implements them here; the CUDA backend
-//! implements them in `cuda_backend::adapter`; the `backend` crate's `Model` / `ModelState` enums
+//! implements them in `cuda_backend::adapter`; the `device` crate's `Model` / `ModelState` enums
 //! dispatch between the two with a `match` (candle's `enum Storage`), so the loop is written once and
 //! monomorphised, with no `dyn` on the hot path.
 //!

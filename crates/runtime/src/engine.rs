@@ -1,4 +1,4 @@
-//! An opened checkpoint ready to generate: the target model on its device (`backend::Model`: the CPU
+//! An opened checkpoint ready to generate: the target model on its device (`device::Model`: the CPU
 //! engine or the CUDA backend), its tokenizer, EOS ids, chat template, and which drafters it carries.
 //! Front ends (CLI, server, C ABI) all go through this and `policy::resolve`.
 //!
@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use backend::{BoxedDrafter, Device, Model, ModelState};
+use device::{BoxedDrafter, Device, Model, ModelState};
 use model_io::Checkpoint;
 
 use crate::chat::ChatTemplate;

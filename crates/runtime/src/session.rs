@@ -24,7 +24,7 @@ struct Checkpoint<S> {
 }
 
 /// One sequence on a model whose per-sequence state is `S` (`families::State` on the CPU engine,
-/// `backend::ModelState` for a model on either device). Plain `Session` is the CPU engine's.
+/// `device::ModelState` for a model on either device). Plain `Session` is the CPU engine's.
 pub struct Session<S: BackendState = State> {
     pub(crate) state: S,
     pub(crate) tokens: Vec<u32>,

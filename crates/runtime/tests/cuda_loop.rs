@@ -1,4 +1,4 @@
-//! The decode loop on the CUDA backend, through the `backend::Model` enum the front ends use, on the
+//! The decode loop on the CUDA backend, through the `device::Model` enum the front ends use, on the
 //! backend's host emulation (`CudaDevice::emulated`: every GPU operation run on the CPU with the kernels'
 //! layouts, so CI needs no GPU). Proves, on the GPU code path:
 //! - greedy speculative == sequential (tokens, stop reason, text, streamed deltas) with tape and
@@ -19,9 +19,9 @@ mod common;
 
 use std::sync::Arc;
 
-use backend::{Device, Model, ModelState};
 use common::{detok, fixture, prompt, Oracle};
 use cuda_backend::{CudaDevice, CudaModel, LoadOptions, WeightFormat};
+use device::{Device, Model, ModelState};
 use drafters::Drafter;
 use families::{Backend, BackendState, Wanted};
 use model_io::Checkpoint;

@@ -14,9 +14,9 @@ mod common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use backend::Model;
 use common::{detok, fixture, Oracle};
 use cuda_backend::{CudaDevice, CudaModel, LoadOptions};
+use device::Model;
 use drafters::Drafter;
 use families::{Backend, Wanted};
 use runtime::{generate, Acceptance, CancelFlag, GenerationConfig, Request, Session, Speculative};

@@ -7,7 +7,7 @@ mod common;
 use axum::http::StatusCode;
 use common::*;
 use serde_json::{json, Value};
-use turbospark::backend::Device;
+use turbospark::device::Device;
 use turbospark::runtime::{CancelFlag, ChatMessage, Engine, GenerationConfig, Speculation};
 use turbospark::sampling::Shaping;
 

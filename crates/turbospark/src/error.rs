@@ -33,6 +33,6 @@ impl Error {
     /// Whether the device asked for could not be opened on this machine (no driver, no GPU, a missing
     /// CUDA library), as opposed to a failure of the model itself.
     pub fn is_device_unavailable(&self) -> bool {
-        matches!(self, Error::Runtime(runtime::RuntimeError::Device(d)) if backend::is_unavailable(d.as_ref()))
+        matches!(self, Error::Runtime(runtime::RuntimeError::Device(d)) if device::is_unavailable(d.as_ref()))
     }
 }

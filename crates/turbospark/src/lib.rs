@@ -34,7 +34,7 @@
 //! # Ok::<(), turbospark::Error>(())
 //! ```
 //!
-//! The crates beneath this one are re-exported under their own names ([`runtime`], [`backend`],
+//! The crates beneath this one are re-exported under their own names ([`runtime`], [`device`],
 //! [`families`], [`model_io`], [`drafters`], [`kernels`], [`sampling`], [`synth`]) for tools that need
 //! a lower layer (the CLI's benchmark, the server's job runner); docs/DESIGN.md describes them.
 
@@ -42,7 +42,7 @@ mod error;
 mod model;
 mod session;
 
-pub use backend::Device;
+pub use device::Device;
 pub use error::Error;
 pub use model::{Model, ModelBuilder};
 pub use runtime::{
@@ -52,7 +52,7 @@ pub use runtime::{
 pub use sampling::Shaping;
 pub use session::Session;
 
-pub use backend;
+pub use device;
 pub use drafters;
 pub use families;
 pub use kernels;

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use backend::{Device, ModelState};
+use device::{Device, ModelState};
 use runtime::{DrafterRequest, Engine, Speculation};
 
 use crate::error::Error;

@@ -6,7 +6,7 @@
 //! runtime's `TokenSink`, so stop rules, UTF-8-safe deltas and exactness are the same as every other
 //! front end's.
 
-use backend::ModelState;
+use device::ModelState;
 use runtime::{
     CancelFlag, ChatMessage, Event, GenerationConfig, GenerationResult, Prepared, RenderOptions,
     Speculative,

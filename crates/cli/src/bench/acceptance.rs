@@ -19,7 +19,7 @@
 use std::io::Write;
 
 use anyhow::{bail, Context, Result};
-use turbospark::backend::BoxedDrafter;
+use turbospark::device::BoxedDrafter;
 use turbospark::drafters::{Chooser, Drafter};
 use turbospark::families::{Backend, BackendError, Tap};
 use turbospark::runtime::policy::Drafter as DrafterKind;

@@ -26,7 +26,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use turbospark::backend::{Device, Model, ModelState};
+use turbospark::device::{Device, Model, ModelState};
 use turbospark::families::{Backend, BackendError};
 use turbospark::model_io::Checkpoint;
 use turbospark::runtime::{
@@ -352,11 +352,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
     };
     let spinner = progress::spinner(format!("loading {label}"));
-    let loaded = (|| -> Result<(Checkpoint, turbospark::backend::Loaded)> {
+    let loaded = (|| -> Result<(Checkpoint, turbospark::device::Loaded)> {
         let checkpoint = Checkpoint::open(&dir).context("cannot load the model")?;
         let loaded = Model::load(&checkpoint, args.device).map_err(|e| {
             let unavailable =
-                matches!(&e, BackendError::Device(d) if turbospark::backend::is_unavailable(d.as_ref()));
+                matches!(&e, BackendError::Device(d) if turbospark::device::is_unavailable(d.as_ref()));
             crate::load_error(e, args.device, unavailable)
         })?;
         Ok((checkpoint, loaded))

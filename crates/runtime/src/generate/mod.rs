@@ -114,7 +114,7 @@ pub struct Request<'a> {
 
 /// Runs one generation on `session` (reusing what it covers of the prompt) and reports what happened.
 /// `model` is any backend of the seam (`families::Backend`): the CPU engine, the CUDA backend, or the
-/// `backend::Model` enum over both; the loop is the same on every device.
+/// `device::Model` enum over both; the loop is the same on every device.
 pub fn generate<B: Backend>(
     model: &B,
     session: &mut Session<B::State>,

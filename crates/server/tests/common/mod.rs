@@ -9,7 +9,7 @@ use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
-use turbospark::backend::Device;
+use turbospark::device::Device;
 use turbospark::runtime::{
     CancelFlag, ChatMessage, DrafterRequest, Engine, GenerationConfig, RenderOptions, Speculation,
 };

@@ -1,7 +1,7 @@
 //! Device resolution on this machine (CI has no GPU), the host head GPU models lend their drafters
 //! (against the CPU engine's embeddings and LM head, tied and untied), and the dispatch guards.
 
-use backend::{Device, Model, ModelSnapshot, ModelState, Placement};
+use device::{Device, Model, ModelSnapshot, ModelState, Placement};
 use families::{Backend, BackendState, Wanted};
 use model_io::Checkpoint;
 
@@ -49,7 +49,7 @@ fn resolution_follows_the_machine() {
     match Device::Cuda.resolve() {
         Ok(_) => panic!("cuda resolved without a driver"),
         Err(families::BackendError::Device(e)) => {
-            assert!(backend::is_unavailable(e.as_ref()), "{e}");
+            assert!(device::is_unavailable(e.as_ref()), "{e}");
             assert!(!e.to_string().contains('\n'), "one line: {e}");
         }
         Err(e) => panic!("not a device error: {e}"),
