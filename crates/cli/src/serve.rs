@@ -27,6 +27,10 @@ pub struct ServeArgs {
     /// Requests that may wait for the model; more are refused with 503.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_queue: usize,
+    /// Seconds a streaming client may go without reading before its request is cancelled (the
+    /// server goes on with the others).
+    #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = parse_timeout)]
+    pub stalled_client_timeout: f64,
     /// Speculative decoding for every request: auto, off, or N proposals per round.
     #[arg(long, value_name = "auto|off|N", default_value = "auto", value_parser = crate::generate::parse_speculation)]
     pub speculative: Speculation,
@@ -39,6 +43,13 @@ pub struct ServeArgs {
     /// No per-request log lines on stderr.
     #[arg(long)]
     pub quiet: bool,
+}
+
+fn parse_timeout(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Ok(s),
+        _ => Err(format!("expected seconds in (0, 86400] (got {value:?})")),
+    }
 }
 
 pub fn run(args: &ServeArgs) -> Result<()> {
@@ -73,8 +84,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             }
             Ok((model, session, name))
         },
-        args.max_queue,
-        !args.quiet,
+        server::WorkerOptions {
+            max_queue: args.max_queue,
+            log: !args.quiet,
+            stalled_client: Duration::from_secs_f64(args.stalled_client_timeout),
+        },
     );
     spinner.finish_and_clear();
     let queue = queue.map_err(|e| crate::open_error(e, device))?;

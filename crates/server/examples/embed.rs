@@ -25,8 +25,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let session = model.session()?;
             Ok((model, session, "embedded".to_string()))
         },
-        16,
-        true,
+        server::WorkerOptions {
+            log: true,
+            ..Default::default()
+        },
     )?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {

@@ -5,8 +5,10 @@
 //! `Done` — or `Failed`, which ends the job.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc as tmpsc;
+use tokio::sync::mpsc::error::TrySendError;
 use turbospark::runtime::{
     check_admission, CancelFlag, DrafterRequest, Engine, Event, GenerationConfig, GenerationResult,
     RuntimeError, Speculation, SpeculationPlan, Speculative, StopReason, TokenLogprob,
@@ -15,7 +17,44 @@ use turbospark::Session;
 
 use crate::error::ApiError;
 use crate::logprobs::Renderer;
-use crate::worker::{Input, Job, Metrics, ModelInfo, Msg};
+use crate::worker::{Input, Job, Metrics, ModelInfo, Msg, WorkerOptions};
+
+/// A job's messages to its client's response. The channel is bounded: a client that stops reading
+/// fills it, and a message that cannot be queued within `stall` is not sent (the job is then
+/// cancelled), so a stalled client only ever holds its own request, never the worker.
+pub(crate) struct Events<'a> {
+    tx: &'a tmpsc::Sender<Msg>,
+    stall: Duration,
+}
+
+/// The client is gone or has not read for the stall timeout.
+#[derive(Debug)]
+pub(crate) struct Unsent;
+
+impl Events<'_> {
+    pub(crate) fn send(&self, mut msg: Msg) -> Result<(), Unsent> {
+        let deadline = Instant::now() + self.stall;
+        let mut wait = Duration::from_micros(100);
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) => return Ok(()),
+                Err(TrySendError::Closed(_)) => return Err(Unsent),
+                Err(TrySendError::Full(m)) => {
+                    if Instant::now() >= deadline {
+                        return Err(Unsent);
+                    }
+                    msg = m;
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
 
 /// The prompt's token ids, or the parameter that is wrong.
 fn prompt_ids(engine: &Engine, info: &ModelInfo, input: Input) -> Result<Vec<u32>, ApiError> {
@@ -99,7 +138,7 @@ struct Shared<'a> {
     prompt: &'a [u32],
     eos: &'a [u32],
     speculative: Option<Speculative>,
-    events: &'a tmpsc::Sender<Msg>,
+    events: &'a Events<'a>,
     cancel: &'a CancelFlag,
     echo: Option<Echo>,
     /// `echo` with `max_tokens: 0`: the prompt only.
@@ -111,9 +150,10 @@ pub(crate) fn run_job(
     session: &mut Session,
     info: &ModelInfo,
     metrics: &Metrics,
-    log: bool,
+    options: &WorkerOptions,
     job: Job,
 ) {
+    let log = options.log;
     let Job {
         label,
         input,
@@ -123,16 +163,20 @@ pub(crate) fn run_job(
         speculation,
         echo,
         n,
-        events,
+        events: tx,
         cancel,
     } = job;
+    let events = Events {
+        tx: &tx,
+        stall: options.stalled_client,
+    };
     if cancel.is_cancelled() || events.is_closed() {
         metrics.cancelled.fetch_add(1, Ordering::Relaxed);
         return;
     }
     let refuse = |e: ApiError| {
         metrics.refused.fetch_add(1, Ordering::Relaxed);
-        let _ = events.blocking_send(Msg::Failed(e));
+        let _ = events.send(Msg::Failed(e));
     };
     let speculative = match speculation_for(engine, session, info, speculation) {
         Ok(s) => s,
@@ -160,7 +204,7 @@ pub(crate) fn run_job(
         return refuse(e.into());
     }
     if events
-        .blocking_send(Msg::Admitted {
+        .send(Msg::Admitted {
             prompt_tokens: prompt.len(),
         })
         .is_err()
@@ -170,7 +214,7 @@ pub(crate) fn run_job(
     }
     let fail = |e: RuntimeError| {
         metrics.failed.fetch_add(1, Ordering::Relaxed);
-        let _ = events.blocking_send(Msg::Failed(e.into()));
+        let _ = events.send(Msg::Failed(e.into()));
     };
     let echo = match echo.then(|| echo_prompt(engine, &prompt, prompt_text, &config, &cancel)) {
         None => None,
@@ -196,7 +240,7 @@ pub(crate) fn run_job(
         score_only,
     };
     for choice in 0..n {
-        if events.blocking_send(Msg::Choice(choice)).is_err() {
+        if events.send(Msg::Choice(choice)).is_err() {
             cancel.cancel();
         }
         let config = GenerationConfig {
@@ -218,11 +262,11 @@ fn run_choice(s: &Shared<'_>, session: &mut Session, config: &GenerationConfig) 
             let mut rendered = Vec::with_capacity(s.prompt.len());
             rendered.extend(s.prompt.first().map(|&t| renderer.render_unscored(t)));
             rendered.extend(scored.iter().map(|e| renderer.render(e)));
-            if events.blocking_send(Msg::Logprobs(rendered)).is_err() {
+            if events.send(Msg::Logprobs(rendered)).is_err() {
                 cancel.cancel();
             }
         }
-        if events.blocking_send(Msg::Echo(text.clone())).is_err() {
+        if events.send(Msg::Echo(text.clone())).is_err() {
             cancel.cancel();
         }
     }
@@ -245,7 +289,7 @@ fn run_choice(s: &Shared<'_>, session: &mut Session, config: &GenerationConfig) 
             spec: None,
             logprobs: Vec::new(),
         };
-        return events.blocking_send(Msg::Done(Box::new(result))).is_ok();
+        return events.send(Msg::Done(Box::new(result))).is_ok();
     }
     let request = turbospark::runtime::Request {
         prompt: s.prompt,
@@ -260,8 +304,8 @@ fn run_choice(s: &Shared<'_>, session: &mut Session, config: &GenerationConfig) 
         Event::Logprob(e) => entries.push(renderer.render(e)),
         Event::Delta(text) => {
             let lp = (!entries.is_empty()).then(|| Msg::Logprobs(std::mem::take(&mut entries)));
-            let sent = lp.map_or(Ok(()), |m| events.blocking_send(m));
-            if sent.is_err() || events.blocking_send(Msg::Delta(text.to_string())).is_err() {
+            let sent = lp.map_or(Ok(()), |m| events.send(m));
+            if sent.is_err() || events.send(Msg::Delta(text.to_string())).is_err() {
                 cancel.cancel();
             }
         }
@@ -274,7 +318,7 @@ fn run_choice(s: &Shared<'_>, session: &mut Session, config: &GenerationConfig) 
         &mut on_event,
     );
     if !entries.is_empty() && result.is_ok() {
-        let _ = events.blocking_send(Msg::Logprobs(entries));
+        let _ = events.send(Msg::Logprobs(entries));
     }
     match result {
         Ok(result) => {
@@ -295,7 +339,7 @@ fn run_choice(s: &Shared<'_>, session: &mut Session, config: &GenerationConfig) 
             if s.log {
                 eprintln!("{}", log_line(s.label, &result));
             }
-            events.blocking_send(Msg::Done(Box::new(result))).is_ok() && !cancelled
+            events.send(Msg::Done(Box::new(result))).is_ok() && !cancelled
         }
         Err(e) => {
             if s.log {
@@ -304,7 +348,7 @@ fn run_choice(s: &Shared<'_>, session: &mut Session, config: &GenerationConfig) 
             metrics.failed.fetch_add(1, Ordering::Relaxed);
             // The session may hold a half-run state: start the next request from scratch.
             let _ = session.runtime_session().reset_all();
-            let _ = events.blocking_send(Msg::Failed(e.into()));
+            let _ = events.send(Msg::Failed(e.into()));
             false
         }
     }

@@ -35,7 +35,7 @@ use axum::{Json, Router};
 use serde_json::json;
 
 pub use error::ApiError;
-pub use worker::{spawn, Metrics, ModelInfo, Queue};
+pub use worker::{spawn, Metrics, ModelInfo, Queue, WorkerOptions};
 
 /// The routes over a running worker. With `api_key`, the `/v1` routes answer 401 unless the request
 /// carries `Authorization: Bearer <api_key>` (`/health` and `/metrics` stay open, as in vLLM).

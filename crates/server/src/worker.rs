@@ -222,16 +222,37 @@ impl Queue {
     }
 }
 
+/// How the worker serves.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    /// Requests that may wait while one runs (0: none; a request arriving while one runs gets 503).
+    pub max_queue: usize,
+    /// One line on stderr per finished request (tokens, cache, times, drafts).
+    pub log: bool,
+    /// A request whose client has not read its response for this long is cancelled, freeing the
+    /// worker for the others (its own buffer holds 256 messages).
+    pub stalled_client: std::time::Duration,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        WorkerOptions {
+            max_queue: 64,
+            log: false,
+            stalled_client: std::time::Duration::from_secs(30),
+        }
+    }
+}
+
 /// Starts the worker thread: `open` runs on it and returns the model, the session every request runs
 /// on and the served name; the worker then serves jobs inside the model's thread pool (so every kernel
 /// runs there, as in `turbospark bench`). Returns once the model is loaded, or `open`'s error.
-/// With `log`, each finished request prints one line on stderr (tokens, cache, times, drafts).
-pub fn spawn<F>(open: F, max_queue: usize, log: bool) -> Result<Queue, turbospark::Error>
+pub fn spawn<F>(open: F, options: WorkerOptions) -> Result<Queue, turbospark::Error>
 where
     F: FnOnce() -> Result<(Model, Session, String), turbospark::Error> + Send + 'static,
 {
     // 0: no request waits; one is taken only while the worker is idle (a rendezvous channel).
-    let (jobs, rx) = mpsc::sync_channel::<Job>(max_queue);
+    let (jobs, rx) = mpsc::sync_channel::<Job>(options.max_queue);
     let (ready_tx, ready_rx) = mpsc::channel();
     let metrics = Arc::new(Metrics::default());
     let worker_metrics = metrics.clone();
@@ -268,12 +289,13 @@ where
                     let events = job.events.clone();
                     // A bug that panics fails its request, not the server: the next one starts afresh.
                     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        crate::job::run_job(engine, &mut session, &info, &worker_metrics, log, job)
+                        crate::job::run_job(engine, &mut session, &info, &worker_metrics, &options, job)
                     }));
                     if run.is_err() {
                         worker_metrics.failed.fetch_add(1, Ordering::Relaxed);
                         let _ = session.runtime_session().reset_all();
-                        let _ = events.blocking_send(Msg::Failed(ApiError::internal(
+                        // Best effort: a client that is not reading does not get it.
+                        let _ = events.try_send(Msg::Failed(ApiError::internal(
                             "internal error (a bug in turbospark) while generating; the server goes on",
                         )));
                     }

@@ -24,6 +24,19 @@ pub fn start(max_queue: usize) -> server::Queue {
 }
 
 pub fn start_with(speculation: Speculation, max_queue: usize) -> server::Queue {
+    start_with_options(
+        speculation,
+        server::WorkerOptions {
+            max_queue,
+            ..Default::default()
+        },
+    )
+}
+
+pub fn start_with_options(
+    speculation: Speculation,
+    options: server::WorkerOptions,
+) -> server::Queue {
     server::spawn(
         move || {
             let model = turbospark::Model::builder(testbed())
@@ -33,8 +46,7 @@ pub fn start_with(speculation: Speculation, max_queue: usize) -> server::Queue {
             let session = model.session()?;
             Ok((model, session, "testbed".to_string()))
         },
-        max_queue,
-        false,
+        options,
     )
     .expect("the testbed loads")
 }
