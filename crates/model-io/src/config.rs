@@ -24,6 +24,9 @@ use serde_json::{Map, Value};
 use crate::json::{read_object, Fields};
 use crate::LoadError;
 
+/// The largest `max_position_embeddings` accepted: 2^24 positions, 16x Qwen's longest context.
+pub const MAX_POSITIONS: usize = 1 << 24;
+
 /// The model family: decides which decoder layers and tensor names apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
@@ -314,6 +317,13 @@ impl ModelConfig {
             text.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
         )?;
         let max_position_embeddings = text.usize_or("max_position_embeddings", 32768)?;
+        // Positions index caches and RoPE tables; Qwen's largest releases use 262144 (1M with YaRN).
+        if !(1..=MAX_POSITIONS).contains(&max_position_embeddings) {
+            return Err(text.invalid(
+                "max_position_embeddings",
+                format!("{max_position_embeddings} is outside 1..={MAX_POSITIONS}"),
+            ));
+        }
         // transformers reads tie_word_embeddings from the model's own (top-level) config.
         let tie_word_embeddings = top.bool_or("tie_word_embeddings", false)?;
         let attention_bias = text.bool_or("attention_bias", false)?;

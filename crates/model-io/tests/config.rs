@@ -517,3 +517,15 @@ fn missing_config_file_is_named() {
     message_naming(&err, "config.json");
     assert!(matches!(err, LoadError::MissingFile { .. }), "{err}");
 }
+
+#[test]
+fn an_absurd_context_is_refused_by_name() {
+    for bad in [json!(0), json!(1u64 << 62)] {
+        let cfg = set(qwen3_config(), "max_position_embeddings", bad.clone());
+        let err = load(&cfg).unwrap_err();
+        let msg = message_naming(&err, "config.json");
+        assert!(msg.contains("max_position_embeddings"), "{bad}: {msg}");
+    }
+    let cfg = set(qwen3_config(), "max_position_embeddings", json!(262144));
+    assert_eq!(load(&cfg).unwrap().max_position_embeddings, 262144);
+}

@@ -43,6 +43,15 @@ impl ApiError {
         }
     }
 
+    /// 405: a known route asked with another method.
+    pub fn method_not_allowed(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message: message.into(),
+            param: None,
+        }
+    }
+
     /// 401: the server has an API key and the request did not carry it.
     pub fn unauthorized() -> Self {
         ApiError {
@@ -75,6 +84,7 @@ impl ApiError {
         match self.status {
             StatusCode::BAD_REQUEST => "invalid_request_error",
             StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::METHOD_NOT_ALLOWED => "invalid_request_error",
             StatusCode::UNAUTHORIZED => "authentication_error",
             StatusCode::SERVICE_UNAVAILABLE => "server_busy",
             _ => "server_error",

@@ -190,10 +190,15 @@ pub(crate) fn run_job(
         Ok(p) => p,
         Err(e) => return refuse(e),
     };
-    // Without max_tokens a request may use what the context leaves (vLLM's default).
-    // (At least 1, so an over-long prompt is refused as such, not as `max_tokens`.)
-    config.max_new_tokens =
-        max_tokens.unwrap_or_else(|| info.context.saturating_sub(prompt.len()).max(1));
+    // Without max_tokens: generation_config.json's max_new_tokens, within what the context leaves;
+    // without that either, what the context leaves (vLLM's default). (At least 1, so an over-long
+    // prompt is refused as such, not as `max_tokens`.)
+    let room = info.context.saturating_sub(prompt.len()).max(1);
+    config.max_new_tokens = max_tokens.unwrap_or_else(|| {
+        info.defaults
+            .max_new_tokens
+            .map_or(room, |m| m.clamp(1, room))
+    });
     // An echo of 0 tokens only scores the prompt: admitted as a request for 1 would be.
     let score_only = echo && max_tokens == Some(0);
     let admitted = GenerationConfig {

@@ -37,14 +37,17 @@ use serde_json::json;
 pub use error::ApiError;
 pub use worker::{spawn, Metrics, ModelInfo, Queue, WorkerOptions};
 
-/// The routes over a running worker. With `api_key`, the `/v1` routes answer 401 unless the request
-/// carries `Authorization: Bearer <api_key>` (`/health` and `/metrics` stay open, as in vLLM).
+/// The routes over a running worker. With `api_key`, every route but `/health` and `/metrics` answers
+/// 401 unless the request carries `Authorization: Bearer <api_key>` (the scheme in any case, as RFC 7235
+/// says). A known path with another method is a 405 with a JSON error, like every other refusal.
 pub fn router(queue: Queue, api_key: Option<&str>) -> Router {
     let mut v1 = Router::new()
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/models", get(openai::models))
-        .route("/v1/models/{id}", get(openai::model));
+        .route("/v1/models/{id}", get(openai::model))
+        .route("/tokenize", post(openai::tokenize))
+        .route("/detokenize", post(openai::detokenize));
     if let Some(key) = api_key {
         let key: Arc<str> = Arc::from(key);
         v1 = v1.layer(middleware::from_fn(move |request: Request, next: Next| {
@@ -54,7 +57,9 @@ pub fn router(queue: Queue, api_key: Option<&str>) -> Router {
                     .headers()
                     .get(header::AUTHORIZATION)
                     .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("Bearer "));
+                    .and_then(|v| v.split_once(' '))
+                    .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                    .map(|(_, token)| token.trim_start());
                 match given {
                     Some(g) if same(g.as_bytes(), key.as_bytes()) => next.run(request).await,
                     _ => ApiError::unauthorized().into_response(),
@@ -62,9 +67,7 @@ pub fn router(queue: Queue, api_key: Option<&str>) -> Router {
             }
         }));
     }
-    v1.route("/tokenize", post(openai::tokenize))
-        .route("/detokenize", post(openai::detokenize))
-        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+    v1.route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route(
             "/metrics",
             get(
@@ -76,6 +79,12 @@ pub fn router(queue: Queue, api_key: Option<&str>) -> Router {
         .fallback(|uri: axum::http::Uri| async move {
             ApiError::not_found(None, format!("no route for {uri}")).into_response()
         })
+        .method_not_allowed_fallback(
+            |method: axum::http::Method, uri: axum::http::Uri| async move {
+                ApiError::method_not_allowed(format!("{method} is not served on {uri}"))
+                    .into_response()
+            },
+        )
         .with_state(queue)
 }
 

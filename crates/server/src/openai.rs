@@ -422,7 +422,8 @@ pub async fn model(
 /// `POST /tokenize` (vLLM's): `{"prompt": text}` → `{"tokens", "count", "max_model_len"}`, the ids a
 /// completion of that prompt would start from.
 pub async fn tokenize(State(queue): State<Queue>, body: Result<Bytes, BytesRejection>) -> Response {
-    let result = (|| {
+    // Tokenizing a large body takes a while: never on the async threads that serve everyone.
+    off_async(move || {
         let v = json_body(body)?;
         let Some(prompt) = v.get("prompt").and_then(Value::as_str) else {
             return Err(ApiError::param("prompt", "a string is required"));
@@ -436,8 +437,17 @@ pub async fn tokenize(State(queue): State<Queue>, body: Result<Bytes, BytesRejec
             .get_ids()
             .to_vec();
         Ok(json!({"count": ids.len(), "tokens": ids, "max_model_len": queue.info.context}))
-    })();
-    result.map_or_else(IntoResponse::into_response, |v| Json(v).into_response())
+    })
+    .await
+}
+
+/// Runs `work` on tokio's blocking pool and answers with its JSON or its error.
+async fn off_async(work: impl FnOnce() -> Result<Value, ApiError> + Send + 'static) -> Response {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(Ok(v)) => Json(v).into_response(),
+        Ok(Err(e)) => e.into_response(),
+        Err(_) => ApiError::internal("the tokenizer task failed").into_response(),
+    }
 }
 
 /// `POST /detokenize` (vLLM's): `{"tokens": [ids]}` → `{"prompt": text}`.
@@ -445,7 +455,7 @@ pub async fn detokenize(
     State(queue): State<Queue>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let result = (|| {
+    off_async(move || {
         let v = json_body(body)?;
         let ids: Vec<u32> = match v.get("tokens").and_then(Value::as_array) {
             Some(items) => items
@@ -477,8 +487,8 @@ pub async fn detokenize(
             )
         })?;
         Ok(json!({ "prompt": text }))
-    })();
-    result.map_or_else(IntoResponse::into_response, |v| Json(v).into_response())
+    })
+    .await
 }
 
 /// A request body as a JSON object, or the error naming what is wrong with it.

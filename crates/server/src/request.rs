@@ -146,6 +146,21 @@ impl Fields<'_> {
     }
 }
 
+/// `seed`: any integer, negative ones included (OpenAI and vLLM accept them); a negative seed is used
+/// as its two's-complement bits.
+fn seed(f: &Fields<'_>) -> Result<Option<u64>, ApiError> {
+    f.get("seed")
+        .map(|v| {
+            v.as_u64()
+                .or_else(|| v.as_i64().map(|i| i as u64))
+                .ok_or_else(|| wrong("seed", "an integer", v))
+        })
+        .transpose()
+}
+
+/// The chat roles Qwen's templates render (OpenAI's, less its newer `developer` alias of `system`).
+const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+
 /// A fresh seed for a request that names none.
 fn random_seed() -> u64 {
     RandomState::new().build_hasher().finish()
@@ -218,6 +233,13 @@ pub fn parse(endpoint: Endpoint, body: &[u8], info: &ModelInfo) -> Result<Parsed
         presence_penalty: f.f64("presence_penalty")?.unwrap_or(0.0),
         frequency_penalty: f.f64("frequency_penalty")?.unwrap_or(0.0),
     };
+    // OpenAI's range; the runtime checks the rest of the shaping values.
+    if !(0.0..=2.0).contains(&shaping.temperature) {
+        return Err(ApiError::param(
+            "temperature",
+            format!("{} is outside [0, 2]", shaping.temperature),
+        ));
+    }
     let stop_token_ids = match f.get("stop_token_ids") {
         Some(v) => f.ids("stop_token_ids", v)?,
         None => Vec::new(),
@@ -245,7 +267,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], info: &ModelInfo) -> Result<Parsed
             stop_token_ids,
             stop_strings: f.stop()?,
             shaping,
-            seed: f.u64("seed")?.unwrap_or_else(random_seed),
+            seed: seed(&f)?.unwrap_or_else(random_seed),
             logprobs: logprobs(endpoint, &f)?,
         },
         max_tokens,
@@ -446,8 +468,14 @@ fn chat_input(f: &Fields<'_>) -> Result<Input, ApiError> {
             return Err(wrong(&at, "an object", m));
         };
         let role = match obj.get("role") {
-            Some(Value::String(r)) if !r.is_empty() => r.clone(),
-            Some(v) => return Err(wrong(&format!("{at}.role"), "a non-empty string", v)),
+            Some(Value::String(r)) if ROLES.contains(&r.as_str()) => r.clone(),
+            Some(v) => {
+                return Err(wrong(
+                    &format!("{at}.role"),
+                    "one of system, user, assistant, tool",
+                    v,
+                ))
+            }
             None => return Err(ApiError::param(format!("{at}.role"), "is required")),
         };
         if obj.get("tool_calls").is_some_and(|v| !v.is_null()) {

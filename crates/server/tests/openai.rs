@@ -187,6 +187,9 @@ async fn refusals_name_the_parameter_and_leave_the_server_serving() {
     let too_long = "x ".repeat(3000);
     let cases: Vec<(&str, String, StatusCode, Option<&str>)> = vec![
         ("/v1/completions", json!({"prompt": "a", "temperature": -1}).to_string(), StatusCode::BAD_REQUEST, Some("temperature")),
+        ("/v1/completions", json!({"prompt": "a", "temperature": 1e308}).to_string(), StatusCode::BAD_REQUEST, Some("temperature")),
+        ("/v1/completions", json!({"prompt": "a", "seed": 1.5}).to_string(), StatusCode::BAD_REQUEST, Some("seed")),
+        ("/v1/chat/completions", json!({"messages": [{"role": "wizard", "content": "hi"}]}).to_string(), StatusCode::BAD_REQUEST, Some("messages[0].role")),
         ("/v1/completions", json!({"prompt": "a", "top_p": "high"}).to_string(), StatusCode::BAD_REQUEST, Some("top_p")),
         ("/v1/completions", json!({"prompt": "a", "n": 65}).to_string(), StatusCode::BAD_REQUEST, Some("n")),
         ("/v1/completions", json!({"prompt": "a", "n": 2, "best_of": 3}).to_string(), StatusCode::BAD_REQUEST, Some("best_of")),
@@ -386,6 +389,71 @@ async fn serves_over_tcp() {
     assert_eq!(status, "HTTP/1.1 200", "{reply}");
     stop_tx.send(()).unwrap();
     served.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn openai_conventions_negative_seeds_default_max_tokens_405_and_keys() {
+    let q = start(4);
+    // Negative seeds are seeds (OpenAI and vLLM take them): reproducible.
+    let body = json!({"prompt": PROMPT, "max_tokens": 6, "temperature": 0.9, "seed": -7});
+    let (status, a) = post(&q, "/v1/completions", body.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{a}");
+    let (_, b) = post(&q, "/v1/completions", body).await;
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    // No max_tokens: generation_config.json's max_new_tokens (256 for the testbed), not the context.
+    let (status, v) = post(
+        &q,
+        "/v1/completions",
+        json!({"prompt": PROMPT, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 256, "{}", v["usage"]);
+    // A known route with another method: a JSON error, 405.
+    let request = Request::get("/v1/completions").body(Body::empty()).unwrap();
+    let response = server::router(q.clone(), None)
+        .oneshot(request)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("GET"),
+        "{v}"
+    );
+    // With a key, every route but the probes needs it (tokenize included); the scheme in any case.
+    let keyed = |auth: Option<&str>, method: &str, path: &str, body: &str| {
+        let mut r = Request::builder().method(method).uri(path);
+        if let Some(a) = auth {
+            r = r.header("authorization", a);
+        }
+        let request = r.body(Body::from(body.to_string())).unwrap();
+        server::router(q.clone(), Some("sekrit")).oneshot(request)
+    };
+    let tokenize = json!({"prompt": "hi"}).to_string();
+    for (auth, want) in [
+        (None, StatusCode::UNAUTHORIZED),
+        (Some("Bearer wrong"), StatusCode::UNAUTHORIZED),
+        (Some("Basic sekrit"), StatusCode::UNAUTHORIZED),
+        (Some("Bearer sekrit"), StatusCode::OK),
+        (Some("bearer sekrit"), StatusCode::OK),
+    ] {
+        let got = keyed(auth, "POST", "/tokenize", &tokenize)
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(got, want, "/tokenize with {auth:?}");
+    }
+    let got = keyed(None, "POST", "/detokenize", "{\"tokens\": [1]}")
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(got, StatusCode::UNAUTHORIZED);
+    for probe in ["/health", "/metrics"] {
+        let got = keyed(None, "GET", probe, "").await.unwrap().status();
+        assert_eq!(got, StatusCode::OK, "{probe}");
+    }
 }
 
 #[tokio::test]
