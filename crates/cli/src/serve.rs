@@ -107,7 +107,25 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             queue.info.name, queue.info.device, queue.info.mode, queue.info.context
         );
         eprintln!("listening on http://{addr}");
+        // Ctrl-C or SIGTERM (what service managers and container runtimes send): stop accepting,
+        // give requests in flight 5 s, then exit.
         let shutdown = async {
+            #[cfg(unix)]
+            {
+                use tokio::signal::unix::{signal, SignalKind};
+                match signal(SignalKind::terminate()) {
+                    Ok(mut term) => {
+                        tokio::select! {
+                            _ = tokio::signal::ctrl_c() => {}
+                            _ = term.recv() => {}
+                        }
+                    }
+                    Err(_) => {
+                        let _ = tokio::signal::ctrl_c().await;
+                    }
+                }
+            }
+            #[cfg(not(unix))]
             let _ = tokio::signal::ctrl_c().await;
             eprintln!("shutting down");
         };

@@ -143,6 +143,23 @@ fn serve_answers_with_transformers_greedy_continuation_and_stops_on_ctrl_c() {
 }
 
 #[test]
+fn serve_stops_on_sigterm() {
+    let model = fixture("qwen3_realtok");
+    let mut server = start(&["--model", &model, "--port", "0", "--device", "cpu"]);
+    let (status, _) = http(&server.addr, "GET", "/health", "");
+    assert_eq!(status, 200);
+    let kill = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "exit status {status}");
+    let rest: Vec<String> = server.rest.try_iter().collect();
+    assert!(rest.iter().any(|l| l.contains("shutting down")), "{rest:?}");
+}
+
+#[test]
 fn serve_refuses_a_block_it_cannot_serve_and_a_port_in_use() {
     let model = fixture("qwen3_realtok");
     let o = serve(&["--model", &model, "--port", "0", "--speculative", "2"])
