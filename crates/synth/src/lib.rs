@@ -56,7 +56,38 @@ pub const SHAPES: &[Shape] = &[
         tied: true,
         mtp: true,
     },
-    // Qwen3.5-4B-like (issue 5's reference shape: 3.96B params, 7.92 GB bf16).
+    // A ~0.8B Qwen3.5-architecture hybrid with an MTP head: 1.5 GB of bf16, larger than any CPU cache,
+    // so CPU decode and verify are bandwidth-bound as on real models.
+    Shape {
+        name: "qwen35-0.8b",
+        model_type: "qwen3_5_text",
+        vocab: 151936,
+        hidden: 1024,
+        intermediate: 4096,
+        layers: 28,
+        heads: 8,
+        kv_heads: 2,
+        head_dim: 256,
+        linear: Some((16, 16, 128)),
+        tied: true,
+        mtp: true,
+    },
+    // Qwen3-0.6B's shape (dense, tied embeddings).
+    Shape {
+        name: "qwen3-0.6b",
+        model_type: "qwen3",
+        vocab: 151936,
+        hidden: 1024,
+        intermediate: 3072,
+        layers: 28,
+        heads: 16,
+        kv_heads: 8,
+        head_dim: 128,
+        linear: None,
+        tied: true,
+        mtp: false,
+    },
+    // Qwen3.5-4B-like (the GPU's reference shape: 3.96B params, 7.92 GB bf16).
     Shape {
         name: "qwen35-4b",
         model_type: "qwen3_5_text",
@@ -484,6 +515,11 @@ mod tests {
         assert!((p - 3.96).abs() < 0.03, "{p}B");
         let p = shape("qwen35-100m").unwrap().parameter_count() as f64 / 1e6;
         assert!((80.0..130.0).contains(&p), "{p}M");
+        let p = shape("qwen35-0.8b").unwrap().parameter_count() as f64 / 1e9;
+        assert!((0.7..0.9).contains(&p), "{p}B");
+        // Qwen3-0.6B: 0.596B parameters with tied embeddings (its model card's 0.6B).
+        let p = shape("qwen3-0.6b").unwrap().parameter_count() as f64 / 1e9;
+        assert!((0.59..0.61).contains(&p), "{p}B");
     }
 
     #[test]

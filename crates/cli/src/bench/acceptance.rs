@@ -24,7 +24,7 @@ use turbospark::drafters::{Chooser, Drafter};
 use turbospark::families::{Backend, BackendError, Tap};
 use turbospark::runtime::policy::Drafter as DrafterKind;
 use turbospark::runtime::{
-    DrafterAvailability, GenerationConfig, GenerationResult, Session, Speculative,
+    DrafterAvailability, GenerationConfig, GenerationResult, Session, SpecStats, Speculative,
 };
 
 use super::{median, pool, Bench, BenchArgs};
@@ -377,14 +377,17 @@ pub(super) fn table(
                     .map(GenerationResult::decode_tokens_per_second)
                     .collect::<Vec<_>>(),
             );
-            let (mut rounds, mut accepted, mut seconds) = (0usize, 0usize, 0.0f64);
-            for r in &results {
-                if let Some(s) = &r.spec {
-                    rounds += s.rounds;
-                    accepted += s.accepted;
-                    seconds += s.draft_seconds + s.verify_seconds + s.rollback_seconds;
-                }
+            // Every run's rounds together (the model and the cost column alike).
+            let mut total = SpecStats::default();
+            for s in results.iter().filter_map(|r| r.spec.as_ref()) {
+                total.rounds += s.rounds;
+                total.accepted += s.accepted;
+                total.draft_seconds += s.draft_seconds;
+                total.verify_seconds += s.verify_seconds;
+                total.rollback_seconds += s.rollback_seconds;
             }
+            let (rounds, accepted) = (total.rounds, total.accepted);
+            let seconds = total.draft_seconds + total.verify_seconds + total.rollback_seconds;
             let expected = profile.expected_tokens(k);
             let ratio = rate / seq_rate.max(f64::MIN_POSITIVE);
             // Model: E_k tokens per round at the round's measured cost, against sequential.
@@ -393,10 +396,6 @@ pub(super) fn table(
             } else {
                 0.0
             };
-            let spec = results
-                .first()
-                .and_then(|r| r.spec.clone())
-                .unwrap_or_default();
             let same = results.iter().all(|r| r.token_ids == seq_ids);
             super::out!(
                 "{k:>5} | {rate:>12.2} | {:>7} | {:>17} | {:>7} | {:>7} | {:>14} | {:>18} | {:>5}",
@@ -413,7 +412,7 @@ pub(super) fn table(
                 } else {
                     "-".into()
                 },
-                super::round_costs(&spec),
+                super::round_costs(&total),
                 if same { "yes" } else { "NO" }
             );
         }
