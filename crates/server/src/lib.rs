@@ -93,8 +93,13 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// How long a connection may take to send a request's headers (a slow client holds only its own
+/// connection, and not for long).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Serves `queue` on `listener` until `shutdown` resolves; requests in flight then get `grace` to
-/// finish before the server returns.
+/// finish before the server returns. A connection that does not send a request's headers within
+/// `header_timeout` (`HEADER_READ_TIMEOUT` for `turbospark serve`) is closed.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     queue: Queue,
@@ -102,17 +107,52 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> std::io::Result<()> {
-    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, router(queue, api_key)).with_graceful_shutdown(async move {
-        shutdown.await;
-        let _ = stopping_tx.send(());
-    });
-    tokio::select! {
-        result = server => result,
-        () = async {
-            // The shutdown began (or its sender is gone with the server): give streams `grace`.
-            let _ = stopping_rx.await;
-            tokio::time::sleep(grace).await;
-        } => Ok(()),
+    serve_with(
+        listener,
+        router(queue, api_key),
+        shutdown,
+        grace,
+        HEADER_READ_TIMEOUT,
+    )
+    .await
+}
+
+/// [`serve`] of any router, with the header timeout given.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+    header_timeout: Duration,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                // A failed accept (the peer left, no descriptors for a moment) ends only that one.
+                let Ok((stream, _)) = accepted else { continue };
+                let service = TowerToHyperService::new(app.clone());
+                let connection = http.serve_connection(TokioIo::new(stream), service);
+                let connection = graceful.watch(connection);
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+            }
+            () = &mut shutdown => break,
+        }
     }
+    // Stop accepting; connections finish their requests in flight, for at most `grace`.
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(grace) => {}
+    }
+    Ok(())
 }
