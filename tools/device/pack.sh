@@ -6,7 +6,9 @@
 #
 #   bash tools/device/pack.sh                 # turbospark + cuda_check
 #   bash tools/device/pack.sh --tests         # also the runtime's GPU test executables (cuda_loop,
-#                                             # sampled_distribution) and the server's
+#                                             # sampled_distribution)
+#   bash tools/device/pack.sh --baseline REV  # also cuda_check built at git revision REV, as
+#                                             # cuda_check_base (for tools/device/ab.sh)
 #   then: run(command="bash tools/device/unpack.sh && ...", carry=[".carry"])
 #
 # On the device, tools/device/unpack.sh extracts them into .carry/bin/, where cuda_check.sh and
@@ -16,11 +18,15 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 LIMIT=$((64 * 1024 * 1024))
 
 tests=0
-case "${1:-}" in
-  "") ;;
-  --tests) tests=1 ;;
-  *) sed -n '2,13p' "${BASH_SOURCE[0]}"; exit 2 ;;
-esac
+baseline=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tests) tests=1 ;;
+    --baseline) baseline=${2:?--baseline REV}; shift ;;
+    *) sed -n '2,15p' "${BASH_SOURCE[0]}"; exit 2 ;;
+  esac
+  shift
+done
 
 cargo build --release -p turbospark-cli --bin turbospark
 cargo build --release -p cuda-lab --bin cuda_check
@@ -36,6 +42,17 @@ if [ "$tests" = 1 ]; then
     [ -x "$exe" ] || { echo "no test executable for $1/$2" >&2; exit 1; }
     cp "$exe" "$tmp/$2"
   done
+fi
+if [ -n "$baseline" ]; then
+  # Its own worktree and target dir under target/ (ignored), kept for the next baseline build.
+  wt=target/baseline-src
+  rm -rf "$wt"; git worktree prune
+  git worktree add -q --detach "$wt" "$baseline"
+  # The CUDA harness lived in cuda-backend before crates/cuda-lab existed.
+  pkg=cuda-lab; [ -d "$wt/crates/cuda-lab" ] || pkg=cuda-backend
+  (cd "$wt" && CARGO_TARGET_DIR=../baseline-target cargo build --release -p "$pkg" --bin cuda_check)
+  cp target/baseline-target/release/cuda_check "$tmp/cuda_check_base"
+  git worktree remove --force "$wt"
 fi
 strip "$tmp"/*
 mkdir -p .carry
