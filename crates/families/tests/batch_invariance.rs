@@ -60,9 +60,10 @@ fn moe_rows_are_independent_of_batch_size() {
 }
 
 /// A tied checkpoint stored in bf16 (the testbed) gets a bf16 copy of its embeddings as the LM head (half
-/// the bytes a token streams) whose logits are the f32 embeddings' bit for bit.
+/// the bytes a token streams) whose logits are the f32 embeddings': bit for bit in the row-major layout,
+/// to f32 rounding (1e-6 of the largest logit) on AMX tiles, which sum in another order.
 #[test]
-fn a_tied_bf16_head_streams_bf16_with_the_f32_embeddings_bits() {
+fn a_tied_bf16_head_streams_bf16_with_the_f32_embeddings_logits() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/testbed");
     let ck = Checkpoint::open(&dir).unwrap();
     assert!(ck.config.tie_word_embeddings);
@@ -71,15 +72,27 @@ fn a_tied_bf16_head_streams_bf16_with_the_f32_embeddings_bits() {
         .lm_head
         .as_ref()
         .expect("a bf16 head for the tied bf16 embeddings");
-    assert!(matches!(head.w, families::layers::Weights::Bf16(_)));
+    let families::layers::Weights::Bf16(matrix) = &head.w else {
+        panic!("the tied bf16 head is not bf16: {:?}", head.w);
+    };
     let h: Vec<f32> = (0..3 * m.hidden)
         .map(|i| ((i * 7919) % 1013) as f32 * 0.003 - 1.5)
         .collect();
     let mut want = vec![0.0; 3 * m.vocab];
     kernels::linear(&h, &m.embed, 3, m.hidden, m.vocab, &mut want);
     let got = m.lm_head(&h, 3);
-    assert!(got
-        .iter()
-        .zip(&want)
-        .all(|(a, b)| a.to_bits() == b.to_bits()));
+    match matrix {
+        kernels::Bf16Matrix::RowMajor { .. } => assert!(got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits())),
+        _ => {
+            let scale = want.iter().fold(0.0f32, |s, v| s.max(v.abs()));
+            let worst = got
+                .iter()
+                .zip(&want)
+                .fold(0.0f32, |s, (a, b)| s.max((a - b).abs()));
+            assert!(worst <= 1e-6 * scale, "{matrix:?}: off by {worst} of {scale}");
+        }
+    }
 }

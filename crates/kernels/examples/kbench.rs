@@ -6,6 +6,9 @@
 //! - `paths`: both linear paths forced for small n, the numbers that set `MATVEC_MAX_ROWS`.
 //! - `gdn`: gated DeltaNet chunked vs recurrent forms on a prefill-sized input.
 //! - `attention`: one decode step over a 4096-position cache.
+//! - `verify`: bf16 linear layers as the model holds them (`Bf16Matrix`: AMX tiles where the CPU has them,
+//!   else row-major) for n = 1..17 rows (decode and verify blocks) on the testbed's matrix shapes and a
+//!   ~0.8B model's, 2 threads: ms a call, GFLOP/s, and the cost of n rows in one-row calls.
 //!
 //! Each figure is the best of repeated runs over ~0.4 s, which filters out noise from other processes.
 //!
@@ -17,7 +20,10 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use kernels::{attention, gdn_chunked, gdn_recurrent, linear, linear_gemm, linear_matvec};
+use kernels::{
+    attention, gdn_chunked, gdn_recurrent, linear, linear_bf16_matrix, linear_gemm, linear_matvec,
+    Bf16Matrix,
+};
 
 const BUDGET: Duration = Duration::from_millis(400);
 const THREADS: [usize; 2] = [1, 2];
@@ -71,6 +77,50 @@ fn main() {
     }
     if wanted("attention") {
         bench_attention();
+    }
+    if wanted("verify") {
+        bench_verify();
+    }
+}
+
+fn bench_verify() {
+    // (k, m): the testbed's attention/MLP projections and LM head, then a ~0.8B model's MLP projection.
+    let shapes = [
+        (384usize, 1024usize),
+        (1024, 384),
+        (384, 8192),
+        (1024, 3584),
+    ];
+    let pool = pool(2);
+    println!("\nbf16 linear, 2 threads: ms/call, GFLOP/s, cost in one-row calls");
+    for (k, m) in shapes {
+        let w: Vec<half::bf16> = values(m * k, 11)
+            .iter()
+            .map(|&v| half::bf16::from_f32(v))
+            .collect();
+        let w = Bf16Matrix::new(w, m, k);
+        let layout = match w {
+            Bf16Matrix::RowMajor { .. } => "row-major",
+            _ => "AMX tiles",
+        };
+        println!("k={k} m={m} ({} KiB, {layout})", m * k * 2 / 1024);
+        println!("{:>5} {:>9} {:>9} {:>7}", "n", "ms", "GFLOP/s", "x n=1");
+        let mut one_row = 0.0;
+        for n in [1usize, 2, 3, 4, 5, 8, 9, 12, 16, 17] {
+            let x = values(n * k, 12);
+            let mut out = vec![0.0f32; n * m];
+            let secs =
+                pool.install(|| time_best(|| linear_bf16_matrix(black_box(&x), &w, n, &mut out)));
+            if n == 1 {
+                one_row = secs;
+            }
+            let gflops = 2.0 * (n * k * m) as f64 / secs / 1e9;
+            println!(
+                "{n:>5} {:>9.4} {gflops:>9.2} {:>7.2}",
+                secs * 1e3,
+                secs / one_row
+            );
+        }
     }
 }
 

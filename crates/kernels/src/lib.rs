@@ -10,11 +10,15 @@
 //! Shape errors are programmer errors here (the callers are our own code): a buffer shorter than its shape
 //! panics with a message naming the kernel and the buffer, before anything is read or written.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod attention;
 mod conv;
 mod elementwise;
 mod gdn;
 mod linear;
+#[cfg(target_arch = "x86_64")]
+mod matvec_avx512;
 mod norm;
 mod rope;
 mod simd;
@@ -28,7 +32,10 @@ pub use elementwise::{
     add_inplace, argmax, sigmoid, silu, silu_inplace, silu_mul, softmax_inplace, softplus,
 };
 pub use gdn::{gdn_chunked, gdn_recurrent, GDN_CHUNK};
-pub use linear::{linear, linear_acc, linear_acc_bf16, linear_bf16, MATVEC_MAX_ROWS};
+pub use linear::{
+    linear, linear_acc, linear_acc_bf16, linear_bf16, linear_bf16_matrix, Bf16Matrix,
+    MATVEC_MAX_ROWS,
+};
 #[doc(hidden)]
 pub use linear::{linear_gemm, linear_matvec};
 pub use norm::{l2_normalize_rows, rms_norm, rms_norm_inplace};

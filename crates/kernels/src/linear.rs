@@ -29,7 +29,7 @@ const MATVEC_SERIAL_WORK: usize = 1 << 16;
 
 /// What a kernel does with the value already in `out`.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Mode {
+pub(crate) enum Mode {
     /// out = result
     Overwrite,
     /// out += scale * result
@@ -38,7 +38,7 @@ enum Mode {
 
 impl Mode {
     #[inline(always)]
-    fn apply(self, old: f32, result: f32) -> f32 {
+    pub(crate) fn apply(self, old: f32, result: f32) -> f32 {
         match self {
             Mode::Overwrite => result,
             Mode::Accumulate(scale) => old + scale * result,
@@ -64,6 +64,73 @@ pub fn linear_acc(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, scale: f32
 /// read on the matvec path (decode and verify rows, memory-bound); the GEMM path widens it first.
 pub fn linear_bf16(x: &[f32], w: &[half::bf16], n: usize, k: usize, m: usize, out: &mut [f32]) {
     linear_bf16_with_mode(x, w, n, k, m, Mode::Overwrite, out);
+}
+
+/// A bf16 weight matrix [m, k] laid out for the fastest CPU path: packed into AMX tiles where the CPU and
+/// kernel offer AMX-BF16 (every row count then runs on the tiles, and rows are batch-invariant for any n),
+/// row-major otherwise (the matvec / GEMM paths of [`linear_bf16`]).
+#[derive(Clone, Debug)]
+pub enum Bf16Matrix {
+    RowMajor {
+        w: Vec<half::bf16>,
+        m: usize,
+        k: usize,
+    },
+    #[cfg(target_arch = "x86_64")]
+    Amx(crate::amx::PackedBf16),
+}
+
+impl Bf16Matrix {
+    /// Takes the row-major `w` [m, k], packing it for AMX when this machine runs AMX.
+    pub fn new(w: Vec<half::bf16>, m: usize, k: usize) -> Self {
+        check_len("Bf16Matrix: w [m, k]", w.len(), m * k);
+        #[cfg(target_arch = "x86_64")]
+        if crate::amx::available() {
+            return Bf16Matrix::Amx(crate::amx::PackedBf16::pack(&w, m, k));
+        }
+        Bf16Matrix::RowMajor { w, m, k }
+    }
+
+    /// The row-major layout even where AMX runs (tests compare the two).
+    #[doc(hidden)]
+    pub fn row_major(w: Vec<half::bf16>, m: usize, k: usize) -> Self {
+        check_len("Bf16Matrix: w [m, k]", w.len(), m * k);
+        Bf16Matrix::RowMajor { w, m, k }
+    }
+
+    /// Output rows m.
+    pub fn rows(&self) -> usize {
+        match self {
+            Bf16Matrix::RowMajor { m, .. } => *m,
+            #[cfg(target_arch = "x86_64")]
+            Bf16Matrix::Amx(p) => p.rows(),
+        }
+    }
+
+    /// Input columns k.
+    pub fn cols(&self) -> usize {
+        match self {
+            Bf16Matrix::RowMajor { k, .. } => *k,
+            #[cfg(target_arch = "x86_64")]
+            Bf16Matrix::Amx(p) => p.cols(),
+        }
+    }
+}
+
+/// out[n, m] = x[n, k] · w^T for a [`Bf16Matrix`]. Overwrites `out`.
+///
+/// Panics (programmer error) if a slice is shorter than its shape says.
+pub fn linear_bf16_matrix(x: &[f32], w: &Bf16Matrix, n: usize, out: &mut [f32]) {
+    match w {
+        Bf16Matrix::RowMajor { w, m, k } => linear_bf16(x, w, n, *k, *m, out),
+        #[cfg(target_arch = "x86_64")]
+        Bf16Matrix::Amx(p) => {
+            let (k, m) = (p.cols(), p.rows());
+            check_len("linear: x [n, k]", x.len(), n * k);
+            check_len("linear: out [n, m]", out.len(), n * m);
+            crate::amx::linear(&x[..n * k], p, n, Mode::Overwrite, &mut out[..n * m]);
+        }
+    }
 }
 
 /// [`linear_acc`] over a bf16 matrix.
@@ -141,7 +208,7 @@ pub(crate) fn check_len(what: &str, len: usize, needed: usize) {
 
 #[inline]
 fn best_isa_for_matvec() -> Isa {
-    simd::best_isa()
+    simd::best_matvec_isa()
 }
 
 /// The GEMM path: out (n x m, row stride m) = x (n x k, row stride k) · w^T where w^T is a k x m view of w
@@ -256,6 +323,13 @@ fn matvec_block<W: WeightElem>(
     mode: Mode,
     res: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: Avx512 is only produced after runtime detection ([`crate::matvec_avx512::available`]);
+        // the block's shapes are those its callers sliced.
+        unsafe { crate::matvec_avx512::matvec_block(x, w_block, k, n, mode, res) };
+        return;
+    }
     let rows = w_block.len() / k;
     debug_assert_eq!(res.len(), rows * n);
     let group_size = input_group_size(n);
@@ -354,7 +428,7 @@ pub fn linear_matvec(x: &[f32], w: &[f32], n: usize, k: usize, m: usize, out: &m
         return;
     }
     matvec(
-        simd::best_isa(),
+        simd::best_matvec_isa(),
         &x[..n * k],
         &w[..m * k],
         n,

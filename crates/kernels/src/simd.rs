@@ -13,6 +13,10 @@
 /// The instruction set a kernel runs with, decided once per call from the running CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {
+    /// x86_64 with AVX-512 F/BW/VL: the matvec path only ([`crate::matvec_avx512`]); the other kernels run
+    /// their AVX2/FMA versions on such CPUs ([`best_isa`] never returns it).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx512,
     /// x86_64 with AVX2 and FMA.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx2Fma,
@@ -33,11 +37,24 @@ pub(crate) fn best_isa() -> Isa {
     Isa::Portable
 }
 
-/// Names the SIMD path this CPU gets, for logs ("avx2+fma" or "portable").
+/// The fastest instruction set of the matvec path (decode and verify rows) on this CPU.
+#[inline]
+pub(crate) fn best_matvec_isa() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::matvec_avx512::available() {
+            return Isa::Avx512;
+        }
+    }
+    best_isa()
+}
+
+/// Names the SIMD paths this CPU gets, for logs ("avx512 matvec, avx2+fma", "avx2+fma" or "portable").
 pub fn simd_path() -> &'static str {
-    match best_isa() {
-        Isa::Avx2Fma => "avx2+fma",
-        Isa::Portable => "portable",
+    match (best_matvec_isa(), best_isa()) {
+        (Isa::Avx512, _) => "avx512 matvec, avx2+fma",
+        (_, Isa::Avx2Fma) => "avx2+fma",
+        _ => "portable",
     }
 }
 

@@ -48,11 +48,11 @@ pub struct Linear {
 }
 
 /// A weight matrix as the CPU keeps it: bf16 when the checkpoint stores bf16 (half the bytes a decode step
-/// streams; `kernels::linear_bf16` gives the bits of the f32 widening), f32 otherwise.
+/// streams, laid out for AMX tiles where the CPU has them: `kernels::Bf16Matrix`), f32 otherwise.
 #[derive(Clone, Debug)]
 pub enum Weights {
     F32(Vec<f32>),
-    Bf16(Vec<half::bf16>),
+    Bf16(kernels::Bf16Matrix),
 }
 
 impl Linear {
@@ -70,12 +70,11 @@ impl Linear {
                     // The shape error names the file and tensor.
                     t.get(name, &[out_dim, in_dim])?;
                 }
-                Weights::Bf16(
-                    bytes
-                        .chunks_exact(2)
-                        .map(|b| half::bf16::from_le_bytes([b[0], b[1]]))
-                        .collect(),
-                )
+                let w = bytes
+                    .chunks_exact(2)
+                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]))
+                    .collect();
+                Weights::Bf16(kernels::Bf16Matrix::new(w, out_dim, in_dim))
             }
             _ => Weights::F32(t.get(name, &[out_dim, in_dim])?),
         };
@@ -111,7 +110,7 @@ impl Linear {
         let (k, m) = (self.in_dim, self.out_dim);
         match &self.w {
             Weights::F32(w) => kernels::linear(x, w, n, k, m, &mut out),
-            Weights::Bf16(w) => kernels::linear_bf16(x, w, n, k, m, &mut out),
+            Weights::Bf16(w) => kernels::linear_bf16_matrix(x, w, n, &mut out),
         }
         out
     }
@@ -119,7 +118,7 @@ impl Linear {
     pub fn params(&self) -> usize {
         match &self.w {
             Weights::F32(w) => w.len(),
-            Weights::Bf16(w) => w.len(),
+            Weights::Bf16(w) => w.rows() * w.cols(),
         }
     }
 }

@@ -1,8 +1,11 @@
 //! `linear` / `linear_acc` against the f64 triple loop, on both paths (matvec on each ISA, gemm) and odd sizes.
 
-use super::{assert_close, isas, Rng};
+use super::{assert_close, matvec_isas as isas, Rng};
 use crate::linear::{linear_gemm, linear_matvec_with_isa};
-use crate::{linear, linear_acc, linear_acc_bf16, linear_bf16, MATVEC_MAX_ROWS};
+use crate::{
+    linear, linear_acc, linear_acc_bf16, linear_bf16, linear_bf16_matrix, Bf16Matrix,
+    MATVEC_MAX_ROWS,
+};
 
 /// out[i, j] = sum_kk x[i, kk] * w[j, kk], the definition, in f64.
 fn naive(x: &[f32], w: &[f32], n: usize, k: usize, m: usize) -> Vec<f64> {
@@ -172,6 +175,83 @@ fn bf16_weights_give_the_bits_of_their_f32_widening() {
             linear_acc_bf16(&x, &w16, n, k, m, 0.5, &mut a);
             linear_acc(&x, &w32, n, k, m, 0.5, &mut b);
             assert!(bits(&a, &b), "linear_acc n={n} k={k} m={m}");
+        }
+    }
+}
+
+fn bf16_matrix(rng: &mut Rng, m: usize, k: usize) -> (Vec<half::bf16>, Vec<f32>) {
+    let w16: Vec<half::bf16> = rng
+        .vec(m * k)
+        .iter()
+        .map(|&v| half::bf16::from_f32(v))
+        .collect();
+    let w32 = w16.iter().map(|v| v.to_f32()).collect();
+    (w16, w32)
+}
+
+/// The layout `Bf16Matrix::new` picks on this machine (AMX tiles where the CPU and kernel offer them,
+/// row-major otherwise) computes x · w^T for every row count, decode, verify and prefill sizes alike.
+#[test]
+fn bf16_matrix_matches_naive_for_every_row_count() {
+    let mut rng = Rng::new(8);
+    for &(k, m) in &[
+        (1usize, 1usize),
+        (7, 5),
+        (31, 17),
+        (33, 47),
+        (67, 129),
+        (384, 40),
+    ] {
+        let (w16, w32) = bf16_matrix(&mut rng, m, k);
+        let mat = Bf16Matrix::new(w16, m, k);
+        assert_eq!((mat.rows(), mat.cols()), (m, k));
+        for n in [1usize, 2, 3, 5, 6, 10, 11, 17, 21, 40] {
+            let x = rng.vec(n * k);
+            let mut out = vec![f32::NAN; n * m];
+            linear_bf16_matrix(&x, &mat, n, &mut out);
+            assert_close(
+                &out,
+                &naive(&x, &w32, n, k, m),
+                1e-5,
+                &format!("{mat:?} n={n} k={k} m={m}"),
+            );
+        }
+    }
+}
+
+/// Each row of an n-row call has the bits of the one-row call (what keeps greedy speculation exact), for
+/// the layout this machine gets and for every n (AMX) or every n up to MATVEC_MAX_ROWS (row-major).
+#[test]
+fn bf16_matrix_rows_are_bitwise_independent_of_n() {
+    let mut rng = Rng::new(9);
+    let (k, m) = (100, 70);
+    let (w16, _) = bf16_matrix(&mut rng, m, k);
+    let mat = Bf16Matrix::new(w16, m, k);
+    let max_n = match mat {
+        Bf16Matrix::RowMajor { .. } => MATVEC_MAX_ROWS,
+        #[cfg(target_arch = "x86_64")]
+        Bf16Matrix::Amx(_) => 40,
+    };
+    let x = rng.vec(max_n * k);
+    let single: Vec<Vec<f32>> = (0..max_n)
+        .map(|r| {
+            let mut o = vec![0.0; m];
+            linear_bf16_matrix(&x[r * k..(r + 1) * k], &mat, 1, &mut o);
+            o
+        })
+        .collect();
+    for n in 1..=max_n {
+        let mut o = vec![0.0; n * m];
+        linear_bf16_matrix(&x[..n * k], &mat, n, &mut o);
+        for (r, want) in single.iter().take(n).enumerate() {
+            let same = o[r * m..(r + 1) * m]
+                .iter()
+                .zip(want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{mat:?}: row {r} of an {n}-row call differs from the one-row call"
+            );
         }
     }
 }

@@ -46,6 +46,15 @@ pub(crate) fn isas() -> Vec<Isa> {
     all
 }
 
+/// The matvec path's instruction sets available here: [`isas`] plus AVX-512 when the CPU has it.
+pub(crate) fn matvec_isas() -> Vec<Isa> {
+    let mut all = isas();
+    if crate::simd::best_matvec_isa() == Isa::Avx512 {
+        all.push(Isa::Avx512);
+    }
+    all
+}
+
 /// Largest |a - b| divided by the largest |b| (1 if b is all zero): "relative error" of a whole tensor.
 pub(crate) fn rel_err(actual: &[f32], expected: &[f64]) -> f64 {
     assert_eq!(actual.len(), expected.len(), "length mismatch");
