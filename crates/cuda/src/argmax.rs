@@ -6,6 +6,9 @@
 //! Invariant: the id equals `kernels::argmax` of the row (lowest index of the largest value, NaN
 //! skipped), and a row the host would refuse (NaN, +inf, all -inf: `sampling`'s logits check) is never
 //! answered by id — its flag sends the caller back to copying the logits, so errors read the same.
+//!
+//! Also the launches of the sampling candidates' selection ([`Topk`]: `topk_parts` + `topk_merge`), whose
+//! buffers and algorithm are candidates.rs's. Both run through the device's operations (`exec.rs`).
 
 use crate::buf::{dtoh, launch, Arg};
 use crate::device::CudaDevice;
@@ -30,9 +33,9 @@ pub(crate) fn pair_bytes(rows: usize) -> usize {
     rows * 2 * 4 + rows * MAX_PARTS * 3 * 4
 }
 
-/// The two kernels: the chunks of `rows` rows, then each row's merge into `out`'s pairs (and the feeding).
-#[allow(clippy::too_many_arguments)]
-fn launch_both(
+/// The two kernels: the chunks of `rows` rows, then each row's merge into `out`'s pairs (and the feeding:
+/// `launch_feeding`'s next id, next start, host pair and counter, or all 0). What `exec::Kernels` runs.
+pub(crate) fn launch_both(
     dev: &CudaDevice,
     logits: u64,
     rows: usize,
@@ -79,10 +82,7 @@ pub(crate) fn launch_rows(
     vocab: usize,
     out: u64,
 ) -> Result<(), CudaError> {
-    if dev.host_ops() {
-        return host_rows(logits, rows, vocab, out);
-    }
-    launch_both(dev, logits, rows, vocab, out, [0; 4])
+    dev.exec().argmax_rows(dev, logits, rows, vocab, out)
 }
 
 /// `launch_rows` of one row that also feeds the next decode step (chain.rs): `next` = ([1] i32 id, [1]
@@ -98,35 +98,8 @@ pub(crate) fn launch_feeding(
     host_pair: u64,
     counter: u64,
 ) -> Result<(), CudaError> {
-    if dev.host_ops() {
-        host_rows(logits, 1, vocab, out)?;
-        // SAFETY: on the emulated device these are host addresses: the one-row scratch's [1] i32 id and
-        // start, the [2] i32 pair just written, the slots (pair `counter` of them, or the first) and
-        // the [1] i32 counter; all distinct.
-        unsafe {
-            let pair = [*(out as *const i32), *(out as *const i32).add(1)];
-            *(next.0 as *mut i32) = pair[0];
-            *(next.1 as *mut i32) += 1;
-            let c = if counter == 0 {
-                0
-            } else {
-                *(counter as *const i32) as usize
-            };
-            *(host_pair as *mut [i32; 2]).add(c) = pair;
-            if counter != 0 {
-                *(counter as *mut i32) += 1;
-            }
-        }
-        return Ok(());
-    }
-    launch_both(
-        dev,
-        logits,
-        1,
-        vocab,
-        out,
-        [next.0, next.1, host_pair, counter],
-    )
+    dev.exec()
+        .argmax_feeding(dev, logits, vocab, out, next, host_pair, counter)
 }
 
 /// The ids of `rows` rows whose pairs `launch_rows` wrote at `out`, or None when any row is refused.
@@ -143,23 +116,67 @@ pub(crate) fn read_ids(
     Ok(Some(pairs.chunks_exact(2).map(|p| p[0] as u32).collect()))
 }
 
-/// The emulated device's version: the same pairs from the CPU engine's argmax.
-fn host_rows(logits: u64, rows: usize, vocab: usize, out: u64) -> Result<(), CudaError> {
-    // SAFETY: on the emulated device addresses are host addresses; `logits` holds rows * vocab f32 and
-    // `out` rows * 2 i32 (the scratch sizes both from the same row bound), and they do not overlap.
-    let (x, pairs) = unsafe {
-        (
-            std::slice::from_raw_parts(logits as *const f32, rows * vocab),
-            std::slice::from_raw_parts_mut(out as *mut i32, rows * 2),
-        )
-    };
-    for (row, pair) in x.chunks_exact(vocab.max(1)).zip(pairs.chunks_exact_mut(2)) {
-        let refused = row.iter().any(|v| v.is_nan() || *v == f32::INFINITY)
-            || row.iter().all(|v| *v == f32::NEG_INFINITY);
-        pair[0] = kernels::argmax(row) as i32;
-        pair[1] = refused as i32;
-    }
-    Ok(())
+/// One selection of sampling candidates (`topk_parts` + `topk_merge` in misc.cu) for candidates.rs, which
+/// owns the buffers and states the algorithm: `rows` rows of logits [rows, vocab] in `parts` chunks of
+/// `chunk`, each chunk's K plus ties (at most `chunk_cap`) into the chunk buffers [ids | vals | meta],
+/// then each row's (at most `cap`) into `ids` / `vals` [rows, cap] with [count, flags] in `meta`.
+pub(crate) struct Topk {
+    pub logits: u64,
+    pub rows: usize,
+    pub vocab: usize,
+    pub k: usize,
+    pub chunk: usize,
+    pub parts: usize,
+    pub chunk_cap: usize,
+    pub cap: usize,
+    pub chunk_ids: u64,
+    pub chunk_vals: u64,
+    pub chunk_meta: u64,
+    pub meta: u64,
+    pub ids: u64,
+    pub vals: u64,
+}
+
+/// Threads of `topk_parts` and of `topk_merge` (misc.cu).
+const TOPK_PART_THREADS: u32 = 1024;
+const TOPK_MERGE_THREADS: u32 = 1024;
+
+/// The two kernels of a [`Topk`] selection (`exec::Kernels`).
+pub(crate) fn launch_topk(dev: &CudaDevice, t: &Topk) -> Result<(), CudaError> {
+    launch(
+        dev,
+        "topk_parts",
+        (t.parts as u32, t.rows as u32, 1),
+        TOPK_PART_THREADS,
+        &[
+            Arg::P(t.logits),
+            Arg::I(t.vocab as i32),
+            Arg::I(t.chunk as i32),
+            Arg::I(t.k as i32),
+            Arg::I(t.chunk_cap as i32),
+            Arg::P(t.chunk_ids),
+            Arg::P(t.chunk_vals),
+            Arg::P(t.chunk_meta),
+        ],
+    )?;
+    launch(
+        dev,
+        "topk_merge",
+        (t.rows as u32, 1, 1),
+        TOPK_MERGE_THREADS,
+        &[
+            Arg::P(t.chunk_ids),
+            Arg::P(t.chunk_vals),
+            Arg::P(t.chunk_meta),
+            Arg::I(t.parts as i32),
+            Arg::I(t.chunk_cap as i32),
+            Arg::I(t.k as i32),
+            Arg::I(t.cap as i32),
+            Arg::P(t.ids),
+            Arg::P(t.vals),
+            Arg::P(t.meta),
+        ],
+    )
 }
 
 #[cfg(test)]

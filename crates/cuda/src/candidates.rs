@@ -18,17 +18,16 @@
 
 use families::{Candidates, Wanted};
 
-use crate::buf::{dtoh, launch, Arg, DBuf};
+use crate::argmax::Topk;
+use crate::buf::{dtoh, DBuf};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
 use crate::model::CudaModel;
 use crate::state::{check_signature, CudaState, LOGIT_ROWS};
 
-/// The first kernel's largest chunk of logits (its shared memory) and its threads; the second kernel's threads,
-/// the keys it holds and the chunks it merges (misc.cu).
+/// The first kernel's largest chunk of logits (its shared memory); the keys the second kernel holds and the
+/// chunks it merges (misc.cu; their threads are argmax.rs's, next to the launches).
 const TOPK_CHUNK: usize = 8192;
-const TOPK_PART_THREADS: u32 = 1024;
-const TOPK_MERGE_THREADS: u32 = 1024;
 const TOPK_MERGE_MAX: usize = 10240;
 const TOPK_MAX_PARTS: usize = 128;
 /// The smallest chunk: more chunks spread the selection over more SMs.
@@ -104,47 +103,26 @@ impl CandidateBufs {
                 ),
             });
         }
-        if dev.host_ops() {
-            return self.host_rows(logits, rows, vocab, k);
-        }
         let per = rows * parts * CHUNK_CAP * 4;
-        let (c_ids, c_vals) = (self.chunks.ptr, self.chunks.ptr + per as u64);
-        let c_meta = c_vals + per as u64;
-        launch(
-            dev,
-            "topk_parts",
-            (parts as u32, rows as u32, 1),
-            TOPK_PART_THREADS,
-            &[
-                Arg::P(logits),
-                Arg::I(vocab as i32),
-                Arg::I(chunk as i32),
-                Arg::I(k as i32),
-                Arg::I(CHUNK_CAP as i32),
-                Arg::P(c_ids),
-                Arg::P(c_vals),
-                Arg::P(c_meta),
-            ],
-        )?;
+        let (chunk_ids, chunk_vals) = (self.chunks.ptr, self.chunks.ptr + per as u64);
         let (meta, ids, vals) = self.parts();
-        launch(
-            dev,
-            "topk_merge",
-            (rows as u32, 1, 1),
-            TOPK_MERGE_THREADS,
-            &[
-                Arg::P(c_ids),
-                Arg::P(c_vals),
-                Arg::P(c_meta),
-                Arg::I(parts as i32),
-                Arg::I(CHUNK_CAP as i32),
-                Arg::I(k as i32),
-                Arg::I(CAP as i32),
-                Arg::P(ids),
-                Arg::P(vals),
-                Arg::P(meta),
-            ],
-        )
+        let t = Topk {
+            logits,
+            rows,
+            vocab,
+            k,
+            chunk,
+            parts,
+            chunk_cap: CHUNK_CAP,
+            cap: CAP,
+            chunk_ids,
+            chunk_vals,
+            chunk_meta: chunk_vals + per as u64,
+            meta,
+            ids,
+            vals,
+        };
+        dev.exec().topk(dev, &t)
     }
 
     /// The candidates `launch` selected, each row's sorted by id; None when a row is flagged (a NaN
@@ -184,42 +162,6 @@ impl CandidateBufs {
             out.push(Candidates { ids, logits });
         }
         Ok(Some(out))
-    }
-
-    /// The emulated device's version: the same sets, selected on the host.
-    fn host_rows(&self, logits: u64, rows: usize, vocab: usize, k: usize) -> Result<(), CudaError> {
-        // SAFETY: on the emulated device addresses are host addresses: `logits` holds rows * vocab f32
-        // (the caller's scratch), the buffers rows * CAP ids / values and rows * 2 meta (`new`).
-        let (meta, ids, vals) = self.parts();
-        let (x, ids, vals, meta) = unsafe {
-            (
-                std::slice::from_raw_parts(logits as *const f32, rows * vocab),
-                std::slice::from_raw_parts_mut(ids as *mut i32, rows * CAP),
-                std::slice::from_raw_parts_mut(vals as *mut f32, rows * CAP),
-                std::slice::from_raw_parts_mut(meta as *mut i32, rows * 2),
-            )
-        };
-        for (r, row) in x.chunks_exact(vocab.max(1)).enumerate() {
-            let bad = row.iter().any(|v| v.is_nan() || *v == f32::INFINITY);
-            let mut sorted = row.to_vec();
-            sorted.sort_unstable_by(|a, b| b.total_cmp(a));
-            let kth = sorted[k.clamp(1, vocab) - 1];
-            let mut n = 0;
-            for (i, v) in row.iter().enumerate() {
-                if v.total_cmp(&kth).is_ge() {
-                    if n < CAP {
-                        ids[r * CAP + n] = i as i32;
-                        vals[r * CAP + n] = *v;
-                    }
-                    n += 1;
-                }
-            }
-            // As the kernels: fewer than K logits above -inf send the caller back to the row too.
-            let finite = row.iter().filter(|v| **v > f32::NEG_INFINITY).count();
-            meta[2 * r] = n as i32;
-            meta[2 * r + 1] = i32::from(bad) | if n > CAP || finite < k { 2 } else { 0 };
-        }
-        Ok(())
     }
 }
 

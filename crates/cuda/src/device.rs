@@ -94,6 +94,17 @@ pub const KERNELS: &[&str] = &[
 /// Streaming multiprocessors the kernel simulator reports (small, so that grid-stride loops run).
 pub const SIM_SMS: i32 = 3;
 
+/// Which implementation of the operations a device runs (`exec.rs`), chosen once by its constructor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Engine {
+    /// The CUDA kernels on the GPU, GEMMs by cuBLAS ([`CudaDevice::open`]).
+    Gpu,
+    /// The CUDA kernels in the kernel simulator, which has no cuBLAS ([`CudaDevice::simulated`]).
+    Simulator,
+    /// The host emulation (`emu.rs`): no kernels ([`CudaDevice::emulated`]).
+    HostEmulation,
+}
+
 /// Facts about the opened device, for logs and roofline arithmetic.
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {
@@ -125,6 +136,8 @@ pub(crate) struct Gpu {
 /// backend's operations ([`CudaDevice::emulated`]).
 pub struct CudaDevice {
     gpu: Option<Gpu>,
+    /// What runs the operations (`exec.rs`).
+    engine: Engine,
     /// Launch kernels with programmatic dependent launch (see `set_pdl`).
     pdl: AtomicBool,
     /// Why programmatic launches were turned off after a failure.
@@ -316,6 +329,7 @@ impl CudaDevice {
             compile_seconds,
         };
         let dev = CudaDevice {
+            engine: Engine::Gpu,
             sim: None,
             frag_scratch: std::sync::OnceLock::new(),
             segments: std::sync::OnceLock::new(),
@@ -398,11 +412,13 @@ impl CudaDevice {
     }
 
     /// A device whose buffers live in host memory and whose operations run on the CPU, one by one, as
-    /// the GPU kernels define them (`emu.rs`). It exercises everything above the kernels (buffer layout,
-    /// fused projections, passes, state, tape) on machines without a GPU, in tests; it is not a fast path.
+    /// the GPU kernels define them (`emu.rs`, the test double behind the device seam `exec.rs`). It
+    /// exercises everything above the kernels (buffer layout, fused projections, passes, state, tape) on
+    /// machines without a GPU, in tests; it is not a fast path.
     pub fn emulated() -> Self {
         CudaDevice {
             gpu: None,
+            engine: Engine::HostEmulation,
             sim: None,
             frag_scratch: std::sync::OnceLock::new(),
             segments: std::sync::OnceLock::new(),
@@ -441,6 +457,7 @@ impl CudaDevice {
         let kernel_cache = sim.path.clone();
         let dev = CudaDevice {
             gpu: None,
+            engine: Engine::Simulator,
             frag_scratch: std::sync::OnceLock::new(),
             segments: std::sync::OnceLock::new(),
             pdl: AtomicBool::new(false),
@@ -519,9 +536,10 @@ impl CudaDevice {
         self.gpu.is_none()
     }
 
-    /// Whether operations run as the CPU engine computes them (host emulation, not the kernels).
-    pub(crate) fn host_ops(&self) -> bool {
-        self.gpu.is_none() && self.sim.is_none()
+    /// What runs the operations: the kernels on the GPU or in the simulator, or the host emulation
+    /// (`exec.rs` maps it to the implementation).
+    pub(crate) fn engine(&self) -> Engine {
+        self.engine
     }
 
     /// The kernel simulator, when this device is one.

@@ -1,6 +1,7 @@
-//! Host emulation of every operation in `ops.rs`, for [`crate::CudaDevice::emulated`]: the same inputs,
-//! outputs, layouts and strides as the GPU kernels, computed with the CPU engine's kernels. Buffers of the
-//! emulated device are host memory, so a device address is a host address here.
+//! Host emulation of the device's operations (`exec::HostEmulation`, the test double behind the seam in
+//! `exec.rs`), for [`crate::CudaDevice::emulated`]: the same inputs, outputs, layouts and strides as the
+//! GPU kernels, computed with the CPU engine's kernels. Buffers of the emulated device are host memory, so
+//! a device address is a host address here.
 //!
 //! What this proves is everything above the kernels (fused projection layouts, strides, KV and state
 //! buffers, multi-pass forwards, tape replay, snapshots); the kernels themselves are checked on the GPU
@@ -9,9 +10,11 @@
 
 use half::bf16;
 
+use crate::argmax::Topk;
 use crate::error::CudaError;
-use crate::moe::MoeShape;
+use crate::moe::{MoeShape, MoeW};
 use crate::ops::{AttnBufs, AttnShape, GdnShape};
+use crate::scratch::Scratch;
 use crate::weights::{Mat, WDtype};
 
 /// A view of `len` f32 at host address `ptr`.
@@ -420,6 +423,120 @@ pub(crate) fn moe_down(
         for (o, v) in xs[r * hd..(r + 1) * hd].iter_mut().zip(&y) {
             *o += v;
         }
+    }
+    Ok(())
+}
+
+/// moe_gate_up then moe_down of m rows in the scratch's buffers (h, moe_ids, moe_wts, mid; added to x).
+pub(crate) fn moe_experts(w: &MoeW, sc: &Scratch, m: usize) -> Result<(), CudaError> {
+    let shared = w.shared.as_ref();
+    moe_gate_up(
+        w.shape,
+        sc.h.ptr,
+        &w.gate_up,
+        shared.map(|p| &p.0),
+        sc.moe_ids.ptr,
+        sc.mid.ptr,
+        m,
+    )?;
+    moe_down(
+        w.shape,
+        sc.mid.ptr,
+        &w.down,
+        shared.map(|p| &p.1),
+        sc.moe_ids.ptr,
+        sc.moe_wts.ptr,
+        sc.x.ptr,
+        m,
+    )
+}
+
+/// argmax_rows: out [rows, 2] i32 = [argmax, refused] of each row, from the CPU engine's argmax.
+pub(crate) fn argmax_rows(
+    logits: u64,
+    rows: usize,
+    vocab: usize,
+    out: u64,
+) -> Result<(), CudaError> {
+    // SAFETY: `logits` holds rows * vocab f32 and `out` rows * 2 i32 (the scratch sizes both from the
+    // same row bound), and they do not overlap.
+    let (x, pairs) = unsafe {
+        (
+            std::slice::from_raw_parts(logits as *const f32, rows * vocab),
+            std::slice::from_raw_parts_mut(out as *mut i32, rows * 2),
+        )
+    };
+    for (row, pair) in x.chunks_exact(vocab.max(1)).zip(pairs.chunks_exact_mut(2)) {
+        let refused = row.iter().any(|v| v.is_nan() || *v == f32::INFINITY)
+            || row.iter().all(|v| *v == f32::NEG_INFINITY);
+        pair[0] = kernels::argmax(row) as i32;
+        pair[1] = refused as i32;
+    }
+    Ok(())
+}
+
+/// argmax_rows of one row with the feeding of the next decode step (`argmax::launch_feeding`).
+pub(crate) fn argmax_feeding(
+    logits: u64,
+    vocab: usize,
+    out: u64,
+    next: (u64, u64),
+    host_pair: u64,
+    counter: u64,
+) -> Result<(), CudaError> {
+    argmax_rows(logits, 1, vocab, out)?;
+    // SAFETY: the one-row scratch's [1] i32 id and start, the [2] i32 pair just written, the slots (pair
+    // `counter` of them, or the first) and the [1] i32 counter; all distinct.
+    unsafe {
+        let pair = [*(out as *const i32), *(out as *const i32).add(1)];
+        *(next.0 as *mut i32) = pair[0];
+        *(next.1 as *mut i32) += 1;
+        let c = if counter == 0 {
+            0
+        } else {
+            *(counter as *const i32) as usize
+        };
+        *(host_pair as *mut [i32; 2]).add(c) = pair;
+        if counter != 0 {
+            *(counter as *mut i32) += 1;
+        }
+    }
+    Ok(())
+}
+
+/// topk_parts + topk_merge: each row's candidates (its K largest and their ties, at most `t.cap`) and
+/// [count, flags], selected by sorting (the chunk buffers are not used).
+pub(crate) fn topk(t: &Topk) -> Result<(), CudaError> {
+    let (rows, vocab, k, cap) = (t.rows, t.vocab, t.k, t.cap);
+    // SAFETY: `logits` holds rows * vocab f32 (the caller's scratch), the buffers rows * cap ids / values
+    // and rows * 2 meta (`CandidateBufs::new`); all distinct.
+    let (x, ids, vals, meta) = unsafe {
+        (
+            std::slice::from_raw_parts(t.logits as *const f32, rows * vocab),
+            std::slice::from_raw_parts_mut(t.ids as *mut i32, rows * cap),
+            std::slice::from_raw_parts_mut(t.vals as *mut f32, rows * cap),
+            std::slice::from_raw_parts_mut(t.meta as *mut i32, rows * 2),
+        )
+    };
+    for (r, row) in x.chunks_exact(vocab.max(1)).enumerate() {
+        let bad = row.iter().any(|v| v.is_nan() || *v == f32::INFINITY);
+        let mut sorted = row.to_vec();
+        sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+        let kth = sorted[k.clamp(1, vocab) - 1];
+        let mut n = 0;
+        for (i, v) in row.iter().enumerate() {
+            if v.total_cmp(&kth).is_ge() {
+                if n < cap {
+                    ids[r * cap + n] = i as i32;
+                    vals[r * cap + n] = *v;
+                }
+                n += 1;
+            }
+        }
+        // As the kernels: fewer than K logits above -inf send the caller back to the row too.
+        let finite = row.iter().filter(|v| **v > f32::NEG_INFINITY).count();
+        meta[2 * r] = n as i32;
+        meta[2 * r + 1] = i32::from(bad) | if n > cap || finite < k { 2 } else { 0 };
     }
     Ok(())
 }

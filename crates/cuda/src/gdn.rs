@@ -7,7 +7,6 @@
 
 use crate::buf::{launch, launch_smem, Arg};
 use crate::device::CudaDevice;
-use crate::emu;
 use crate::error::CudaError;
 
 /// Largest key head dim of the GDN kernels (GDN_MAX_DK).
@@ -144,6 +143,25 @@ pub(crate) fn gdn_recurrence_into(
     if rows == 0 {
         return Ok(());
     }
+    dev.exec()
+        .gdn_recurrence(dev, s, g, proj, window, prep, state, o, rows, cols, into)
+}
+
+/// [`gdn_recurrence_into`] as kernels (`exec::Kernels`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_recurrence(
+    dev: &CudaDevice,
+    s: GdnShape,
+    g: &GdnArgs,
+    proj: u64,
+    window: u64,
+    prep: u64,
+    state: u64,
+    o: u64,
+    rows: usize,
+    cols: GdnCols,
+    into: GdnOut,
+) -> Result<(), CudaError> {
     let (ldp, ldq) = (s.proj_width() as i32, s.prep_width() as i32);
     // Column blocks per head: GDN_P (8) threads per column, 4 columns per warp, at least 16 columns
     // (128 threads) per block, so each thread stages at most 2 of the next row's 2 dk <= 256 q/k values.
@@ -162,7 +180,7 @@ pub(crate) fn gdn_recurrence_into(
     // (cb == 1: gdn_rec norms its head itself.)
     let defer = rows == 1 && cb > 1 && done.is_some() && crate::segment::takes_gated_norms(dev);
     let threads = GDN_P * s.dv / cb;
-    let fused_here = rows == 1 && cb > 1 && step_fused(s, threads) && !dev.host_ops();
+    let fused_here = rows == 1 && cb > 1 && step_fused(s, threads);
     if into != (GdnOut { state, window }) && !(fused_here && done.is_some()) {
         // Only gdn_step writes elsewhere: the other forms update copies.
         crate::buf::dtod(dev, into.state, state, s.hv * s.dk * s.dv * 4)?;
@@ -179,12 +197,6 @@ pub(crate) fn gdn_recurrence_into(
             rows,
             cols,
         );
-    }
-    if dev.host_ops() {
-        emu::gdn_recurrence(
-            s, proj, g.conv_w, window, prep, g.a_log, g.dt_bias, state, o, rows,
-        )?;
-        return emu::gated_norm(s, o, proj, g.norm_w, g.eps, rows);
     }
     if let (Some(counter), true) = (done, fused_here) {
         // A decode row: conv and recurrence in one launch (gdn_step), the counter as kh_done.

@@ -56,10 +56,24 @@ pub fn gdn_chunked(
     if rows == 0 {
         return Ok(());
     }
-    if dev.host_ops() {
-        let cols = ops::GdnCols::Split { done: None };
-        return ops::gdn_recurrence(dev, s, g, proj, window, prep, state, o, rows, cols);
-    }
+    dev.exec()
+        .gdn_chunked(dev, s, g, proj, window, prep, state, o, scratch, rows)
+}
+
+/// [`gdn_chunked`] as kernels (`exec::Kernels`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_chunked(
+    dev: &CudaDevice,
+    s: GdnShape,
+    g: &GdnArgs,
+    proj: u64,
+    window: u64,
+    prep: u64,
+    state: u64,
+    o: u64,
+    scratch: &DBuf,
+    rows: usize,
+) -> Result<(), CudaError> {
     let need = scratch_floats(s, rows);
     if scratch.bytes < need * 4 {
         return Err(CudaError::Unsupported {

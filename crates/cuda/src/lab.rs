@@ -43,7 +43,7 @@ pub mod segment {
 
 /// Whether `dev` computes operations as the CPU engine does (the host emulation, not the kernels).
 pub fn host_ops(dev: &crate::CudaDevice) -> bool {
-    dev.host_ops()
+    dev.engine() == crate::device::Engine::HostEmulation
 }
 
 /// The segment launches traced so far (`TURBOSPARK_SEG_TRACE=1`) and the SM clock in kHz that converts

@@ -12,7 +12,8 @@
 //!   while its predecessor drains.
 //! - [`CudaDevice::simulated`]: the same kernels compiled by the host C++ compiler against a CUDA shim
 //!   (`src/sim/`) and run on the CPU, so they can be checked (`cuda_check --simulate`) without a GPU;
-//!   [`CudaDevice::emulated`] instead computes each operation as the CPU engine does.
+//!   [`CudaDevice::emulated`] instead computes each operation as the CPU engine does (`emu.rs`, a test
+//!   double behind the device's one seam, `exec.rs`).
 //! - [`CudaModel`]: weights on the GPU (`model.rs`, `weights.rs`) and the forward pass (`forward.rs`);
 //!   one-row decode steps replay a captured CUDA graph, in which each run of GEMVs between two mixer
 //!   cores is one persistent kernel fed by a shared-memory weight ring (`segment.rs`, sm_90).
@@ -30,8 +31,9 @@
 //!    (shared-memory opt-ins and warps the device layer needs from the kernels above it).
 //! 1. Device and buffers: `device.rs`, `buf.rs`, `simulate.rs`, `weights.rs`, and the segment queue
 //!    every launch and copy flushes first: `segment.rs`, `segment_config.rs`, `segment_trace.rs`.
-//! 2. Kernels and operations: `ops.rs`, `mma.rs`, `gdn.rs`, `gdn_chunk.rs`, `moe.rs`, `emu.rs` (host
-//!    emulation of the operations), `argmax.rs`, `scratch.rs` (the passes' scratch buffers).
+//! 2. Kernels and operations: `exec.rs` (the device seam: the kernels, or the host emulation `emu.rs`
+//!    that stands in for them in tests without a GPU), `ops.rs`, `attn.rs`, `mma.rs`, `gdn.rs`,
+//!    `gdn_chunk.rs`, `moe.rs`, `argmax.rs`, `scratch.rs` (the passes' scratch buffers).
 //! 3. Forward and graphs: `model.rs`, `state.rs`, `forward.rs`, `verify_graph.rs`, `chain.rs`,
 //!    `rollback.rs`, `candidates.rs`, `profile.rs` (timing marks of the forward).
 //! 4. Drafters and surfaces: `adapter.rs` (`families::Model`), `mtp.rs`, `dflash.rs`, `lab.rs` (the
@@ -39,6 +41,7 @@
 
 pub mod adapter;
 mod argmax;
+mod attn;
 mod buf;
 mod candidates;
 mod chain;
@@ -47,6 +50,7 @@ pub mod device;
 mod dflash;
 mod emu;
 pub mod error;
+mod exec;
 mod forward;
 mod gdn;
 mod gdn_chunk;

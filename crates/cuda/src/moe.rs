@@ -16,7 +16,6 @@ use model_io::{ModelConfig, MoeConfig};
 
 use crate::buf::{launch, Arg, DBuf};
 use crate::device::CudaDevice;
-use crate::emu;
 use crate::error::CudaError;
 use crate::ops::{self, NormW};
 use crate::scratch::{Scratch, Widths};
@@ -203,12 +202,13 @@ pub fn forward(
         sc.xb.ptr,
         gemv_max_rows,
     )?;
-    route(dev, s, sc.big.ptr, sc.moe_ids.ptr, sc.moe_wts.ptr, m)?;
-    experts(dev, w, sc, m)
+    let exec = dev.exec();
+    exec.moe_route(dev, s, sc.big.ptr, sc.moe_ids.ptr, sc.moe_wts.ptr, m)?;
+    exec.moe_experts(dev, w, sc, m)
 }
 
-/// moe_route over m rows of router logits.
-fn route(
+/// moe_route over m rows of router logits (`exec::Kernels`).
+pub(crate) fn launch_route(
     dev: &CudaDevice,
     s: MoeShape,
     logits: u64,
@@ -216,9 +216,6 @@ fn route(
     wts: u64,
     m: usize,
 ) -> Result<(), CudaError> {
-    if dev.host_ops() {
-        return emu::moe_route(s, logits, ids, wts, m);
-    }
     launch(
         dev,
         "moe_route",
@@ -237,35 +234,18 @@ fn route(
     )
 }
 
-/// moe_gate_up then moe_down: the selected experts and the shared one, added to x.
-fn experts(dev: &CudaDevice, w: &MoeW, sc: &Scratch, m: usize) -> Result<(), CudaError> {
+/// moe_gate_up then moe_down: the selected experts and the shared one, added to x (`exec::Kernels`).
+pub(crate) fn launch_experts(
+    dev: &CudaDevice,
+    w: &MoeW,
+    sc: &Scratch,
+    m: usize,
+) -> Result<(), CudaError> {
     let s = w.shape;
     let (sh_gu, sh_dn) = w
         .shared
         .as_ref()
         .map_or((0, 0), |(g, d)| (g.buf.ptr, d.buf.ptr));
-    if dev.host_ops() {
-        let shared = w.shared.as_ref();
-        emu::moe_gate_up(
-            s,
-            sc.h.ptr,
-            &w.gate_up,
-            shared.map(|p| &p.0),
-            sc.moe_ids.ptr,
-            sc.mid.ptr,
-            m,
-        )?;
-        return emu::moe_down(
-            s,
-            sc.mid.ptr,
-            &w.down,
-            shared.map(|p| &p.1),
-            sc.moe_ids.ptr,
-            sc.moe_wts.ptr,
-            sc.x.ptr,
-            m,
-        );
-    }
     let suffix = match w.gate_up.dtype {
         WDtype::Bf16 => "bf16",
         WDtype::F32 => "f32",
