@@ -69,7 +69,7 @@ pub fn layer_pattern(kinds: &[LayerKind]) -> String {
         return "no layers".into();
     }
     let period = (1..=n)
-        .find(|&p| n % p == 0 && kinds.iter().enumerate().all(|(i, k)| *k == kinds[i % p]))
+        .find(|&p| n.is_multiple_of(p) && kinds.iter().enumerate().all(|(i, k)| *k == kinds[i % p]))
         .unwrap_or(n);
     let linear = kinds[..period]
         .iter()

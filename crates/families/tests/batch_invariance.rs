@@ -92,7 +92,10 @@ fn a_tied_bf16_head_streams_bf16_with_the_f32_embeddings_logits() {
                 .iter()
                 .zip(&want)
                 .fold(0.0f32, |s, (a, b)| s.max((a - b).abs()));
-            assert!(worst <= 1e-6 * scale, "{matrix:?}: off by {worst} of {scale}");
+            assert!(
+                worst <= 1e-6 * scale,
+                "{matrix:?}: off by {worst} of {scale}"
+            );
         }
     }
 }

@@ -60,7 +60,7 @@ pub fn attention(
         return;
     }
     assert!(
-        hkv > 0 && hq % hkv == 0,
+        hkv > 0 && hq.is_multiple_of(hkv),
         "attention: hq {hq} is not a multiple of hkv {hkv}"
     );
     check_len("attention: q [n, hq, d]", q.len(), n * hq * d);
@@ -179,7 +179,7 @@ fn head_parts(group: usize, tasks: usize, threads: usize) -> usize {
     }
     let wanted = threads.div_ceil(tasks.max(1));
     (1..=group)
-        .find(|p| group % p == 0 && *p >= wanted)
+        .find(|p| group.is_multiple_of(*p) && *p >= wanted)
         .unwrap_or(group)
 }
 

@@ -71,7 +71,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, zero_centred: bool, out: &mut [f
         return;
     }
     assert!(
-        x.len() % width == 0,
+        x.len().is_multiple_of(width),
         "rms_norm: x holds {} values, not a multiple of width {width}",
         x.len()
     );
@@ -96,7 +96,7 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32, zero_centred: bool) 
         return;
     }
     assert!(
-        x.len() % width == 0,
+        x.len().is_multiple_of(width),
         "rms_norm_inplace: x holds {} values, not a multiple of width {width}",
         x.len()
     );
@@ -123,7 +123,7 @@ pub fn l2_normalize_rows(x: &mut [f32], d: usize, eps: f32) {
         return;
     }
     assert!(
-        x.len() % d == 0,
+        x.len().is_multiple_of(d),
         "l2_normalize_rows: x holds {} values, not a multiple of d {d}",
         x.len()
     );

@@ -37,7 +37,10 @@ pub fn rope(
     rotary_dim: usize,
     theta: f32,
 ) {
-    assert!(rotary_dim % 2 == 0, "rope: rotary_dim {rotary_dim} is odd");
+    assert!(
+        rotary_dim.is_multiple_of(2),
+        "rope: rotary_dim {rotary_dim} is odd"
+    );
     let inv_freq = rope_inv_freq(rotary_dim, theta);
     rope_with_inv_freq(x, positions, heads, head_dim, &inv_freq);
 }

@@ -518,7 +518,7 @@ fn read_rope(text: &Fields<'_>, spec: &ArchSpec, d: &Defaults) -> Result<Rope, L
     }
     let head_dim = text.usize_or("head_dim", d.head_dim)?;
     let dim = rotary_dim(head_dim, factor);
-    if dim == 0 || dim % 2 != 0 {
+    if dim == 0 || !dim.is_multiple_of(2) {
         return Err(factor_fields.invalid(
             "partial_rotary_factor",
             format!("head_dim {head_dim} x {factor} gives rotary dim {dim}; it must be even and positive"),
@@ -637,7 +637,7 @@ fn read_linear(text: &Fields<'_>) -> Result<LinearAttentionConfig, LoadError> {
         value_head_dim: get("linear_value_head_dim", 128)?,
         conv_kernel: get("linear_conv_kernel_dim", 4)?,
     };
-    if linear.num_value_heads % linear.num_key_heads != 0 {
+    if !linear.num_value_heads.is_multiple_of(linear.num_key_heads) {
         return Err(text.invalid(
             "linear_num_value_heads",
             format!(

@@ -166,7 +166,7 @@ impl BlockTuner {
             } else {
                 PROBE_EVERY
             };
-            if !alone && self.round % every != 0 {
+            if !alone && !self.round.is_multiple_of(every) {
                 return None;
             }
             // The offset advances on every probe slot, also one that falls outside 1..=max.
