@@ -213,6 +213,23 @@ unsafe fn split_16(v: &[f32], dst: *mut u16, offsets: [usize; TERMS]) {
     }
 }
 
+/// k blocks ahead that the weight tiles are prefetched: tile loads wait in order, so a tile that misses
+/// the caches stalls the unit unless it was asked for early.
+const PREFETCH_BLOCKS: usize = 4;
+
+/// Asks for the 16 cache lines of B tile (jb, kk) (nothing past the last k block).
+#[inline(always)]
+fn prefetch_tile(w: &PackedBf16, jb: usize, kk: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    if kk < w.k_blocks() {
+        let p = w.tile(jb, kk).cast::<i8>();
+        for line in 0..TILE_N {
+            // SAFETY: prefetch never faults; the address lies inside the tile anyway.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line * 64)) };
+        }
+    }
+}
+
 /// The tile configuration: palette 1, all eight tiles 16 rows x 64 bytes.
 #[repr(C, align(64))]
 struct TileConfig([u8; 64]);
@@ -337,6 +354,9 @@ unsafe fn one_by_four(
             options(nostack, nomem)
         );
         for kk in 0..w.k_blocks() {
+            for t in 0..GROUP_BLOCKS {
+                prefetch_tile(w, jb(t), kk + PREFETCH_BLOCKS);
+            }
             asm!(
                 "tileloadd tmm4, [{a} + {s}*1]",
                 "tileloadd tmm5, [{b0} + {s}*1]",
@@ -399,6 +419,8 @@ unsafe fn two_by_two(
                 options(nostack, nomem)
             );
             for kk in 0..w.k_blocks() {
+                prefetch_tile(w, jb(2 * half), kk + PREFETCH_BLOCKS);
+                prefetch_tile(w, jb(2 * half + 1), kk + PREFETCH_BLOCKS);
                 asm!(
                     "tileloadd tmm4, [{a0} + {s}*1]",
                     "tileloadd tmm6, [{b0} + {s}*1]",
