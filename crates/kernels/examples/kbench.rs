@@ -16,6 +16,8 @@
 //! linear n=1: 13.7 GFLOP/s (27 GB/s) with 1 thread, 27.7 (55 GB/s) with 2; n=128: 67 / 102 GFLOP/s.
 //! gated DeltaNet n=512, h=16, 128x128: chunked 27.5 / 15.0 ms, recurrent 60 / 30 ms (1 / 2 threads).
 //! attention decode over 4096 positions (16 q heads, 4 kv heads, d=128): 2.35 / 1.30 ms.
+//! `verify` on the 2-vCPU Sapphire Rapids VM (AMX tiles): 5 rows cost 1.0-1.26x one row, 9 rows 1.35-2.0x,
+//! 17 rows 2.7-3.9x (130-220 GFLOP/s against 27-48 for one row).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
