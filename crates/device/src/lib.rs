@@ -293,7 +293,10 @@ impl Model {
     /// host.
     pub fn mtp_drafter(&self, ck: &Checkpoint) -> Result<Option<BoxedDrafter>, BackendError> {
         Ok(match self {
-            Model::Cpu(m) => MtpHead::load(ck, m.clone())?.map(|h| Box::new(h) as BoxedDrafter),
+            Model::Cpu(m) => MtpHead::load(ck, m.clone())?.map(|h| {
+                let tokens = drafters::mtp::draft_vocab(m.vocab);
+                Box::new(h.with_draft_vocab(tokens)) as BoxedDrafter
+            }),
             Model::Cuda(m) => CudaMtp::load(m, ck)?.map(|h| Box::new(h) as BoxedDrafter),
         })
     }

@@ -300,6 +300,36 @@ pub trait TargetHead {
     fn embed_row(&self, token: u32) -> Option<&[f32]>;
     /// Logits for final-normed hidden rows: [n, hidden] -> [n, vocab].
     fn lm_head(&self, h: &[f32], n: usize) -> Vec<f32>;
+    /// The logits of the first `tokens` ids only ([n, hidden] -> [n, tokens]), with the bits `lm_head`
+    /// gives them: a draft head over a reduced vocabulary. The default computes the whole head.
+    fn lm_head_prefix(&self, h: &[f32], n: usize, tokens: usize) -> Vec<f32> {
+        let vocab = self.vocab();
+        let tokens = tokens.min(vocab);
+        let full = self.lm_head(h, n);
+        full.chunks_exact(vocab)
+            .flat_map(|row| row[..tokens].iter().copied())
+            .collect()
+    }
+}
+
+/// [`TargetHead::lm_head_prefix`] for a head held as `Option<Linear>` (None: tied to f32 embeddings).
+fn head_prefix(
+    head: &Option<Linear>,
+    embed: &[f32],
+    hidden: usize,
+    h: &[f32],
+    n: usize,
+    tokens: usize,
+) -> Vec<f32> {
+    match head {
+        Some(head) => head.forward_rows(h, n, tokens),
+        None => {
+            let tokens = tokens.min(embed.len() / hidden.max(1));
+            let mut out = vec![0.0; n * tokens];
+            kernels::linear(h, &embed[..tokens * hidden], n, hidden, tokens, &mut out);
+            out
+        }
+    }
 }
 
 impl TargetHead for Transformer {
@@ -321,6 +351,10 @@ impl TargetHead for Transformer {
 
     fn lm_head(&self, h: &[f32], n: usize) -> Vec<f32> {
         Transformer::lm_head(self, h, n)
+    }
+
+    fn lm_head_prefix(&self, h: &[f32], n: usize, tokens: usize) -> Vec<f32> {
+        head_prefix(&self.lm_head, &self.embed, self.hidden, h, n, tokens)
     }
 }
 
@@ -389,5 +423,9 @@ impl TargetHead for HostHead {
                 out
             }
         }
+    }
+
+    fn lm_head_prefix(&self, h: &[f32], n: usize, tokens: usize) -> Vec<f32> {
+        head_prefix(&self.lm_head, &self.embed, self.hidden, h, n, tokens)
     }
 }

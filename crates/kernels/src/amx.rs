@@ -120,9 +120,12 @@ impl PackedBf16 {
     }
 }
 
-/// out[n, m] = mode(out, x[n, k] · w^T) on AMX. The caller checked [`available`] and the lengths.
-pub(crate) fn linear(x: &[f32], w: &PackedBf16, n: usize, mode: Mode, out: &mut [f32]) {
-    let (k, m) = (w.k, w.m);
+/// out[n, m] = mode(out, x[n, k] · w[..m]^T) on AMX: the first m <= w.rows() outputs (all of them, or a
+/// prefix such as a draft vocabulary), each with the bits the full call gives it. The caller checked
+/// [`available`] and the lengths.
+pub(crate) fn linear(x: &[f32], w: &PackedBf16, n: usize, m: usize, mode: Mode, out: &mut [f32]) {
+    let k = w.k;
+    assert!(m <= w.m, "amx::linear: {m} outputs of a {}-row matrix", w.m);
     if n == 0 || m == 0 {
         return;
     }

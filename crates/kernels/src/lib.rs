@@ -33,8 +33,8 @@ pub use elementwise::{
 };
 pub use gdn::{gdn_chunked, gdn_recurrent, GDN_CHUNK};
 pub use linear::{
-    linear, linear_acc, linear_acc_bf16, linear_bf16, linear_bf16_matrix, Bf16Matrix,
-    MATVEC_MAX_ROWS,
+    linear, linear_acc, linear_acc_bf16, linear_bf16, linear_bf16_matrix, linear_bf16_matrix_rows,
+    Bf16Matrix, MATVEC_MAX_ROWS,
 };
 #[doc(hidden)]
 pub use linear::{linear_gemm, linear_matvec};

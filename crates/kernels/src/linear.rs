@@ -121,14 +121,34 @@ impl Bf16Matrix {
 ///
 /// Panics (programmer error) if a slice is shorter than its shape says.
 pub fn linear_bf16_matrix(x: &[f32], w: &Bf16Matrix, n: usize, out: &mut [f32]) {
+    linear_bf16_matrix_rows(x, w, n, w.rows(), out);
+}
+
+/// The first `rows` outputs of [`linear_bf16_matrix`]: out[n, rows] = x[n, k] · w[..rows]^T, each with the
+/// bits the full call gives it (a draft head over the first `rows` tokens of a vocabulary).
+///
+/// Panics (programmer error) if `rows > w.rows()` or a slice is shorter than its shape says.
+pub fn linear_bf16_matrix_rows(x: &[f32], w: &Bf16Matrix, n: usize, rows: usize, out: &mut [f32]) {
+    assert!(
+        rows <= w.rows(),
+        "linear_bf16_matrix_rows: {rows} rows of a {}-row matrix",
+        w.rows()
+    );
     match w {
-        Bf16Matrix::RowMajor { w, m, k } => linear_bf16(x, w, n, *k, *m, out),
+        Bf16Matrix::RowMajor { w, k, .. } => linear_bf16(x, &w[..rows * k], n, *k, rows, out),
         #[cfg(target_arch = "x86_64")]
         Bf16Matrix::Amx(p) => {
-            let (k, m) = (p.cols(), p.rows());
+            let k = p.cols();
             check_len("linear: x [n, k]", x.len(), n * k);
-            check_len("linear: out [n, m]", out.len(), n * m);
-            crate::amx::linear(&x[..n * k], p, n, Mode::Overwrite, &mut out[..n * m]);
+            check_len("linear: out [n, m]", out.len(), n * rows);
+            crate::amx::linear(
+                &x[..n * k],
+                p,
+                n,
+                rows,
+                Mode::Overwrite,
+                &mut out[..n * rows],
+            );
         }
     }
 }

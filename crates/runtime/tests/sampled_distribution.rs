@@ -209,6 +209,21 @@ fn sampled_speculative_matches_sequential_distribution() {
     check_arms(&model, &mtp, "cpu");
 }
 
+/// A draft head over the first half of the vocabulary: its q is the shaped distribution over those ids
+/// (-inf elsewhere), and the rejection step keeps the output's distribution the target's.
+#[test]
+fn a_reduced_draft_vocabulary_keeps_the_sampled_distribution() {
+    let (ck, model) = fixture("qwen3_5");
+    let draft_vocab = model.vocab / 2;
+    let head: families::SharedHead = model.clone();
+    let model = Model::Cpu(model);
+    let mtp = || {
+        let h = drafters::MtpHead::load(&ck, head.clone()).unwrap().unwrap();
+        Box::new(h.with_draft_vocab(draft_vocab)) as Box<dyn Drafter + Send>
+    };
+    check_arms(&model, &mtp, "cpu, draft vocabulary of half the ids");
+}
+
 /// The same gate through the CUDA backend with the product's GPU options (bf16 weights, the batch-
 /// invariant decode/verify kernels) and the GPU MTP head.
 #[test]

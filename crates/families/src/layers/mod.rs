@@ -115,6 +115,18 @@ impl Linear {
         out
     }
 
+    /// The first `rows` outputs of [`Linear::forward`] (bit for bit): x: [n, in] -> [n, rows].
+    pub fn forward_rows(&self, x: &[f32], n: usize, rows: usize) -> Vec<f32> {
+        let rows = rows.min(self.out_dim);
+        let mut out = vec![0.0; n * rows];
+        let k = self.in_dim;
+        match &self.w {
+            Weights::F32(w) => kernels::linear(x, &w[..rows * k], n, k, rows, &mut out),
+            Weights::Bf16(w) => kernels::linear_bf16_matrix_rows(x, w, n, rows, &mut out),
+        }
+        out
+    }
+
     pub fn params(&self) -> usize {
         match &self.w {
             Weights::F32(w) => w.len(),

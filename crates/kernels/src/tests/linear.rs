@@ -3,8 +3,8 @@
 use super::{assert_close, matvec_isas as isas, Rng};
 use crate::linear::{linear_gemm, linear_matvec_with_isa};
 use crate::{
-    linear, linear_acc, linear_acc_bf16, linear_bf16, linear_bf16_matrix, Bf16Matrix,
-    MATVEC_MAX_ROWS,
+    linear, linear_acc, linear_acc_bf16, linear_bf16, linear_bf16_matrix, linear_bf16_matrix_rows,
+    Bf16Matrix, MATVEC_MAX_ROWS,
 };
 
 /// out[i, j] = sum_kk x[i, kk] * w[j, kk], the definition, in f64.
@@ -252,6 +252,31 @@ fn bf16_matrix_rows_are_bitwise_independent_of_n() {
                 same,
                 "{mat:?}: row {r} of an {n}-row call differs from the one-row call"
             );
+        }
+    }
+}
+
+/// The first `rows` outputs alone (a draft vocabulary) have the bits of the same outputs of the full call.
+#[test]
+fn bf16_matrix_row_prefix_has_the_full_calls_bits() {
+    let mut rng = Rng::new(10);
+    let (k, m) = (70, 200);
+    let (w16, _) = bf16_matrix(&mut rng, m, k);
+    let mat = Bf16Matrix::new(w16, m, k);
+    for n in [1usize, 4, 9] {
+        let x = rng.vec(n * k);
+        let mut full = vec![0.0; n * m];
+        linear_bf16_matrix(&x, &mat, n, &mut full);
+        for rows in [1usize, 16, 50, 64, 65, 200] {
+            let mut part = vec![f32::NAN; n * rows];
+            linear_bf16_matrix_rows(&x, &mat, n, rows, &mut part);
+            for i in 0..n {
+                let same = part[i * rows..(i + 1) * rows]
+                    .iter()
+                    .zip(&full[i * m..i * m + rows])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{mat:?}: row {i}, first {rows} outputs of {n} rows");
+            }
         }
     }
 }
