@@ -5,6 +5,8 @@
 //! `observe` with *verified* rows; anything `propose` writes past that is speculative and is discarded by
 //! the next `observe` (the drafter rewinds to its committed position first).
 //!
+//! [`NgramDrafter`] (prompt lookup) needs no weights and no taps: it copies from the committed tokens.
+//!
 //! The drafters here run on the host whatever device the target runs on: they read the target only
 //! through `families::TargetHead` (embedding rows, LM head; the CPU engine itself or a `HostHead` copy)
 //! and the taps the target's forward returns in host memory. A device may bring its own implementation
@@ -14,14 +16,19 @@
 
 pub mod dflash;
 pub mod mtp;
+pub mod ngram;
 
 pub use dflash::DflashDrafter;
 pub use mtp::MtpHead;
+pub use ngram::NgramDrafter;
 
 use families::{BackendError, Tap};
 
 /// How the loop turns a drafter's logits into a proposal: argmax at temperature 0, a draw from the shaped
-/// distribution q when sampling (the loop keeps q for the rejection step).
+/// distribution q when sampling (the loop keeps q for the rejection step). A deterministic drafter (one
+/// without logits, such as prompt lookup) does not call it: the loop judges a round's proposals that
+/// came without a drafted q as a point mass, which is exact. A drafter calls it for all of a round's
+/// proposals or for none (the loop pairs the i-th q with the i-th proposal).
 pub trait Chooser {
     /// `logits`: [vocab] for the position after `context` (committed history + earlier proposals).
     fn choose(&mut self, logits: &[f32], context: &[u32]) -> u32;
@@ -46,7 +53,8 @@ pub trait Drafter {
     /// Rewinds the committed context to `position` rows (prefix reuse after a shorter match).
     fn rewind(&mut self, position: usize) -> Result<(), BackendError>;
     /// Appends verified target rows at positions `position()..position()+n`: `taps[i]` is [n, width] for
-    /// `taps()[i]`, and `next_tokens[j]` is the committed token that follows row j.
+    /// `taps()[i]` (no taps asked, none given: a speculating loop still calls it, to advance the
+    /// position), and `next_tokens[j]` is the committed token that follows row j.
     fn observe(
         &mut self,
         taps: &[Vec<f32>],

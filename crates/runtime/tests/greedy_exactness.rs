@@ -1,11 +1,14 @@
 //! Temperature 0: the speculative stream equals the sequential stream token for token, and the state it
 //! leaves behind is bit-identical, for both rollback kinds, over prompts × blocks 1..8 × stop strings × max
 //! tokens × drafter error rates — every branch of a round: all accepted, first rejected, stop token inside an
-//! accepted run, stop string across the bonus token, max tokens mid-round, cancellation mid-round.
+//! accepted run, stop string across the bonus token, max tokens mid-round, cancellation mid-round. The
+//! same cases run with prompt lookup (`drafters::NgramDrafter`, no taps, rounds without a match are plain
+//! steps), fixed and tuned blocks, on prompts that repeat themselves so that it is accepted.
 
 mod common;
 
 use common::{detok, fixture, prompt, Oracle};
+use drafters::{Drafter, NgramDrafter};
 use runtime::{
     generate, CancelFlag, Event, GenerationConfig, Request, Rollback, Session, Speculative,
 };
@@ -23,11 +26,20 @@ fn run(
     case: &Case,
     spec: Option<(Speculative, Oracle)>,
 ) -> (runtime::GenerationResult, families::State, String) {
+    let spec = spec.map(|(s, o)| (s, Box::new(o) as Box<dyn Drafter + Send>));
+    run_with(model, case, spec)
+}
+
+fn run_with(
+    model: &families::Transformer,
+    case: &Case,
+    spec: Option<(Speculative, Box<dyn Drafter + Send>)>,
+) -> (runtime::GenerationResult, families::State, String) {
     let d = detok(model.vocab as u32);
     let mut session = Session::new(model);
     let speculative = spec.as_ref().map(|(s, _)| *s);
-    if let Some((_, oracle)) = spec {
-        session = session.with_drafter(Box::new(oracle));
+    if let Some((_, drafter)) = spec {
+        session = session.with_drafter(drafter);
     }
     let cfg = GenerationConfig {
         max_new_tokens: case.max_tokens,
@@ -69,35 +81,7 @@ fn check_model(name: &str, min_cases: usize) {
         };
         let (seq, _, _) = run(&model, &base, None);
         let ids = seq.token_ids.clone();
-        let text = seq.text.clone();
-        let variants = vec![
-            Case {
-                max_tokens: 40,
-                ..base_clone(&base)
-            },
-            Case {
-                max_tokens: 7,
-                ..base_clone(&base)
-            },
-            Case {
-                eos: vec![ids[9]],
-                ..base_clone(&base)
-            },
-            Case {
-                stop: vec![chars(&text, 11, 15)],
-                ..base_clone(&base)
-            },
-            Case {
-                stop: vec![chars(&text, 20, 23), "zzzz".into()],
-                max_tokens: 30,
-                ..base_clone(&base)
-            },
-            Case {
-                cancel_after: Some(6),
-                ..base_clone(&base)
-            },
-        ];
-        for case in &variants {
+        for case in &variants(&base, &seq) {
             let (want, want_state, want_stream) = run(&model, case, None);
             assert_eq!(want_stream, want.text);
             for block in 1..=8 {
@@ -166,6 +150,162 @@ fn check_model(name: &str, min_cases: usize) {
     ] {
         assert!(branches.contains(b), "branch '{b}' never ran: {branches:?}");
     }
+}
+
+/// `base` (whose sequential run is `seq`) with each way a generation ends: max tokens (40, 7), a stop
+/// token, stop strings, cancellation.
+fn variants(base: &Case, seq: &runtime::GenerationResult) -> Vec<Case> {
+    let (ids, text) = (&seq.token_ids, &seq.text);
+    vec![
+        Case {
+            max_tokens: 40,
+            ..base_clone(base)
+        },
+        Case {
+            max_tokens: 7,
+            ..base_clone(base)
+        },
+        Case {
+            eos: vec![ids[9]],
+            ..base_clone(base)
+        },
+        Case {
+            stop: vec![chars(text, 11, 15)],
+            ..base_clone(base)
+        },
+        Case {
+            stop: vec![chars(text, 20, 23), "zzzz".into()],
+            max_tokens: 30,
+            ..base_clone(base)
+        },
+        Case {
+            cancel_after: Some(6),
+            ..base_clone(base)
+        },
+    ]
+}
+
+/// Prompt lookup over the same cases: fixed blocks 1..8 with both rollbacks, and tuned blocks, on
+/// prompts that repeat a phrase (so the drafter finds matches in the prompt and in the output) and on
+/// one that does not. Its proposals must be accepted somewhere, and rejected somewhere.
+fn check_ngram(name: &str) {
+    let (_, model) = fixture(name);
+    let (mut proposed, mut accepted, mut rejected_rounds, mut cases) = (0, 0, 0, 0);
+    for salt in 0..3u32 {
+        let phrase = prompt(&model, 4 + 3 * salt as usize, salt);
+        // The phrase, something else, the phrase again: salt 0 without the repeat.
+        let mut p = phrase.clone();
+        if salt > 0 {
+            p.extend(prompt(&model, 3, 100 + salt));
+            p.extend_from_slice(&phrase);
+        }
+        let base = Case {
+            prompt: p,
+            max_tokens: 40,
+            stop: vec![],
+            eos: vec![],
+            cancel_after: None,
+        };
+        let (seq, _, _) = run(&model, &base, None);
+        for case in &variants(&base, &seq) {
+            let (want, want_state, _) = run(&model, case, None);
+            let mut specs: Vec<Speculative> = (1..=8)
+                .flat_map(|block| {
+                    [Rollback::Tape, Rollback::Snapshot].map(|rollback| Speculative {
+                        rollback,
+                        ..Speculative::new(block)
+                    })
+                })
+                .collect();
+            specs.push(Speculative::tuned(4, 16));
+            for spec in specs {
+                let drafter = Box::new(NgramDrafter::new());
+                let (got, state, stream) = run_with(&model, case, Some((spec, drafter)));
+                let label = format!(
+                    "{name} ngram salt {salt} {spec:?} max {} stop {:?} eos {:?} cancel {:?}",
+                    case.max_tokens, case.stop, case.eos, case.cancel_after
+                );
+                assert_eq!(got.token_ids, want.token_ids, "{label}");
+                assert_eq!(got.reason, want.reason, "{label}");
+                assert_eq!(got.text, want.text, "{label}");
+                assert_eq!(stream, got.text, "{label}: deltas");
+                assert!(
+                    state.bitwise_eq(&want_state),
+                    "{label}: state differs from the sequential run's"
+                );
+                let s = got.spec.as_ref().unwrap();
+                proposed += s.proposed;
+                accepted += s.accepted;
+                rejected_rounds += s.rollbacks;
+                cases += 1;
+            }
+        }
+    }
+    println!("{name}: {cases} ngram cases, {accepted}/{proposed} proposals accepted, {rejected_rounds} rounds rolled back");
+    assert!(
+        accepted > 0 && rejected_rounds > 0,
+        "{name}: ngram proposals: {accepted} of {proposed} accepted, {rejected_rounds} rounds rolled back"
+    );
+}
+
+/// A session speculating with prompt lookup keeps its drafter's position with the state (the loop
+/// has it observe the committed rows although it asks for no taps), so a next turn that extends the
+/// conversation reuses the covered prefix, and both turns keep the greedy stream.
+fn ngram_session_reuses_its_prefix(name: &str) {
+    let (_, model) = fixture(name);
+    let d = detok(model.vocab as u32);
+    let phrase = prompt(&model, 6, 9);
+    let p = [&phrase[..], &prompt(&model, 2, 10), &phrase[..]].concat();
+    let generate_from = |session: &mut Session, prompt: &[u32], speculative| {
+        let cfg = GenerationConfig::greedy(20);
+        let req = Request {
+            prompt,
+            config: &cfg,
+            eos: &[],
+            detok: &d,
+            speculative,
+            cancel: CancelFlag::new(),
+        };
+        generate(&*model, session, &req, &mut |_| {}).unwrap()
+    };
+    let mut session = Session::new(&model).with_drafter(Box::new(NgramDrafter::new()));
+    let first = generate_from(&mut session, &p, Some(Speculative::new(3)));
+    let turn = [&p[..], &first.token_ids, &phrase[..3]].concat();
+    let second = generate_from(&mut session, &turn, Some(Speculative::new(3)));
+    assert!(
+        second.reused_tokens >= p.len() + first.token_ids.len() - 1,
+        "{name}: reused {} of {} tokens",
+        second.reused_tokens,
+        turn.len()
+    );
+    let mut plain = Session::new(&model);
+    assert_eq!(
+        first.token_ids,
+        generate_from(&mut plain, &p, None).token_ids,
+        "{name}"
+    );
+    let mut plain = Session::new(&model);
+    assert_eq!(
+        second.token_ids,
+        generate_from(&mut plain, &turn, None).token_ids,
+        "{name}"
+    );
+}
+
+#[test]
+fn an_ngram_session_reuses_its_prefix() {
+    ngram_session_reuses_its_prefix("qwen3");
+    ngram_session_reuses_its_prefix("qwen3_5");
+}
+
+#[test]
+fn greedy_ngram_equals_sequential_hybrid() {
+    check_ngram("qwen3_5");
+}
+
+#[test]
+fn greedy_ngram_equals_sequential_dense() {
+    check_ngram("qwen3");
 }
 
 /// The text's characters from..to (stop strings cut on character, not byte, boundaries).

@@ -1,8 +1,11 @@
 //! Sampled speculative decoding is exact in distribution: the joint law of the first three generated tokens,
 //! with temperature, top-k, top-p and a repetition penalty on, equals the sequential sampler's law — computed
 //! exactly here by enumerating every continuation through the model. Chi-square over 20k seeds per arm at
-//! p = 0.01, for the MTP head (a sampled q) and a deterministic drafter (point-mass q). A deliberately wrong
-//! acceptance rule (redraw from p on rejection) must fail the same test.
+//! p = 0.01, for the MTP head (a sampled q), a deterministic drafter (point-mass q) and prompt lookup
+//! (`NgramDrafter`: point-mass q, proposing only where the history repeats; on a prompt built for it to
+//! copy from, sampled without the repetition penalty, which would discourage every copy). A deliberately wrong
+//! acceptance rule (redraw from p on rejection) must fail the same test, with the oracle's proposals and
+//! with prompt lookup's (so its arm is known to judge proposals).
 //!
 //! The gate runs on the CPU engine and on the CUDA backend (the host emulation of its operations in CI; the
 //! real GPU with `TURBOSPARK_TEST_GPU=1`, tools/device/README.md says how), there with the GPU MTP head: the law is
@@ -17,7 +20,7 @@ use std::sync::Arc;
 use common::{detok, fixture, Oracle};
 use cuda_backend::{CudaDevice, CudaModel, LoadOptions};
 use device::Model;
-use drafters::Drafter;
+use drafters::{Drafter, NgramDrafter};
 use families::{Backend, Wanted};
 use runtime::{generate, Acceptance, CancelFlag, GenerationConfig, Request, Session, Speculative};
 use sampling::{History, ShapedDistribution, Shaping};
@@ -34,26 +37,31 @@ fn shaping() -> Shaping {
     }
 }
 
-fn dist<B: Backend>(model: &B, history: &[u32], prompt_len: usize) -> ShapedDistribution {
+fn dist<B: Backend>(
+    model: &B,
+    history: &[u32],
+    prompt_len: usize,
+    shaping: &Shaping,
+) -> ShapedDistribution {
     let mut st = model.new_state().unwrap();
     let out = model.forward(history, 0, &mut st, &Wanted::last()).unwrap();
     ShapedDistribution::new(
         out.row(0),
-        &shaping(),
+        shaping,
         History::new(history, history.len() - prompt_len).unwrap(),
     )
     .unwrap()
 }
 
 /// P(t1, t2, t3) by enumeration.
-fn exact_joint<B: Backend>(model: &B, prompt: &[u32]) -> HashMap<[u32; 3], f64> {
+fn exact_joint<B: Backend>(model: &B, prompt: &[u32], shaping: &Shaping) -> HashMap<[u32; 3], f64> {
     let mut joint = HashMap::new();
-    let p1 = dist(model, prompt, prompt.len());
+    let p1 = dist(model, prompt, prompt.len(), shaping);
     for (t1, a) in p1.support() {
         let h1: Vec<u32> = prompt.iter().copied().chain([t1]).collect();
-        for (t2, b) in dist(model, &h1, prompt.len()).support() {
+        for (t2, b) in dist(model, &h1, prompt.len(), shaping).support() {
             let h2: Vec<u32> = h1.iter().copied().chain([t2]).collect();
-            for (t3, c) in dist(model, &h2, prompt.len()).support() {
+            for (t3, c) in dist(model, &h2, prompt.len(), shaping).support() {
                 joint.insert([t1, t2, t3], a * b * c);
             }
         }
@@ -61,22 +69,24 @@ fn exact_joint<B: Backend>(model: &B, prompt: &[u32]) -> HashMap<[u32; 3], f64> 
     joint
 }
 
+/// The counts of each sampled continuation, and the proposals made over all runs.
 fn sample<B: Backend>(
     model: &B,
     prompt: &[u32],
+    shaping: &Shaping,
     drafter: Option<Box<dyn Drafter + Send>>,
     spec: Option<Speculative>,
-) -> HashMap<[u32; 3], u64> {
+) -> (HashMap<[u32; 3], u64>, usize) {
     let d = detok(model.vocab() as u32);
     let mut session = Session::open(model).unwrap();
     if let Some(dr) = drafter {
         session = session.with_drafter(dr);
     }
-    let mut counts = HashMap::new();
+    let (mut counts, mut proposed) = (HashMap::new(), 0);
     for seed in 0..SEEDS {
         let cfg = GenerationConfig {
             seed,
-            shaping: shaping(),
+            shaping: *shaping,
             ..GenerationConfig::greedy(3)
         };
         let req = Request {
@@ -89,11 +99,12 @@ fn sample<B: Backend>(
         };
         let r = generate(model, &mut session, &req, &mut |_| {}).unwrap();
         assert_eq!(r.token_ids.len(), 3);
+        proposed += r.spec.map_or(0, |s| s.proposed);
         *counts
             .entry([r.token_ids[0], r.token_ids[1], r.token_ids[2]])
             .or_insert(0) += 1;
     }
-    counts
+    (counts, proposed)
 }
 
 /// Pearson chi-square against the exact law (cells with expectation < 5 pooled); returns (statistic, critical
@@ -132,20 +143,89 @@ fn chi_square(exact: &HashMap<[u32; 3], f64>, counts: &HashMap<[u32; 3], u64>) -
     (stat, critical)
 }
 
+/// A prompt for prompt lookup: `[a, b] + prompt`, a not in `prompt`, b the target's likeliest token after
+/// `prompt + [a]`. When the target samples a first, the drafter proposes b (what followed a). Of all a,
+/// the one that maximizes P(first token a) · q(1 - q), q the probability of b after a: proposals
+/// often made, neither always accepted nor always rejected, so the wrong rule can show.
+fn lookup_prompt<B: Backend>(model: &B, prompt: &[u32], shaping: &Shaping) -> Vec<u32> {
+    let likeliest =
+        |d: ShapedDistribution| d.support().max_by(|x, y| x.1.total_cmp(&y.1)).unwrap().0;
+    let mut best = (0.0, Vec::new());
+    for a in (0..model.vocab() as u32).filter(|a| !prompt.contains(a)) {
+        let after_a = [prompt, &[a]].concat();
+        let b = likeliest(dist(model, &after_a, prompt.len(), shaping));
+        let p = [&[a, b][..], prompt].concat();
+        let pa = dist(model, &p, p.len(), shaping).probability(a);
+        if pa == 0.0 {
+            continue;
+        }
+        let q = dist(model, &[&p[..], &[a]].concat(), p.len(), shaping).probability(b);
+        let score = pa * q * (1.0 - q);
+        if score > best.0 {
+            best = (score, p);
+        }
+    }
+    assert!(
+        best.0 > 0.05,
+        "no prompt for prompt lookup to copy from: {best:?}"
+    );
+    best.1
+}
+
+/// A prompt, the shaping its runs sample with, and the exact law of their first three tokens.
+struct Law {
+    prompt: Vec<u32>,
+    shaping: Shaping,
+    exact: HashMap<[u32; 3], f64>,
+}
+
+impl Law {
+    fn new<B: Backend>(model: &B, prompt: Vec<u32>, shaping: Shaping) -> Self {
+        let exact = exact_joint(model, &prompt, &shaping);
+        let mass: f64 = exact.values().sum();
+        assert!(
+            (mass - 1.0).abs() < 1e-9 && exact.len() > 8,
+            "support {} mass {mass}",
+            exact.len()
+        );
+        Law {
+            prompt,
+            shaping,
+            exact,
+        }
+    }
+
+    /// One arm: `SEEDS` runs on `model` with `drafter` and `spec`; (chi-square, critical value,
+    /// proposals made).
+    fn arm<B: Backend>(
+        &self,
+        model: &B,
+        label: &str,
+        drafter: Option<Box<dyn Drafter + Send>>,
+        spec: Option<Speculative>,
+    ) -> (f64, f64, usize) {
+        let (counts, proposed) = sample(model, &self.prompt, &self.shaping, drafter, spec);
+        let (stat, crit) = chi_square(&self.exact, &counts);
+        println!("{label}: chi2 {stat:.1}, critical {crit:.1}, {proposed} proposals");
+        (stat, crit, proposed)
+    }
+}
+
+/// WRONG on purpose: redraw from p on rejection, which gives a proposal a second chance.
+fn wrong_rule() -> Speculative {
+    Speculative {
+        acceptance: Acceptance::ResampleTargetOnReject,
+        ..Speculative::new(2)
+    }
+}
+
 /// The four arms on `model`: sequential, the MTP head (`mtp`), a point-mass drafter, and the wrong
 /// acceptance rule, which must be rejected.
 fn check_arms<B: Backend>(model: &B, mtp: &dyn Fn() -> Box<dyn Drafter + Send>, device: &str) {
-    let prompt: Vec<u32> = vec![17, 201, 5, 77, 310, 42, 9, 128];
-    let exact = exact_joint(model, &prompt);
-    let mass: f64 = exact.values().sum();
-    assert!(
-        (mass - 1.0).abs() < 1e-9 && exact.len() > 8,
-        "support {} mass {mass}",
-        exact.len()
-    );
+    let law = Law::new(model, vec![17, 201, 5, 77, 310, 42, 9, 128], shaping());
+    let prompt = &law.prompt;
     let arm = |name: &str, drafter: Option<Box<dyn Drafter + Send>>, spec: Option<Speculative>| {
-        let (stat, crit) = chi_square(&exact, &sample(model, &prompt, drafter, spec));
-        println!("{device} {name}: chi2 {stat:.1}, critical {crit:.1}");
+        let (stat, crit, _) = law.arm(model, &format!("{device} {name}"), drafter, spec);
         (stat, crit)
     };
 
@@ -163,7 +243,7 @@ fn check_arms<B: Backend>(model: &B, mtp: &dyn Fn() -> Box<dyn Drafter + Send>, 
     // A deterministic drafter proposing the greedy path: q is a point mass.
     let mut greedy = prompt.clone();
     let mut st = model.new_state().unwrap();
-    let mut out = model.forward(&prompt, 0, &mut st, &Wanted::last()).unwrap();
+    let mut out = model.forward(prompt, 0, &mut st, &Wanted::last()).unwrap();
     for _ in 0..4 {
         let t = kernels::argmax(out.row(0)) as u32;
         greedy.push(t);
@@ -190,14 +270,39 @@ fn check_arms<B: Backend>(model: &B, mtp: &dyn Fn() -> Box<dyn Drafter + Send>, 
 
     // Negative control: the same test must reject a wrong acceptance rule (redrawing from p on rejection
     // gives the proposal a second chance, over-weighting the greedy path).
-    let wrong = Speculative {
-        acceptance: Acceptance::ResampleTargetOnReject,
-        ..Speculative::new(2)
-    };
-    let (stat, crit) = arm("wrong acceptance rule", Some(oracle()), Some(wrong));
+    let (stat, crit) = arm("wrong acceptance rule", Some(oracle()), Some(wrong_rule()));
     assert!(
         stat > crit,
         "{device}: the wrong rule passed: chi2 {stat:.1} <= {crit:.1}"
+    );
+}
+
+/// Prompt lookup on `model`, on a prompt it copies from (`lookup_prompt`), sampled without the
+/// repetition penalty (which discourages every copy): exact, proposing in many runs, and the wrong rule
+/// with its proposals rejected (so the arm is known to judge them).
+fn check_ngram_arms<B: Backend>(model: &B, device: &str) {
+    let shaping = Shaping {
+        repetition_penalty: 1.0,
+        ..shaping()
+    };
+    let prompt = lookup_prompt(model, &[17, 201, 5, 77, 310, 42, 9, 128], &shaping);
+    let law = Law::new(model, prompt, shaping);
+    let ngram = || Some(Box::new(NgramDrafter::new()) as Box<dyn Drafter + Send>);
+    let label = format!("{device} ngram block 2");
+    let (stat, crit, proposed) = law.arm(model, &label, ngram(), Some(Speculative::new(2)));
+    assert!(
+        stat <= crit,
+        "{label} vs exact law: chi2 {stat:.1} > {crit:.1}"
+    );
+    assert!(
+        proposed > SEEDS as usize / 4,
+        "{label}: {proposed} proposals"
+    );
+    let label = format!("{device} wrong rule, ngram");
+    let (stat, crit, _) = law.arm(model, &label, ngram(), Some(wrong_rule()));
+    assert!(
+        stat > crit,
+        "{label}: the wrong rule passed: chi2 {stat:.1} <= {crit:.1}"
     );
 }
 
@@ -207,6 +312,7 @@ fn sampled_speculative_matches_sequential_distribution() {
     let model = Model::Cpu(model);
     let mtp = || model.mtp_drafter(&ck).unwrap().unwrap();
     check_arms(&model, &mtp, "cpu");
+    check_ngram_arms(&model, "cpu");
 }
 
 /// A draft head over the first half of the vocabulary: its q is the shaped distribution over those ids
@@ -244,4 +350,5 @@ fn sampled_speculative_matches_sequential_distribution_on_the_cuda_backend() {
         "cuda"
     };
     check_arms(&model, &mtp, device);
+    check_ngram_arms(&model, device);
 }

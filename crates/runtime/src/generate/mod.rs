@@ -148,6 +148,9 @@ pub fn generate<B: Backend>(
         (Some(_), Some(d)) => d.taps(),
         _ => Vec::new(),
     };
+    // The drafter observes the committed rows (with the taps it asked for, if any) only when the run
+    // speculates; `speculative` is `None` without a drafter.
+    let drafting = speculative.is_some();
     // Greedy without penalties needs only each row's argmax: the backend may take it where the logits
     // are (unless log-probabilities need the rows).
     let argmax_only = cfg.shaping.is_plain_argmax() && cfg.logprobs.is_none();
@@ -166,6 +169,7 @@ pub fn generate<B: Backend>(
         &sel,
         prompt,
         &taps,
+        drafting,
         argmax_only,
         reach,
     )?;
@@ -248,7 +252,7 @@ pub fn generate<B: Backend>(
         let rolled_back = roll_back(model, session, &verified, judgement.keep())?;
         let rollback_seconds = rollback_start.elapsed().as_secs_f64();
         let observe_start = Instant::now();
-        observe(session, &verified, &judgement, sink.history())?;
+        observe(session, &verified, &judgement, sink.history(), drafting)?;
 
         // -- Account and tune.
         if let Some(s) = stats.as_mut() {

@@ -1,6 +1,7 @@
 //! Prefill: the prompt's uncovered tokens run through the model in chunks of `Backend::prefill_chunk`
-//! rows, the last chunk returning the last row's logits. The drafter observes every chunk's taps with
-//! each row's successor; the last chunk's taps wait for the first generated token (`Pending`).
+//! rows, the last chunk returning the last row's logits. When the run speculates, the drafter observes
+//! every chunk's taps (none, for a drafter that asks for none) with each row's successor; the last
+//! chunk's taps wait for the first generated token (`Pending`).
 //! Hybrids split off the prompt's last token so the state before it is kept as the session's fork point.
 //! Cancellation is polled after every chunk.
 
@@ -37,6 +38,7 @@ pub(super) fn prefill<B: Backend>(
     sel: &Selector<'_>,
     prompt: &[u32],
     taps: &[Tap],
+    drafting: bool,
     argmax_only: bool,
     reach: usize,
 ) -> Result<Prefilled, RuntimeError> {
@@ -66,7 +68,7 @@ pub(super) fn prefill<B: Backend>(
         let mut out = forward_rows(model, &prompt[pos..end], pos, &mut session.state, &wanted)?;
         settle_candidates(model, &mut session.state, &mut out, sel, vocab)?;
         session.tokens.extend_from_slice(&prompt[pos..end]);
-        if let Some(d) = session.drafter.as_mut().filter(|_| !taps.is_empty()) {
+        if let Some(d) = session.drafter.as_mut().filter(|_| drafting) {
             if last {
                 pending_taps = Some((std::mem::take(&mut out.taps), end - pos, pos));
             } else {

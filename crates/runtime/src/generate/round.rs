@@ -221,21 +221,19 @@ pub(super) fn roll_back<B: Backend>(
     Ok(rolled_back)
 }
 
-/// The drafter observes the kept rows' taps, each row with its successor (the last kept row's is the
-/// chosen token, unless a stop fell on the last proposal).
+/// When the run speculates (`drafting`), the drafter observes the kept rows' taps (none, for a drafter
+/// that asks for none), each row with its successor (the last kept row's is the chosen token, unless a
+/// stop fell on the last proposal).
 pub(super) fn observe<S: BackendState, Snap>(
     session: &mut Session<S>,
     verified: &Verified<Snap>,
     judgement: &Judgement,
     history: &[u32],
+    drafting: bool,
 ) -> Result<(), RuntimeError> {
     let keep = judgement.keep();
     let out = &verified.out;
-    let Some(d) = session
-        .drafter
-        .as_mut()
-        .filter(|_| !out.taps.is_empty() && keep > 0)
-    else {
+    let Some(d) = session.drafter.as_mut().filter(|_| drafting && keep > 0) else {
         return Ok(());
     };
     let hd = out
