@@ -84,7 +84,7 @@ void ts_params_init(ts_params *params);
 
 /* Opens the checkpoint directory `model_dir` (config.json, *.safetensors, tokenizer.json, ...).
  * Options, as key/value strings (n_options may be 0): "device" cpu|cuda|auto (default auto),
- * "speculative" auto|off|N (default auto), "drafter" auto|mtp|dflash (default auto), "threads" N (this engine's own kernel threads; default
+ * "speculative" auto|off|N (default auto), "drafter" auto|mtp|dflash|ngram (default auto), "threads" N (this engine's own kernel threads; default
  * one per core).
  * A named speculative block the checkpoint cannot serve is TS_UNAVAILABLE, not a silent downgrade. */
 ts_status ts_engine_open(const char *model_dir, const char *const *keys, const char *const *values,

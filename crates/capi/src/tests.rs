@@ -409,3 +409,64 @@ fn each_engine_has_its_own_thread_count() {
         }
     }
 }
+
+/// The `drafter` option names prompt lookup: it serves a checkpoint with no drafter weights (dense
+/// Qwen3), keeps the greedy output, and copies a prompt that repeats itself on the testbed.
+#[test]
+fn the_drafter_option_selects_prompt_lookup_on_any_checkpoint() {
+    unsafe {
+        let generate_ids = |engine: *mut TsEngine, text: &str, max: u32| {
+            let prompt = cstr(text);
+            let mut result = std::mem::zeroed::<TsResult>();
+            let mut error = ptr::null_mut();
+            let status = ts_generate(
+                engine,
+                prompt.as_ptr(),
+                &params(max),
+                None,
+                ptr::null_mut(),
+                &mut result,
+                &mut error,
+            );
+            assert_eq!(status, TsStatus::Ok);
+            let counts = (result.draft_proposed, result.draft_accepted);
+            (finish(&mut result).1, counts)
+        };
+        let dense = testdata::fixture("qwen3_realtok");
+        let (status, sequential, message) =
+            open(&dense, &[("device", "cpu"), ("speculative", "off")]);
+        assert_eq!(status, TsStatus::Ok, "{message}");
+        let options = [
+            ("device", "cpu"),
+            ("speculative", "3"),
+            ("drafter", "ngram"),
+        ];
+        let (status, engine, message) = open(&dense, &options);
+        assert_eq!(status, TsStatus::Ok, "{message}");
+        let describe = take(ts_engine_describe(engine));
+        assert!(describe.contains("ngram"), "{describe}");
+        let text = "one two three one two three one two";
+        let (want, _) = generate_ids(sequential, text, 24);
+        let (got, _) = generate_ids(engine, text, 24);
+        assert_eq!(got, want);
+        ts_engine_free(engine);
+        ts_engine_free(sequential);
+
+        let (status, engine, message) =
+            open(&testbed(), &[("device", "cpu"), ("drafter", "ngram")]);
+        assert_eq!(status, TsStatus::Ok, "{message}");
+        let repeated = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n";
+        let engine_ids = generate_ids(engine, repeated, 16);
+        assert_eq!(engine_ids.0, reference(repeated, 16).token_ids);
+        let (proposed, accepted) = engine_ids.1;
+        assert!(accepted > 0, "{accepted} of {proposed} proposals accepted");
+        ts_engine_free(engine);
+
+        let (got, _, message) = open(&testbed(), &[("drafter", "eagle")]);
+        assert_eq!(got, TsStatus::InvalidArgument, "{message}");
+        assert!(
+            message.contains("drafter") && message.contains("ngram"),
+            "{message}"
+        );
+    }
+}

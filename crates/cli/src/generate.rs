@@ -61,8 +61,9 @@ pub struct SamplingArgs {
     /// proposals per round (kept as given).
     #[arg(long, value_name = "auto|off|N", default_value = "auto", value_parser = parse_speculation)]
     pub speculative: Speculation,
-    /// Which drafter speculative decoding uses.
-    #[arg(long, value_name = "auto|mtp|dflash", default_value = "auto", value_parser = parse_drafter)]
+    /// Which drafter speculative decoding uses: auto (the checkpoint's MTP head, else its DFlash
+    /// drafter), mtp, dflash, or ngram (prompt lookup: copies from the context, needs no weights).
+    #[arg(long, value_name = "auto|mtp|dflash|ngram", default_value = "auto", value_parser = parse_drafter)]
     pub drafter: DrafterRequest,
     /// Print the result line (and speculative statistics) to stderr.
     #[arg(long)]

@@ -34,8 +34,9 @@ pub struct ServeArgs {
     /// Speculative decoding for every request: auto, off, or N proposals per round.
     #[arg(long, value_name = "auto|off|N", default_value = "auto", value_parser = crate::generate::parse_speculation)]
     pub speculative: Speculation,
-    /// Which drafter speculative decoding uses.
-    #[arg(long, value_name = "auto|mtp|dflash", default_value = "auto", value_parser = crate::generate::parse_drafter)]
+    /// Which drafter speculative decoding uses: auto (the checkpoint's MTP head, else its DFlash
+    /// drafter), mtp, dflash, or ngram (prompt lookup: copies from the context, needs no weights).
+    #[arg(long, value_name = "auto|mtp|dflash|ngram", default_value = "auto", value_parser = crate::generate::parse_drafter)]
     pub drafter: DrafterRequest,
     /// Require `Authorization: Bearer KEY` on the /v1 routes.
     #[arg(long, value_name = "KEY", env = "TURBOSPARK_API_KEY")]

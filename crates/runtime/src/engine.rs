@@ -2,10 +2,11 @@
 //! engine or the CUDA backend), its tokenizer, EOS ids, chat template, and which drafters it carries.
 //! Front ends (CLI, server, C ABI) all go through this and `policy::resolve`.
 //!
-//! Both drafters run on the target's device (`Model::mtp_drafter`, `Model::dflash_drafter`: the host
-//! drafter for a CPU target, the GPU one next to a GPU target; a drafter the GPU cannot run is an
-//! error, not a silent move to the host). Where a drafter runs never changes what is generated:
-//! acceptance depends only on the target's logits.
+//! The drafters with weights run on the target's device (`Model::mtp_drafter`, `Model::dflash_drafter`:
+//! the host drafter for a CPU target, the GPU one next to a GPU target; a drafter the GPU cannot run is
+//! an error, not a silent move to the host). Prompt lookup (`ngram`) reads only committed token ids, on
+//! the host, for any target. Where a drafter runs never changes what is generated: acceptance depends
+//! only on the target's logits.
 
 use std::path::Path;
 
@@ -57,6 +58,8 @@ pub fn load_drafter(
             }
         },
         Drafter::Dflash => model.dflash_drafter(ck)?,
+        // No weights and no taps: the same host drafter whatever the target's device.
+        Drafter::Ngram => Box::new(drafters::NgramDrafter::new()),
     })
 }
 

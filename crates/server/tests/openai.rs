@@ -16,7 +16,7 @@ use common::*;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
-use turbospark::runtime::{ChatMessage, GenerationConfig, Speculation};
+use turbospark::runtime::{ChatMessage, DrafterRequest, GenerationConfig, Speculation};
 use turbospark::sampling::Shaping;
 
 #[tokio::test]
@@ -486,6 +486,37 @@ async fn per_request_speculation_follows_the_policy() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
     let message = v["error"]["message"].as_str().unwrap();
     assert!(message.contains("without a drafter"), "{message}");
+}
+
+/// `serve --drafter ngram`: prompt lookup serves the requests (whatever the checkpoint carries),
+/// writes the greedy text, copies a prompt that repeats itself, and a per-request block is checked
+/// against its own range.
+#[tokio::test]
+async fn a_server_named_to_prompt_lookup_uses_it() {
+    let options = server::WorkerOptions {
+        max_queue: 4,
+        ..Default::default()
+    };
+    let q = start_with_drafter(Speculation::Auto, DrafterRequest::Ngram, options);
+    let repeated = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n";
+    let want = reference(&encode(repeated), &greedy(24));
+    let ask = |speculative: Value| json!({"prompt": repeated, "max_tokens": 24, "temperature": 0, "speculative": speculative});
+    for speculative in [json!("auto"), json!(6), json!(16)] {
+        let (status, v) = post(&q, "/v1/completions", ask(speculative.clone())).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(v["choices"][0]["text"], want.text.as_str(), "{speculative}");
+        assert!(
+            v["timings"]["draft_n_accepted"].as_u64().unwrap() > 0,
+            "{speculative}: {v}"
+        );
+    }
+    let (status, v) = post(&q, "/v1/completions", ask(json!(17))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("ngram") && message.contains("1..=16"),
+        "{message}"
+    );
 }
 
 #[tokio::test]

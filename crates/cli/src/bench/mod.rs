@@ -6,8 +6,9 @@
 //!    `--prompt-tokens` random ids (seeded), from an empty session; prefill tok/s = prompt tokens /
 //!    prefill seconds, decode tok/s = committed tokens / decode seconds, each the median of `--runs`.
 //!    No stop token can end a run early (the EOS list is empty), so every run does the same work.
-//! 2. Speculative (when the checkpoint has an MTP head, or `--speculative` names blocks): with the
-//!    largest thread count, sequential vs MTP greedy decoding from the same prompt (`--prompt` text, or
+//! 2. Speculative (when the checkpoint has a drafter, `--drafter ngram` names prompt lookup, or
+//!    `--speculative` names blocks): with the largest thread count, sequential vs each drafter's
+//!    greedy decoding from the same prompt (`--prompt` text, or
 //!    a built-in text when the checkpoint has a tokenizer, else the random ids), per block (and `auto`,
 //!    whose block is tuned as it runs; labelled with the block most rounds used; its tuner carries
 //!    over between runs as in a session, so the first run has its own row, `1st`): tok/s, the
@@ -87,11 +88,12 @@ pub struct BenchArgs {
     pub runs: usize,
     /// Blocks to compare with sequential decoding, comma-separated, `auto` among them for the tuned
     /// block, or `off` (default per drafter: MTP 1,2,3,4,auto; DFlash 1,2,4,8 and its trained maximum,
-    /// auto).
+    /// auto; ngram 2,4,8,auto).
     #[arg(long, value_name = "N,..,auto|off")]
     pub speculative: Option<String>,
-    /// Drafters to compare: auto (every one the checkpoint carries), mtp or dflash.
-    #[arg(long, value_name = "auto|mtp|dflash", default_value = "auto")]
+    /// Drafters to compare: auto (every one the checkpoint carries), mtp, dflash, or ngram (prompt
+    /// lookup: no weights, any checkpoint; only when named).
+    #[arg(long, value_name = "auto|mtp|dflash|ngram", default_value = "auto", value_parser = crate::generate::parse_drafter)]
     pub drafter: DrafterRequest,
     /// Prompt text for the speculative comparison (needs the checkpoint's tokenizer).
     #[arg(long, value_name = "TEXT")]
@@ -154,15 +156,13 @@ fn speculative_blocks(
     drafter: Drafter,
     availability: &DrafterAvailability,
 ) -> Result<Vec<Option<usize>>> {
-    let request = match drafter {
-        Drafter::Mtp => DrafterRequest::Mtp,
-        Drafter::Dflash => DrafterRequest::Dflash,
-    };
+    let request = request_for(drafter);
     let (_, max) = auto_blocks(drafter, availability)?;
     let Some(flag) = flag else {
         let mut blocks: Vec<Option<usize>> = match drafter {
             Drafter::Mtp => vec![Some(1), Some(2), Some(3), Some(4)],
             Drafter::Dflash => [1, 2, 4, 8, max].iter().map(|&b| Some(b)).collect(),
+            Drafter::Ngram => vec![Some(2), Some(4), Some(8)],
         };
         blocks.retain(|b| b.is_some_and(|b| b <= max));
         blocks.dedup();
@@ -189,13 +189,18 @@ fn speculative_blocks(
     Ok(blocks)
 }
 
-/// `(start, most)` of `drafter`'s `auto` block under the policy (before the device's cap).
-fn auto_blocks(drafter: Drafter, availability: &DrafterAvailability) -> Result<(usize, usize)> {
-    let request = match drafter {
+/// The request that names `drafter`.
+fn request_for(drafter: Drafter) -> DrafterRequest {
+    match drafter {
         Drafter::Mtp => DrafterRequest::Mtp,
         Drafter::Dflash => DrafterRequest::Dflash,
-    };
-    match turbospark::runtime::resolve(Speculation::Auto, request, availability)? {
+        Drafter::Ngram => DrafterRequest::Ngram,
+    }
+}
+
+/// `(start, most)` of `drafter`'s `auto` block under the policy (before the device's cap).
+fn auto_blocks(drafter: Drafter, availability: &DrafterAvailability) -> Result<(usize, usize)> {
+    match turbospark::runtime::resolve(Speculation::Auto, request_for(drafter), availability)? {
         SpeculationPlan::Enabled {
             block, tune_up_to, ..
         } => Ok((block, tune_up_to.unwrap_or(block))),
@@ -203,7 +208,8 @@ fn auto_blocks(drafter: Drafter, availability: &DrafterAvailability) -> Result<(
     }
 }
 
-/// The drafters `--drafter` asks to compare: `auto`, every one the checkpoint carries.
+/// The drafters `--drafter` asks to compare: `auto`, every one the checkpoint carries (prompt lookup,
+/// which any checkpoint serves, only when named).
 fn drafters_to_bench(
     request: DrafterRequest,
     availability: &DrafterAvailability,
@@ -214,16 +220,13 @@ fn drafters_to_bench(
             .filter(|&d| match d {
                 Drafter::Mtp => availability.mtp,
                 Drafter::Dflash => availability.dflash,
+                Drafter::Ngram => false,
             })
             .collect(),
         named => match turbospark::runtime::resolve(Speculation::Auto, named, availability)? {
             SpeculationPlan::Enabled { drafter, .. } => vec![drafter],
             SpeculationPlan::Disabled { warning } => bail!(
-                "--drafter {}: {}",
-                match named {
-                    DrafterRequest::Dflash => "dflash",
-                    _ => "mtp",
-                },
+                "--drafter {named}: {}",
                 warning.unwrap_or_else(|| "that drafter is not available".into())
             ),
         },
@@ -377,7 +380,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     let mut plans = Vec::new();
     if let Some(flag) = args.speculative.as_deref().map(str::trim) {
-        if profile.is_none() && flag != "off" && !availability.mtp && !availability.dflash {
+        if profile.is_none()
+            && flag != "off"
+            && !availability.mtp
+            && !availability.dflash
+            && args.drafter != DrafterRequest::Ngram
+        {
             bail!(
                 "--speculative {flag}: this checkpoint carries no drafter to compare (no MTP head, \
                  mtp.* tensors; no DFlash drafter, dflash/config.json)"
@@ -760,5 +768,20 @@ mod tests {
             drafters_to_bench(DrafterRequest::Dflash, &mtp_only).unwrap_err()
         );
         assert!(missing.contains("dflash"), "{missing}");
+        // Prompt lookup: any checkpoint, only when named, blocks up to the exactness cap.
+        let none = DrafterAvailability::default();
+        assert!(drafters_to_bench(auto, &none).unwrap().is_empty());
+        assert_eq!(
+            drafters_to_bench(auto, &both).unwrap(),
+            vec![Drafter::Mtp, Drafter::Dflash]
+        );
+        assert_eq!(
+            drafters_to_bench(DrafterRequest::Ngram, &none).unwrap(),
+            vec![Drafter::Ngram]
+        );
+        let ngram = |flag| speculative_blocks(flag, Drafter::Ngram, &none);
+        assert_eq!(ngram(None).unwrap(), vec![Some(2), Some(4), Some(8), None]);
+        assert_eq!(ngram(Some("16,auto")).unwrap(), vec![Some(16), None]);
+        assert!(ngram(Some("17")).is_err());
     }
 }

@@ -37,11 +37,21 @@ pub fn start_with_options(
     speculation: Speculation,
     options: server::WorkerOptions,
 ) -> server::Queue {
+    start_with_drafter(speculation, DrafterRequest::Auto, options)
+}
+
+/// A worker on the testbed speculating with `drafter` (`serve --drafter`).
+pub fn start_with_drafter(
+    speculation: Speculation,
+    drafter: DrafterRequest,
+    options: server::WorkerOptions,
+) -> server::Queue {
     server::spawn(
         move || {
             let model = turbospark::Model::builder(testbed())
                 .device(Device::Cpu)
                 .speculation(speculation)
+                .drafter(drafter)
                 .build()?;
             let session = model.session()?;
             Ok((model, session, "testbed".to_string()))

@@ -1,0 +1,166 @@
+//! `--drafter ngram` (prompt lookup) end to end through the `turbospark` binary: it serves a
+//! checkpoint without drafter weights, writes what sequential decoding writes, copies a prompt that
+//! repeats itself on the embedded testbed (its proposals are accepted), has rows in `bench`, and
+//! refuses a block beyond its range naming it.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn testbed() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/testbed")
+        .display()
+        .to_string()
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_turbospark"))
+        .args(args)
+        .env_remove("TURBOSPARK_MODEL")
+        .env_remove("TURBOSPARK_EMBEDDED_MODEL")
+        .output()
+        .expect("spawn turbospark")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn expect_success(o: &Output) -> String {
+    assert!(o.status.success(), "exit {:?}: {}", o.status, stderr(o));
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+/// `accepted/round=X` of a `--stats` speculative line.
+fn accepted_per_round(err: &str) -> f64 {
+    err.split_whitespace()
+        .find_map(|w| w.strip_prefix("accepted/round="))
+        .unwrap_or_else(|| panic!("no accepted/round in {err}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn ngram_generate_equals_sequential_on_a_checkpoint_without_drafters() {
+    let model = testdata::fixture("qwen3_realtok").display().to_string();
+    let prompt = "one two three one two three one two";
+    let generate = |speculative: &str| {
+        run(&[
+            "generate",
+            "--model",
+            &model,
+            "--max-tokens",
+            "24",
+            "--speculative",
+            speculative,
+            "--drafter",
+            "ngram",
+            "--stats",
+            prompt,
+        ])
+    };
+    let sequential = expect_success(&generate("off"));
+    for speculative in ["1", "3", "auto"] {
+        let o = generate(speculative);
+        assert_eq!(
+            expect_success(&o),
+            sequential,
+            "--speculative {speculative}"
+        );
+        let err = stderr(&o);
+        // A named drafter is used as named, with no warning that speculation is off.
+        assert!(err.contains("stats (ngram, block "), "{err}");
+        assert!(!err.contains("warning:"), "{err}");
+    }
+    let o = run(&[
+        "generate",
+        "--model",
+        &model,
+        "--speculative",
+        "17",
+        "--drafter",
+        "ngram",
+        "hi",
+    ]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("--speculative 17") && err.contains("ngram") && err.contains("1..=16"),
+        "{err}"
+    );
+}
+
+#[test]
+fn ngram_copies_a_repeated_prompt_on_the_testbed() {
+    let model = testbed();
+    let prompt = "def add(a, b):\n    return a + b\n\ndef mul(a, b):\n    return a * b\n\n\
+                  def add(a, b):\n    return a + b\n\ndef mul(a, b):\n";
+    let generate = |speculative: &str| {
+        run(&[
+            "generate",
+            "--model",
+            &model,
+            "--threads",
+            "2",
+            "--max-tokens",
+            "32",
+            "--speculative",
+            speculative,
+            "--drafter",
+            "ngram",
+            "--stats",
+            prompt,
+        ])
+    };
+    let sequential = expect_success(&generate("off"));
+    let o = generate("4");
+    assert_eq!(expect_success(&o), sequential);
+    let err = stderr(&o);
+    assert!(err.contains("stats (ngram, block 4)"), "{err}");
+    let accepted = accepted_per_round(&err);
+    assert!(accepted > 1.0, "the copy was not accepted: {err}");
+}
+
+#[test]
+fn bench_has_ngram_rows_on_a_checkpoint_without_drafters() {
+    let model = testdata::fixture("qwen3").display().to_string();
+    let out = expect_success(&run(&[
+        "bench",
+        "--model",
+        &model,
+        "--threads-list",
+        "1",
+        "--runs",
+        "1",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "12",
+        "--speculative",
+        "2,auto",
+        "--drafter",
+        "ngram",
+    ]));
+    for label in ["ngram 2", "ngram auto"] {
+        let row = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(label))
+            .unwrap_or_else(|| panic!("no {label} row: {out}"));
+        assert!(row.trim_end().ends_with("yes"), "{row}");
+    }
+    // Not named: a checkpoint without drafters has no speculative table.
+    let out = expect_success(&run(&[
+        "bench",
+        "--model",
+        &model,
+        "--threads-list",
+        "1",
+        "--runs",
+        "1",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "4",
+    ]));
+    assert!(!out.contains("speculative ("), "{out}");
+}
