@@ -226,11 +226,12 @@ impl Model {
         }
     }
 
-    /// How the GPU runs decode steps, for logs: CUDA graphs, programmatic launch, GEMV segments and chained
-    /// greedy steps, each with why it is off when it is (a slower path, never silent). None on the CPU.
+    /// How the model runs decode steps, for logs. GPU: CUDA graphs, programmatic launch, GEMV segments and
+    /// chained greedy steps, each with why it is off when it is (a slower path, never silent). CPU: the
+    /// kernels' instruction sets (AMX tiles, AVX-512, AVX2).
     pub fn device_notes(&self) -> Option<String> {
         let Model::Cuda(m) = self else {
-            return None;
+            return Some(format!("cpu kernels: {}", kernels::simd_path()));
         };
         let (dev, opts) = (m.device(), m.options());
         let pdl = match dev.pdl_failure() {

@@ -122,14 +122,12 @@ fn states_and_snapshots_stay_on_their_device() {
 }
 
 /// A GPU model says how it runs decode steps, and why a faster path is off (the emulated device has no
-/// segment kernel and launches nothing programmatically); a CPU model has nothing to say.
+/// segment kernel and launches nothing programmatically); a CPU model names its kernels' instruction sets.
 #[test]
-fn gpu_models_report_their_decode_paths() {
+fn models_report_their_decode_paths() {
     let ck = checkpoint("qwen3_5");
-    assert_eq!(
-        Model::load(&ck, Device::Cpu).unwrap().model.device_notes(),
-        None
-    );
+    let cpu = Model::load(&ck, Device::Cpu).unwrap().model.device_notes();
+    assert_eq!(cpu, Some(format!("cpu kernels: {}", kernels::simd_path())));
     let gpu = Model::load(&ck, Device::CudaEmulated).unwrap().model;
     let notes = gpu.device_notes().unwrap();
     assert!(notes.contains("programmatic launch off"), "{notes}");

@@ -49,8 +49,13 @@ pub(crate) fn best_matvec_isa() -> Isa {
     best_isa()
 }
 
-/// Names the SIMD paths this CPU gets, for logs ("avx512 matvec, avx2+fma", "avx2+fma" or "portable").
+/// Names the instruction sets the CPU kernels use on this machine, for logs: AMX tiles for bf16 layers
+/// where the CPU and kernel offer them, the matvec's AVX-512 or AVX2, the other kernels' AVX2 or portable code.
 pub fn simd_path() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if crate::amx::available() {
+        return "amx-bf16 tiles for bf16 layers, avx512 matvec, avx2+fma";
+    }
     match (best_matvec_isa(), best_isa()) {
         (Isa::Avx512, _) => "avx512 matvec, avx2+fma",
         (_, Isa::Avx2Fma) => "avx2+fma",
