@@ -164,3 +164,36 @@ fn bench_has_ngram_rows_on_a_checkpoint_without_drafters() {
     ]));
     assert!(!out.contains("speculative ("), "{out}");
 }
+
+/// `bench --workload` runs the comparison once per shipped prompt, on the testbed's tokenizer, and prompt
+/// lookup copies the copy-edit file (more than one token accepted a round at block 4).
+#[test]
+fn bench_runs_each_named_workload() {
+    let out = expect_success(&run(&[
+        "bench",
+        "--threads-list",
+        "1",
+        "--runs",
+        "1",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "64",
+        "--speculative",
+        "4",
+        "--drafter",
+        "ngram",
+        "--workload",
+        "copy-edit,free",
+    ]));
+    let copy = out.find("workload copy-edit:").unwrap_or_else(|| panic!("{out}"));
+    let free = out.find("workload free:").unwrap_or_else(|| panic!("{out}"));
+    assert!(copy < free, "{out}");
+    let row = out[copy..free]
+        .lines()
+        .find(|l| l.trim_start().starts_with("ngram 4"))
+        .unwrap_or_else(|| panic!("no ngram 4 row: {out}"));
+    let accepted: f64 = row.split('|').nth(3).unwrap().trim().parse().unwrap();
+    assert!(accepted > 1.0, "{row}");
+    assert!(row.trim_end().ends_with("yes"), "{row}");
+}

@@ -41,6 +41,9 @@ use turbospark::sampling::Shaping;
 use crate::progress;
 
 mod acceptance;
+mod workloads;
+
+use workloads::{encode_prompt, speculative_prompt};
 
 /// `println!` that returns a closed stdout as an error instead of panicking.
 macro_rules! out {
@@ -49,10 +52,6 @@ macro_rules! out {
     };
 }
 pub(crate) use out;
-
-/// Used when the checkpoint has a tokenizer and no `--prompt` is given: text in the testbed's
-/// training domains (code and prose), so acceptance reflects real use rather than random ids.
-const DEFAULT_PROMPT: &str = "def read_config(path):\n    \"\"\"Read a JSON configuration file and return it as a dict.\"\"\"\n    import json\n    with open(path) as f:\n";
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -98,6 +97,16 @@ pub struct BenchArgs {
     /// Prompt text for the speculative comparison (needs the checkpoint's tokenizer).
     #[arg(long, value_name = "TEXT")]
     pub prompt: Option<String>,
+    /// Shipped prompts for the speculative comparison, comma-separated, one table each: `copy-edit` (a
+    /// source file, then its beginning again), `grounded` (a document, then one of its sentences begun
+    /// again), `free` (nothing to copy). Needs the checkpoint's tokenizer.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "copy-edit,grounded,free",
+        conflicts_with = "prompt"
+    )]
+    pub workload: Vec<workloads::Workload>,
     /// Speculation at a chosen acceptance instead of a drafter's own: proposals are the target's greedy
     /// tokens, each corrupted with probability 1 - a_i at block position i: `oracle` (a_i = 1),
     /// `geometric:P`, or a list `0.9,0.8,0.7` (its last value repeats). Prints each block's rate
@@ -430,8 +439,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         );
     }
     plans.retain(|(_, blocks, _)| !blocks.is_empty());
-    if !plans.is_empty() {
+    if plans.is_empty() {
+        return Ok(());
+    }
+    if args.workload.is_empty() {
         let prompt = speculative_prompt(&bench, args, random)?;
+        return speculative(&bench, args, &prompt, &plans);
+    }
+    for workload in &args.workload {
+        let prompt = encode_prompt(&bench, args, &workload.text(), "--workload")?;
+        out!(
+            "\nworkload {}: {} prompt tokens",
+            workload.name(),
+            prompt.len()
+        );
         speculative(&bench, args, &prompt, &plans)?;
     }
     Ok(())
@@ -510,38 +531,6 @@ fn throughput(bench: &Bench, args: &BenchArgs, prompt: &[u32]) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// `--prompt` text, else the built-in text when there is a tokenizer, else the random ids.
-fn speculative_prompt(bench: &Bench, args: &BenchArgs, random: Vec<u32>) -> Result<Vec<u32>> {
-    let has_tokenizer = bench.checkpoint.dir.join("tokenizer.json").is_file();
-    let text = match (&args.prompt, has_tokenizer) {
-        (Some(text), true) => text.as_str(),
-        (Some(_), false) => bail!(
-            "--prompt needs the checkpoint's tokenizer.json, which {} does not have",
-            bench.checkpoint.dir.display()
-        ),
-        (None, true) => DEFAULT_PROMPT,
-        (None, false) => return Ok(random),
-    };
-    let tokenizer = bench.checkpoint.tokenizer()?;
-    let ids = tokenizer
-        .encode(text, false)
-        .map_err(|e| anyhow::anyhow!("--prompt: the tokenizer could not encode it: {e}"))?
-        .get_ids()
-        .to_vec();
-    if ids.is_empty() {
-        bail!("--prompt is empty after tokenization");
-    }
-    if ids.len() + args.gen_tokens > bench.model.context() {
-        bail!(
-            "--prompt has {} tokens; with --gen-tokens {} that exceeds the context of {}",
-            ids.len(),
-            args.gen_tokens,
-            bench.model.context()
-        );
-    }
-    Ok(ids)
 }
 
 /// "1.52+7.87+0.43": milliseconds a round spends drafting (proposing and observing), verifying and
