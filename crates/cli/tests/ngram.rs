@@ -186,8 +186,12 @@ fn bench_runs_each_named_workload() {
         "--workload",
         "copy-edit,free",
     ]));
-    let copy = out.find("workload copy-edit:").unwrap_or_else(|| panic!("{out}"));
-    let free = out.find("workload free:").unwrap_or_else(|| panic!("{out}"));
+    let copy = out
+        .find("workload copy-edit:")
+        .unwrap_or_else(|| panic!("{out}"));
+    let free = out
+        .find("workload free:")
+        .unwrap_or_else(|| panic!("{out}"));
     assert!(copy < free, "{out}");
     let row = out[copy..free]
         .lines()
