@@ -6,6 +6,9 @@
 //! - `paths`: both linear paths forced for small n, the numbers that set `MATVEC_MAX_ROWS`.
 //! - `gdn`: gated DeltaNet chunked vs recurrent forms on a prefill-sized input.
 //! - `attention`: one decode step over a 4096-position cache.
+//! - `roofs`: one core's arithmetic and load roofs: f32 FMA from registers (AVX2, AVX-512), AMX
+//!   `TDPBF16PS` from tiles, and vector loads streaming 32 KiB / 1 MiB / 64 MiB buffers (L1 / L2 / L3 or
+//!   memory), the ceilings the kernels' GFLOP/s and GB/s are read against.
 //! - `verify`: bf16 linear layers as the model holds them (`Bf16Matrix`: AMX tiles where the CPU has them,
 //!   else row-major) for n = 1..17 rows (decode and verify blocks) on the testbed's matrix shapes and a
 //!   ~0.8B model's, 2 threads: ms a call, GFLOP/s, and the cost of n rows in one-row calls.
@@ -82,6 +85,9 @@ fn main() {
     }
     if wanted("verify") {
         bench_verify();
+    }
+    if wanted("roofs") {
+        roofs::print();
     }
 }
 
@@ -232,5 +238,139 @@ fn bench_attention() {
         });
         let gbps = (2 * ctx * hkv * d * 4) as f64 / secs / 1e9;
         println!("{threads:>7} {:>9.3} {gbps:>13.2}", secs * 1e3);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod roofs {
+    use std::arch::x86_64::*;
+    use std::time::Instant;
+
+    pub fn print() {
+        println!("\nroofs, one core");
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY: the features were detected.
+            let g = unsafe { fma_avx2(20_000_000) };
+            println!("f32 FMA, AVX2:    {g:8.1} GFLOP/s");
+        }
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the feature was detected.
+            let g = unsafe { fma_avx512(20_000_000) };
+            println!("f32 FMA, AVX-512: {g:8.1} GFLOP/s");
+        }
+        if let Some(g) = amx_bf16(5_000_000) {
+            println!("AMX TDPBF16PS:    {g:8.1} GFLOP/s (bf16 products, f32 sums)");
+        }
+        for (label, bytes) in [
+            ("32 KiB", 32usize << 10),
+            ("1 MiB", 1 << 20),
+            ("64 MiB", 64 << 20),
+        ] {
+            if is_x86_feature_detected!("avx2") {
+                // SAFETY: the feature was detected.
+                let rate = unsafe { load_rate(bytes) };
+                println!("loads, {label:>6}:    {rate:8.1} GB/s");
+            }
+        }
+    }
+
+    /// 12 independent 8-lane FMA chains (the latency x ports product).
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fma_avx2(iters: usize) -> f64 {
+        let (b, c) = (_mm256_set1_ps(0.999), _mm256_set1_ps(1e-3));
+        let mut acc = [_mm256_setzero_ps(); 12];
+        let t = Instant::now();
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm256_fmadd_ps(*a, b, c);
+            }
+        }
+        let secs = t.elapsed().as_secs_f64();
+        std::hint::black_box(acc);
+        (iters * 12 * 8 * 2) as f64 / secs / 1e9
+    }
+
+    /// 16 independent 16-lane FMA chains.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fma_avx512(iters: usize) -> f64 {
+        let (b, c) = (_mm512_set1_ps(0.999), _mm512_set1_ps(1e-3));
+        let mut acc = [_mm512_setzero_ps(); 16];
+        let t = Instant::now();
+        for _ in 0..iters {
+            for a in acc.iter_mut() {
+                *a = _mm512_fmadd_ps(*a, b, c);
+            }
+        }
+        let secs = t.elapsed().as_secs_f64();
+        std::hint::black_box(acc);
+        (iters * 16 * 16 * 2) as f64 / secs / 1e9
+    }
+
+    /// Four independent 16x16x32 tile products a step; None when this machine does not run AMX (the
+    /// kernels' own check also asks Linux for the tile state, which this relies on).
+    fn amx_bf16(iters: usize) -> Option<f64> {
+        use kernels::Bf16Matrix;
+        // Building a matrix asks for the tile permission when the CPU has AMX.
+        let probe = Bf16Matrix::new(vec![half::bf16::ZERO; 16 * 32], 16, 32);
+        if matches!(probe, Bf16Matrix::RowMajor { .. }) {
+            return None;
+        }
+        #[repr(C, align(64))]
+        struct Config([u8; 64]);
+        let mut cfg = Config([0; 64]);
+        cfg.0[0] = 1;
+        for t in 0..8 {
+            cfg.0[16 + 2 * t] = 64;
+            cfg.0[48 + t] = 16;
+        }
+        let a = vec![0x3f80u16; 16 * 32];
+        let t = Instant::now();
+        // SAFETY: AMX runs here (the probe got tiles); the configuration is palette 1 with 16 x 64-byte
+        // tiles, and the loads read 1 KiB inside `a`.
+        unsafe {
+            std::arch::asm!("ldtilecfg [{0}]", in(reg) cfg.0.as_ptr());
+            std::arch::asm!("tileloadd tmm4, [{0} + {1}*1]", "tileloadd tmm5, [{0} + {1}*1]",
+                in(reg) a.as_ptr(), in(reg) 64usize);
+            for _ in 0..iters {
+                std::arch::asm!(
+                    "tdpbf16ps tmm0, tmm4, tmm5",
+                    "tdpbf16ps tmm1, tmm4, tmm5",
+                    "tdpbf16ps tmm2, tmm4, tmm5",
+                    "tdpbf16ps tmm3, tmm4, tmm5",
+                    options(nostack, nomem)
+                );
+            }
+            std::arch::asm!("tilerelease");
+        }
+        let secs = t.elapsed().as_secs_f64();
+        Some((iters * 4 * 16 * 16 * 32 * 2) as f64 / secs / 1e9)
+    }
+
+    /// Bytes a second summing a buffer of `bytes` (its f32 values in two 8-lane accumulators), best of
+    /// ~256 MiB of passes.
+    #[target_feature(enable = "avx2")]
+    unsafe fn load_rate(bytes: usize) -> f64 {
+        let data: Vec<f32> = (0..bytes / 4).map(|i| (i % 7) as f32).collect();
+        let mut best = f64::INFINITY;
+        let reps = ((256usize << 20) / bytes).max(3);
+        for _ in 0..reps {
+            let t = Instant::now();
+            let mut acc = [0.0f32; 16];
+            for chunk in data.chunks_exact(16) {
+                for (a, v) in acc.iter_mut().zip(chunk) {
+                    *a += v;
+                }
+            }
+            std::hint::black_box(acc);
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        bytes as f64 / best / 1e9
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod roofs {
+    pub fn print() {
+        println!("\nroofs: measured on x86_64 only");
     }
 }
