@@ -152,7 +152,7 @@ pub fn run(
 }
 
 /// Row counts of the verify-cost curve.
-pub const VERIFY_ROWS: [usize; 5] = [1, 2, 4, 8, 16];
+pub const VERIFY_ROWS: [usize; 8] = [1, 2, 4, 5, 8, 9, 12, 16];
 
 /// Milliseconds of one verify round (n draft rows forwarded, tape on, rolled back) per n in
 /// VERIFY_ROWS, each the median of 10 rounds after an untimed one (which captures the block's graph
@@ -382,13 +382,15 @@ fn one_config(
             &cuda_lab::profile::profile_decode(&model, &mut st, next)?,
         );
         // Where a verify round's time goes (compare with the one-row step above).
-        let drafts: Vec<u32> = (0..4)
-            .map(|i| (next as usize + 31 * i) as u32 % model.vocab as u32)
-            .collect();
-        print_profile(
-            "one verify round of 4 rows (tape, all logits to the host, rollback)",
-            &cuda_lab::profile::profile_verify(&model, &mut st, &drafts)?,
-        );
+        for rows in [4, 9] {
+            let drafts: Vec<u32> = (0..rows)
+                .map(|i| (next as usize + 31 * i) as u32 % model.vocab as u32)
+                .collect();
+            print_profile(
+                &format!("one verify round of {rows} rows (tape, all logits to the host, rollback)"),
+                &cuda_lab::profile::profile_verify(&model, &mut st, &drafts)?,
+            );
+        }
         // A forward splits longer prompts into passes of max_pass_rows: profile the first pass.
         let pass_len = prompt_len.min(model.options().max_pass_rows.max(1));
         let mut ps = model.new_state(pass_len + 1)?;
