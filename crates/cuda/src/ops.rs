@@ -2,7 +2,7 @@
 //! rows of f32 unless said otherwise; every address is a device address of a buffer sized for them.
 //!
 //! `linear*` pick the path by row count: up to `gemv_max_rows` rows run the hand-written matrix-vector
-//! kernel in groups of at most 8 rows (weights streamed once per group, f32 activations, batch-invariant
+//! kernel in groups of at most 16 rows (weights streamed once per group, f32 activations, batch-invariant
 //! per row), with the input RMSNorm and the SwiGLU product fused when the rows fit in shared memory —
 //! or, for matrices loaded with `LoadOptions::tensor_core_gemv`, the tensor-core kernel (`mma.rs`) in
 //! groups of up to 16 rows, norm and SwiGLU fused always; more rows go to cuBLAS (`cublasGemmEx`: bf16 weights with activations rounded to bf16, or f32 x f32,
@@ -31,14 +31,16 @@ pub(crate) use crate::gdn::{
 };
 
 pub(crate) use crate::launch_limits::LIN_WARPS;
-/// Rows per GEMV launch (the kernels are instantiated for 1..=8).
-const LIN_MAX_ROWS: usize = 8;
+/// Rows per GEMV launch (the kernels are instantiated for 1..=16): a verify block of up to 16 rows
+/// streams the weights once.
+const LIN_MAX_ROWS: usize = 16;
 /// Output rows per warp of the GEMV kernel for a launch of `n` input rows (LIN_R in linear.cu).
 fn gemv_rows_per_warp(n: usize) -> usize {
     match n {
         0..=1 => 1,
         2 => 2,
-        _ => 4,
+        3..=8 => 4,
+        _ => 2,
     }
 }
 /// Largest staged input (rows x width x 4 bytes) of a GEMV block: dynamic shared memory without the
@@ -78,7 +80,7 @@ pub(crate) struct GemvMode {
     pub stage: bool,
 }
 
-/// The GEMV kernel over `rows` rows (groups of at most 8).
+/// The GEMV kernel over `rows` rows (groups of at most 16).
 fn gemv(
     dev: &CudaDevice,
     w: &Mat,

@@ -1,4 +1,4 @@
-// y[r, o] (+)= sum_i W[o, i] * x[r, i] for N <= 8 rows: the memory-bound matrix-vector path (decode,
+// y[r, o] (+)= sum_i W[o, i] * x[r, i] for N <= 16 rows: the memory-bound matrix-vector path (decode,
 // verify blocks). A block is 8 warps; `wpr` warps share one output row (split-K inside the block, so
 // matrices with few rows still fill the GPU), so a block covers 8 / wpr slots of LIN_R(N) output rows
 // per step and loops over row groups (grid-stride). Each lane streams 16-byte weight vectors (8 bf16 or
@@ -22,7 +22,9 @@
 // weight rows, and the double buffer, which the longer arithmetic needs. With R = 1 and no double
 // buffer, 4 rows cost 1.94x one row on the H200's verify round; with these, 1.10x for 2 rows, 1.30x for
 // 4, 1.77x for 8 (R, U, DB variants A/B'd in one `cuda_check --sweep` call). None changes a row's summation order.
-#define LIN_R(N) ((N) <= 1 ? 1 : (N) <= 2 ? 2 : 4)
+// 9..16 rows take R = 2 (R * N values per warp reduction must stay <= 32) in one launch: the weights
+// are streamed once for the whole verify block instead of once per group of 8.
+#define LIN_R(N) ((N) <= 1 ? 1 : (N) <= 2 ? 2 : (N) <= 8 ? 4 : 2)
 #define LIN_U(N) ((N) <= 1 ? 4 : (N) <= 2 ? 2 : 1)
 #define LIN_DB(N) ((N) >= 2)
 
@@ -273,6 +275,14 @@ LINEAR_KERNEL(linear_bf16_5, bf16_t, 5)
 LINEAR_KERNEL(linear_bf16_6, bf16_t, 6)
 LINEAR_KERNEL(linear_bf16_7, bf16_t, 7)
 LINEAR_KERNEL(linear_bf16_8, bf16_t, 8)
+LINEAR_KERNEL(linear_bf16_9, bf16_t, 9)
+LINEAR_KERNEL(linear_bf16_10, bf16_t, 10)
+LINEAR_KERNEL(linear_bf16_11, bf16_t, 11)
+LINEAR_KERNEL(linear_bf16_12, bf16_t, 12)
+LINEAR_KERNEL(linear_bf16_13, bf16_t, 13)
+LINEAR_KERNEL(linear_bf16_14, bf16_t, 14)
+LINEAR_KERNEL(linear_bf16_15, bf16_t, 15)
+LINEAR_KERNEL(linear_bf16_16, bf16_t, 16)
 LINEAR_KERNEL(linear_f32_1, float, 1)
 LINEAR_KERNEL(linear_f32_2, float, 2)
 LINEAR_KERNEL(linear_f32_3, float, 3)
@@ -281,6 +291,14 @@ LINEAR_KERNEL(linear_f32_5, float, 5)
 LINEAR_KERNEL(linear_f32_6, float, 6)
 LINEAR_KERNEL(linear_f32_7, float, 7)
 LINEAR_KERNEL(linear_f32_8, float, 8)
+LINEAR_KERNEL(linear_f32_9, float, 9)
+LINEAR_KERNEL(linear_f32_10, float, 10)
+LINEAR_KERNEL(linear_f32_11, float, 11)
+LINEAR_KERNEL(linear_f32_12, float, 12)
+LINEAR_KERNEL(linear_f32_13, float, 13)
+LINEAR_KERNEL(linear_f32_14, float, 14)
+LINEAR_KERNEL(linear_f32_15, float, 15)
+LINEAR_KERNEL(linear_f32_16, float, 16)
 
 // x f32 [count] -> bf16 (round to nearest even): the activations fed to cuBLAS on the GEMM path.
 extern "C" __global__ void to_bf16(const float* __restrict__ x, bf16_t* __restrict__ y, long long count) {
