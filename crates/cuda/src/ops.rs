@@ -39,8 +39,7 @@ fn gemv_rows_per_warp(n: usize) -> usize {
     match n {
         0..=1 => 1,
         2 => 2,
-        3..=8 => 4,
-        _ => 2,
+        _ => 4,
     }
 }
 /// Largest staged input (rows x width x 4 bytes) of a GEMV block: dynamic shared memory without the
@@ -115,10 +114,10 @@ fn gemv(
         };
         // Staged launches loop over row groups with as many blocks as are resident at once (the
         // kernels' __launch_bounds__ minimum by row count).
-        let per_sm = if n <= 1 {
-            LIN_BLOCKS_PER_SM
-        } else {
-            LIN_BLOCKS_PER_SM / 2
+        let per_sm = match n {
+            0..=1 => LIN_BLOCKS_PER_SM,
+            2..=8 => LIN_BLOCKS_PER_SM / 2,
+            _ => LIN_BLOCKS_PER_SM / 4,
         };
         // Balanced: every block takes the same number of row groups (rounds), so none idles at the end.
         let blocks = if mode.stage {

@@ -22,9 +22,9 @@
 // weight rows, and the double buffer, which the longer arithmetic needs. With R = 1 and no double
 // buffer, 4 rows cost 1.94x one row on the H200's verify round; with these, 1.10x for 2 rows, 1.30x for
 // 4, 1.77x for 8 (R, U, DB variants A/B'd in one `cuda_check --sweep` call). None changes a row's summation order.
-// 9..16 rows take R = 2 (R * N values per warp reduction must stay <= 32) in one launch: the weights
-// are streamed once for the whole verify block instead of once per group of 8.
-#define LIN_R(N) ((N) <= 1 ? 1 : (N) <= 2 ? 2 : (N) <= 8 ? 4 : 2)
+// 9..16 rows run in one launch too (the weights streamed once for a whole verify block), R = 4 with
+// the warp reduction in passes of 32 values.
+#define LIN_R(N) ((N) <= 1 ? 1 : (N) <= 2 ? 2 : 4)
 #define LIN_U(N) ((N) <= 1 ? 4 : (N) <= 2 ? 2 : 1)
 #define LIN_DB(N) ((N) >= 2)
 
@@ -225,28 +225,34 @@ __device__ __forceinline__ void linear_rows(const W* __restrict__ w, const float
                 }
             }
         }
-        // The R * N sums over the warp, each lane ending with one of them (warp_sum_scatter).
+        // The R * N sums over the warp in passes of up to 32, each lane ending with one sum of a pass
+        // (warp_sum_scatter).
         {
-            constexpr int P = LIN_POW2(R * N);
-            float vals[P];
+            constexpr int V = R * N, P = LIN_POW2(V < 32 ? V : 32);
 #pragma unroll
-            for (int k = 0; k < P; ++k) vals[k] = k < R * N ? acc[k / N][k % N] : 0.0f;
-            const int k = warp_sum_scatter<P>(vals, lane);
-            if (lane % (32 / P) == 0 && k < R * N) red[warp][k] = vals[0];
+            for (int base = 0; base < V; base += 32) {
+                float vals[P];
+#pragma unroll
+                for (int k = 0; k < P; ++k) vals[k] = base + k < V ? acc[(base + k) / N][(base + k) % N] : 0.0f;
+                const int k = warp_sum_scatter<P>(vals, lane);
+                if (lane % (32 / P) == 0 && base + k < V) red[warp][base + k] = vals[0];
+            }
         }
         __syncthreads();
-        // Lane k < R * N of the slot's first warp writes output row k / N of input row k % N.
-        if (part == 0 && lane < R * N && !(swiglu_inter && slot >= half)) {
-            const int j = lane / N, r = lane % N;
+        // Lane k of the slot's first warp writes output row k / N of input row k % N (k < R * N, in
+        // steps of 32).
+        if (part == 0 && !(swiglu_inter && slot >= half))
+        for (int k = lane; k < R * N; k += 32) {
+            const int j = k / N, r = k % N;
             bool ok;
             const int o = row_of(g, j, &ok);
             if (ok) {
-                float t = red[slot * wpr][lane];
-                for (int p = 1; p < wpr; ++p) t += red[slot * wpr + p][lane];
+                float t = red[slot * wpr][k];
+                for (int p = 1; p < wpr; ++p) t += red[slot * wpr + p][k];
                 if (swiglu_inter) {
                     const int up_slot = slot + half;
-                    float u = red[up_slot * wpr][lane];
-                    for (int p = 1; p < wpr; ++p) u += red[up_slot * wpr + p][lane];
+                    float u = red[up_slot * wpr][k];
+                    for (int p = 1; p < wpr; ++p) u += red[up_slot * wpr + p][k];
                     y[(size_t)r * swiglu_inter + o] = silu_f(t) * u;
                 } else {
                     float* dst = y + (size_t)r * out + o;
@@ -258,10 +264,12 @@ __device__ __forceinline__ void linear_rows(const W* __restrict__ w, const float
     }
 }
 
-// Minimum resident blocks per SM by row count: 4 (<= 64 registers) for one row, 2 for more rows (more
-// accumulators and the double buffer), so that a staged grid sized for that many blocks per SM (ops.rs) is resident at once.
+// Minimum resident blocks per SM by row count: 4 (<= 64 registers) for one row, 2 for up to 8 rows (more
+// accumulators and the double buffer), 1 above (R * N = 64 accumulators), so that a staged grid sized
+// for that many blocks per SM (ops.rs) is resident at once.
+#define LIN_MIN_BLOCKS(N) ((N) <= 1 ? 4 : (N) <= 8 ? 2 : 1)
 #define LINEAR_KERNEL(NAME, W, N)                                                                     \
-    extern "C" __global__ void __launch_bounds__(LIN_WARPS * 32, (N) <= 1 ? 4 : 2)   \
+    extern "C" __global__ void __launch_bounds__(LIN_WARPS * 32, LIN_MIN_BLOCKS(N))   \
         NAME(const W* w, const float* x, float* y, int in, int out, int accumulate, int wpr,          \
              int swiglu_inter, const float* norm_w, float eps, int zero_centred, int stage) {         \
         linear_rows<W, N>(w, x, y, in, out, accumulate, wpr, swiglu_inter, norm_w, eps, zero_centred, \
