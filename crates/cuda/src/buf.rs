@@ -16,6 +16,8 @@ enum Storage {
     Device(CudaSlice<u8>),
     /// Host memory of the emulated device (u64 words, so every buffer is 8-byte aligned).
     Host(Vec<u64>),
+    /// Bytes of another buffer (`DBuf::prefix`), owned by it.
+    Alias,
 }
 
 /// A device allocation of `bytes` bytes at address `ptr` (a host address on the emulated device).
@@ -70,6 +72,16 @@ impl DBuf {
         let copy = Self::zeros(dev, self.bytes)?;
         dtod(dev, copy.ptr, self.ptr, self.bytes)?;
         Ok(copy)
+    }
+
+    /// The first `bytes` bytes (at most all of them) as a buffer that owns nothing: whoever holds it
+    /// keeps `self` alive at least as long (CudaMtp's reduced LM head holds the target model).
+    pub(crate) fn prefix(&self, bytes: usize) -> DBuf {
+        DBuf {
+            _storage: Storage::Alias,
+            ptr: self.ptr,
+            bytes: bytes.min(self.bytes),
+        }
     }
 
     /// Address of f32 element `i`.

@@ -17,6 +17,9 @@
 //! `gemv_max_rows`, at most 17 rows, one graph per row count) replay captured CUDA graphs; prefill-sized
 //! observes launch their kernels directly.
 //!
+//! Drafting over a reduced vocabulary (`with_draft_vocab`, the engine's policy `drafters::mtp::draft_vocab`):
+//! the LM head GEMV covers the first N rows and the logits row's tail stays -inf, as on the host head.
+//!
 //! Invariant: KV rows 0..position() hold verified pairs; rows a proposal wrote past it are overwritten by
 //! the next observe. `last` holds the normed output of the last committed row and the scratch of pass
 //! `first` its logits, both valid iff `first` is set (cleared by rewind and reset).
@@ -56,6 +59,9 @@ struct Weights {
     pre_fc_norm_hidden: DBuf,
     layers: Vec<LayerW>,
     norm: DBuf,
+    /// The LM head's first `draft_vocab` rows when drafting over fewer ids than the vocabulary
+    /// (`with_draft_vocab`; a view of the target's buffer, kept alive by `target`).
+    draft_head: Option<Mat>,
 }
 
 /// Scratch of passes of up to `sc.rows` rows, with the head's own inputs.
@@ -90,6 +96,18 @@ enum Pass {
     Small(usize),
     /// An observe of m rows in `many`: hidden `many.hid`, output `last`.
     Many(usize),
+}
+
+impl Weights {
+    /// Sets the logits row of `io` past the draft vocabulary to -inf (the head's GEMV writes only the
+    /// ids before it). Nothing to do when drafting over every id.
+    fn fill_draft_tail(&self, io: &Io) -> Result<(), CudaError> {
+        let Some(head) = &self.draft_head else {
+            return Ok(());
+        };
+        let tail = vec![f32::NEG_INFINITY; self.target.vocab - head.rows];
+        htod(&self.target.dev, io.sc.logits.f32_at(head.rows), &tail)
+    }
 }
 
 /// The MTP head of a [`CudaModel`]'s checkpoint, on the same device, as a [`Drafter`].
@@ -248,6 +266,7 @@ impl CudaMtp {
             pre_fc_norm_hidden: vector("mtp.pre_fc_norm_hidden.weight")?,
             norm: vector("mtp.norm.weight")?,
             layers,
+            draft_head: None,
             target: target.clone(),
         };
         let capacity = INITIAL_CAPACITY.min(t.context).max(1);
@@ -276,6 +295,28 @@ impl CudaMtp {
         };
         t.dev.synchronize()?;
         Ok(Some(head))
+    }
+
+    /// Drafts over the first `tokens` ids only (clamped to 1..=vocab), as `MtpHead::with_draft_vocab`:
+    /// the head's LM head GEMV reads that many rows and every other id's logit is -inf, so a greedy
+    /// draft is the argmax among them and a sampled draft's q the shaped distribution over them. The
+    /// target judges every proposal, so what is generated does not change.
+    pub fn with_draft_vocab(mut self, tokens: usize) -> Result<Self, CudaError> {
+        let t = self.w.target.clone();
+        let tokens = tokens.clamp(1, t.vocab);
+        if tokens == t.vocab {
+            return Ok(self);
+        }
+        let head = t.lm_head.as_ref().unwrap_or(&t.embed);
+        self.w.draft_head = Some(head.row_prefix(tokens));
+        self.graphs.iter_mut().for_each(|g| *g = None);
+        for io in [Some(&self.one), Some(&self.small), self.many.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            self.w.fill_draft_tail(io)?;
+        }
+        Ok(self)
     }
 
     /// Whether draft steps replay a captured graph: `Ok(true)` once captured, `Ok(false)` before the
@@ -513,7 +554,9 @@ impl CudaMtp {
             let rows = m.max(self.many.as_ref().map_or(0, |io| io.sc.rows));
             let rs = row_splits.max(self.many.as_ref().map_or(0, |io| io.sc.row_splits));
             self.many = None;
-            self.many = Some(Io::new(t, &self.widths, rows, rs)?);
+            let io = Io::new(t, &self.widths, rows, rs)?;
+            self.w.fill_draft_tail(&io)?;
+            self.many = Some(io);
         }
         Ok(())
     }
@@ -733,6 +776,9 @@ fn rows(
     let last = sc.x.f32_at((m - 1) * h);
     let n = norm(&w.norm);
     ops::rmsnorm(dev, last, n.w, out, 1, h, n.eps, n.zero_centred)?;
-    let head = t.lm_head.as_ref().unwrap_or(&t.embed);
+    let head = w
+        .draft_head
+        .as_ref()
+        .unwrap_or_else(|| t.lm_head.as_ref().unwrap_or(&t.embed));
     ops::linear(dev, head, out, sc.logits.ptr, 1, false, sc.xb.ptr, gm)
 }

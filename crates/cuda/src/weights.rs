@@ -56,6 +56,19 @@ impl Mat {
     pub fn bytes(&self) -> usize {
         self.rows * self.cols * self.dtype.size()
     }
+
+    /// Its first `rows` rows (at most all), the same memory (`DBuf::prefix`: the holder keeps `self`
+    /// alive).
+    pub(crate) fn row_prefix(&self, rows: usize) -> Mat {
+        let rows = rows.min(self.rows);
+        Mat {
+            buf: self.buf.prefix(rows * self.cols * self.dtype.size()),
+            rows,
+            cols: self.cols,
+            dtype: self.dtype,
+            tensor_cores: self.tensor_cores,
+        }
+    }
 }
 
 /// Where weights come from.

@@ -360,3 +360,63 @@ fn bad_inputs_are_errors() {
     gpu.observe(&[h], 1, &prompt[1..2]).unwrap();
     assert_eq!(gpu.position(), 1);
 }
+
+/// Drafting over the first half of the ids (`with_draft_vocab`, the engine's policy on both devices):
+/// the GPU head proposes what the host head with the same reduction proposes, only ids below the cut,
+/// from drafted rows whose ids past the cut are -inf and whose others match the host's within the
+/// bound; the device-argmax path agrees.
+#[test]
+fn a_reduced_draft_vocabulary_matches_the_host_head() {
+    let testbed = std::env::var_os("TURBOSPARK_TESTBED")
+        .map_or_else(|| repo("models/testbed"), PathBuf::from);
+    let emulated = Arc::new(CudaDevice::emulated());
+    for (label, dir, dev) in [
+        ("emulated testbed", testbed, emulated.clone()),
+        ("emulated qwen3_5", testdata::fixture("qwen3_5"), emulated),
+        (
+            "simulated qwen3_5",
+            testdata::fixture("qwen3_5"),
+            simulated(),
+        ),
+    ] {
+        let Setup {
+            host_ck,
+            cpu,
+            gpu,
+            prompt,
+            taps,
+            ..
+        } = setup(&dir, &dev, exact());
+        let (hd, vocab) = (cpu.hidden, cpu.vocab);
+        let cut = vocab / 2;
+        let mut gpu = gpu.with_draft_vocab(cut).unwrap();
+        let mut host = MtpHead::load(&host_ck, cpu.clone())
+            .unwrap()
+            .unwrap()
+            .with_draft_vocab(cut);
+        let rows = prompt.len() - 1;
+        for d in [&mut host as &mut dyn Drafter, &mut gpu] {
+            d.observe(&[taps[..rows * hd].to_vec()], rows, &prompt[1..])
+                .unwrap();
+        }
+        let (want_ids, want_rows) = propose(&mut host, &prompt, 6);
+        let (got_ids, got_rows) = propose(&mut gpu, &prompt, 6);
+        assert_eq!(got_ids, want_ids, "{label}: proposals");
+        assert!(
+            got_ids.iter().all(|&t| (t as usize) < cut),
+            "{label}: a proposal past the first {cut} ids: {got_ids:?}"
+        );
+        assert_eq!(got_rows.len(), want_rows.len(), "{label}");
+        for (i, (g, w)) in got_rows.iter().zip(&want_rows).enumerate() {
+            assert!(
+                g[cut..].iter().all(|&x| x == f32::NEG_INFINITY),
+                "{label} draft {i}: a finite logit past the cut"
+            );
+            let d = rel(&g[..cut], &w[..cut]);
+            assert!(d <= 1e-5, "{label} draft {i}: relative deviation {d:.2e}");
+        }
+        let mut plain = PlainArgmax::default();
+        let ids = gpu.propose(&prompt, 6, &mut plain).unwrap();
+        assert_eq!(ids, got_ids, "{label}: device-argmax proposals");
+    }
+}

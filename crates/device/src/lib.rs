@@ -298,7 +298,13 @@ impl Model {
                 let tokens = drafters::mtp::draft_vocab(m.vocab);
                 Box::new(h.with_draft_vocab(tokens)) as BoxedDrafter
             }),
-            Model::Cuda(m) => CudaMtp::load(m, ck)?.map(|h| Box::new(h) as BoxedDrafter),
+            Model::Cuda(m) => match CudaMtp::load(m, ck)? {
+                Some(h) => {
+                    let h = h.with_draft_vocab(drafters::mtp::draft_vocab(m.vocab))?;
+                    Some(Box::new(h) as BoxedDrafter)
+                }
+                None => None,
+            },
         })
     }
 
