@@ -172,6 +172,13 @@ impl Backend for Transformer {
         Ok(Transformer::forward(self, tokens, start, state, wanted)?)
     }
 
+    fn forward_batch(
+        &self,
+        batch: &mut [SeqRows<'_, State>],
+    ) -> Result<Vec<ForwardOut>, BackendError> {
+        Ok(Transformer::forward_batch(self, batch)?)
+    }
+
     fn begin_tape(&self, state: &mut State) -> Result<(), BackendError> {
         Transformer::begin_tape(self, state);
         Ok(())

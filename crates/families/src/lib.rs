@@ -4,6 +4,7 @@
 //! (`layers::*`); adding one touches its own file, the dispatch in `load`, and model-io's config parsing.
 
 pub mod backend;
+mod batch;
 pub mod error;
 pub mod hybrid;
 pub mod layers;

@@ -174,7 +174,7 @@ impl Transformer {
         State::for_layers(&self.layers, self.signature())
     }
 
-    fn signature(&self) -> String {
+    pub(crate) fn signature(&self) -> String {
         let kinds: String = self
             .layers
             .iter()
@@ -229,7 +229,7 @@ impl Transformer {
     }
 
     /// Runs `tokens` at positions start..start+n. The state must be at `start` (an attention-only state
-    /// ahead of `start` is rewound to it first).
+    /// ahead of `start` is rewound to it first). One sequence of [`Transformer::forward_batch`].
     pub fn forward(
         &self,
         tokens: &[u32],
@@ -237,93 +237,13 @@ impl Transformer {
         state: &mut State,
         wanted: &Wanted,
     ) -> Result<ForwardOut, ModelError> {
-        let n = tokens.len();
-        if n == 0 {
-            return Err(ModelError::EmptyInput);
-        }
-        if state.signature != self.signature() {
-            return Err(ModelError::StateMismatch(state.signature.clone()));
-        }
-        if start + n > self.context {
-            return Err(ModelError::ContextOverflow {
-                start,
-                n,
-                context: self.context,
-            });
-        }
-        if start != state.position && !(start < state.position && state.rewind(start)) {
-            return Err(ModelError::PositionMismatch {
-                expected: state.position,
-                got: start,
-            });
-        }
-        for tap in &wanted.taps {
-            if let Tap::LayerOutput(i) = tap {
-                if *i >= self.layers.len() {
-                    return Err(ModelError::TapOutOfRange {
-                        layer: *i,
-                        layers: self.layers.len(),
-                    });
-                }
-            }
-        }
-        let hd = self.hidden;
-        let mut x = Vec::with_capacity(n * hd); // [n, hidden]
-        for (index, &token) in tokens.iter().enumerate() {
-            let row = self.embed_row(token).ok_or(ModelError::TokenOutOfRange {
-                token,
-                index,
-                vocab: self.vocab,
-            })?;
-            x.extend_from_slice(row);
-        }
-        let mut taps: Vec<Vec<f32>> = vec![Vec::new(); wanted.taps.len()];
-        for (i, layer) in self.layers.iter().enumerate() {
-            let tape = state
-                .tape
-                .as_mut()
-                .and_then(|t| t.layers.get_mut(i))
-                .and_then(|t| t.as_mut());
-            layer.forward(&mut x, n, start, &mut state.layers[i], tape)?;
-            for (slot, tap) in taps.iter_mut().zip(&wanted.taps) {
-                if *tap == Tap::LayerOutput(i) {
-                    *slot = x.clone();
-                }
-            }
-        }
-        state.position = start + n;
-
-        let first = match wanted.logits {
-            Rows::None => n,
-            Rows::Last => n - 1,
-            Rows::All => 0,
-            Rows::From(f) => f.min(n),
-        };
-        let need_final = first < n || wanted.taps.contains(&Tap::FinalHidden);
-        let mut out = ForwardOut {
-            first_row: first,
-            rows: n - first,
-            ..Default::default()
-        };
-        if need_final {
-            // Only the rows that need it are normed when no FinalHidden tap asks for all of them.
-            let from = if wanted.taps.contains(&Tap::FinalHidden) {
-                0
-            } else {
-                first
-            };
-            let mut normed = vec![0.0; (n - from) * hd];
-            self.final_norm.apply(&x[from * hd..], &mut normed);
-            if first < n {
-                out.logits = self.lm_head(&normed[(first - from) * hd..], n - first);
-            }
-            for (slot, tap) in taps.iter_mut().zip(&wanted.taps) {
-                if *tap == Tap::FinalHidden {
-                    *slot = normed.clone();
-                }
-            }
-        }
-        out.taps = taps;
-        Ok(out)
+        let mut one = [crate::backend::SeqRows {
+            tokens,
+            start,
+            state,
+            wanted,
+        }];
+        let mut outs = self.forward_batch(&mut one)?;
+        Ok(outs.remove(0))
     }
 }

@@ -98,6 +98,16 @@ impl Bf16Matrix {
         Bf16Matrix::RowMajor { w, m, k }
     }
 
+    /// Most input rows one call may take with every row getting the bits it gets alone: any number on
+    /// AMX tiles, else the matvec path's `MATVEC_MAX_ROWS` (the GEMM above it rounds otherwise).
+    pub fn batch_invariant_rows(&self) -> usize {
+        match self {
+            Bf16Matrix::RowMajor { .. } => MATVEC_MAX_ROWS,
+            #[cfg(target_arch = "x86_64")]
+            Bf16Matrix::Amx(_) => usize::MAX,
+        }
+    }
+
     /// Output rows m.
     pub fn rows(&self) -> usize {
         match self {

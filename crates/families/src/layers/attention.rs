@@ -9,6 +9,14 @@ use super::{Linear, Norm, Tensors};
 use crate::state::KvCache;
 use model_io::{LoadError, ModelConfig};
 
+/// Projections of rows (`Attention::project`): qg [rows, heads * head_dim * (2 if gated else 1)],
+/// k and v [rows, kv_heads * head_dim].
+pub(crate) struct Projected {
+    qg: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
 #[derive(Clone, Debug)]
 pub struct Attention {
     /// [heads * head_dim * (2 if gated else 1), hidden]; gated rows are per head [q (head_dim), gate (head_dim)].
@@ -63,8 +71,34 @@ impl Attention {
 
     /// x: [n, hidden] (already normed), rows at positions start..start+n. Returns [n, hidden].
     pub fn forward(&self, x: &[f32], n: usize, start: usize, cache: &mut KvCache) -> Vec<f32> {
+        let p = self.project(x, &[n]);
+        let attn = self.core(&p, 0, n, start, cache);
+        self.o_proj.forward(&attn, n)
+    }
+
+    /// The q (with gate), k and v projections of several sequences' normed rows (`seg[i]` rows each,
+    /// concatenated; `Linear::forward_segments`).
+    pub(crate) fn project(&self, x: &[f32], seg: &[usize]) -> Projected {
+        Projected {
+            qg: self.q_proj.forward_segments(x, seg),
+            k: self.k_proj.forward_segments(x, seg),
+            v: self.v_proj.forward_segments(x, seg),
+        }
+    }
+
+    /// One sequence's rows r0..r0+n of `p`, at positions start..start+n: q / k norms, RoPE, the cache
+    /// append, attention and the output gate. Returns [n, heads * head_dim], the o_proj input.
+    pub(crate) fn core(
+        &self,
+        p: &Projected,
+        r0: usize,
+        n: usize,
+        start: usize,
+        cache: &mut KvCache,
+    ) -> Vec<f32> {
         let (h, kvh, d) = (self.heads, self.kv_heads, self.head_dim);
-        let qg = self.q_proj.forward(x, n); // [n, h, d * (1 or 2)]
+        let qw = h * d * if self.gated { 2 } else { 1 };
+        let qg = &p.qg[r0 * qw..(r0 + n) * qw]; // [n, h, d * (1 or 2)]
         let (mut q, gate) = if self.gated {
             // Split each head's [q | gate] pair.
             let mut q = vec![0.0; n * h * d];
@@ -75,10 +109,11 @@ impl Attention {
             }
             (q, Some(gate))
         } else {
-            (qg, None)
+            (qg.to_vec(), None)
         };
-        let mut k = self.k_proj.forward(x, n); // [n, kvh, d]
-        let v = self.v_proj.forward(x, n); // [n, kvh, d]
+        let kw = kvh * d;
+        let mut k = p.k[r0 * kw..(r0 + n) * kw].to_vec(); // [n, kvh, d]
+        let v = &p.v[r0 * kw..(r0 + n) * kw]; // [n, kvh, d]
         self.q_norm.apply_inplace(&mut q);
         self.k_norm.apply_inplace(&mut k);
         let positions: Vec<usize> = (start..start + n).collect();
@@ -87,7 +122,7 @@ impl Attention {
 
         debug_assert_eq!(cache.k.len(), start * kvh * d);
         cache.k.extend_from_slice(&k);
-        cache.v.extend_from_slice(&v);
+        cache.v.extend_from_slice(v);
 
         let mut attn = vec![0.0; n * h * d]; // [n, h, d]
         let scale = 1.0 / (d as f32).sqrt();
@@ -99,7 +134,7 @@ impl Attention {
                 *a *= kernels::sigmoid(*g);
             }
         }
-        self.o_proj.forward(&attn, n)
+        attn
     }
 
     pub fn params(&self) -> usize {

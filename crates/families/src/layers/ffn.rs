@@ -32,6 +32,16 @@ impl Mlp {
         self.down_proj.forward(&act, n)
     }
 
+    /// [`Mlp::forward`] over several sequences' rows (`seg[i]` each, concatenated), every row with the
+    /// bits its sequence's rows alone give it (`Linear::forward_segments`).
+    pub fn forward_segments(&self, x: &[f32], seg: &[usize]) -> Vec<f32> {
+        let gate = self.gate_proj.forward_segments(x, seg);
+        let up = self.up_proj.forward_segments(x, seg);
+        let mut act = vec![0.0; gate.len()];
+        kernels::silu_mul(&gate, &up, &mut act);
+        self.down_proj.forward_segments(&act, seg)
+    }
+
     pub fn params(&self) -> usize {
         self.gate_proj.params() + self.up_proj.params() + self.down_proj.params()
     }

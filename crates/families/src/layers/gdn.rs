@@ -19,6 +19,15 @@ use model_io::ModelConfig;
 /// that speculative and sequential decode run the identical recurrence.
 pub const CHUNKED_MIN_ROWS: usize = 32;
 
+/// Input projections of rows (`GatedDeltaNet::project`): qkv [rows, conv_dim], z [rows, hv * dv],
+/// b and a [rows, hv].
+pub(crate) struct Projected {
+    qkv: Vec<f32>,
+    z: Vec<f32>,
+    b: Vec<f32>,
+    a: Vec<f32>,
+}
+
 #[derive(Clone, Debug)]
 pub struct GatedDeltaNet {
     pub in_proj_qkv: Linear,   // [2*Hk*dk + Hv*dv, hidden]
@@ -143,20 +152,45 @@ impl GatedDeltaNet {
         st: &mut RecurrentState,
         tape: Option<&mut LayerTape>,
     ) -> Vec<f32> {
+        let p = self.project(x, &[n]);
+        let o = self.core(&p, 0, n, st, tape);
+        self.out_proj.forward(&o, n)
+    }
+
+    /// The input projections of several sequences' normed rows (`seg[i]` rows each, concatenated;
+    /// `Linear::forward_segments`).
+    pub(crate) fn project(&self, x: &[f32], seg: &[usize]) -> Projected {
+        Projected {
+            qkv: self.in_proj_qkv.forward_segments(x, seg),
+            z: self.in_proj_z.forward_segments(x, seg),
+            b: self.in_proj_b.forward_segments(x, seg),
+            a: self.in_proj_a.forward_segments(x, seg),
+        }
+    }
+
+    /// One sequence's rows r0..r0+n of `p` through the conv, the recurrence on `st` (recorded on
+    /// `tape` when given) and the gated norm. Returns [n, hv * dv], the out_proj input.
+    pub(crate) fn core(
+        &self,
+        p: &Projected,
+        r0: usize,
+        n: usize,
+        st: &mut RecurrentState,
+        tape: Option<&mut LayerTape>,
+    ) -> Vec<f32> {
         let (hv, dk, dv) = (self.hv, self.dk, self.dv);
         let conv_dim = self.conv_dim();
-        let qkv_in = self.in_proj_qkv.forward(x, n); // [n, conv_dim]
-        let z = self.in_proj_z.forward(x, n); // [n, hv, dv]
-        let b = self.in_proj_b.forward(x, n); // [n, hv]
-        let a = self.in_proj_a.forward(x, n); // [n, hv]
-
+        let qkv_in = &p.qkv[r0 * conv_dim..(r0 + n) * conv_dim]; // [n, conv_dim]
+        let z = &p.z[r0 * hv * dv..(r0 + n) * hv * dv]; // [n, hv, dv]
+        let b = &p.b[r0 * hv..(r0 + n) * hv]; // [n, hv]
+        let a = &p.a[r0 * hv..(r0 + n) * hv]; // [n, hv]
         if let Some(tape) = &tape {
             debug_assert_eq!(tape.conv_dim, conv_dim);
         }
         let conv_before = tape.as_ref().map(|_| st.conv.clone());
         let mut mixed = vec![0.0; n * conv_dim];
         kernels::causal_conv1d_silu(
-            &qkv_in,
+            qkv_in,
             &self.conv_weight,
             &mut st.conv,
             n,
@@ -181,7 +215,7 @@ impl GatedDeltaNet {
             tape.record(
                 conv_before.unwrap_or_default(),
                 &st.s,
-                &qkv_in,
+                qkv_in,
                 &q,
                 &k,
                 &v,
@@ -203,7 +237,7 @@ impl GatedDeltaNet {
                 *y *= zz * kernels::sigmoid(zz);
             }
         }
-        self.out_proj.forward(&o, n)
+        o
     }
 
     /// mixed: [n, conv_dim] post-conv → q, k: [n, hv, dk] (L2-normalised, q scaled, repeated over value

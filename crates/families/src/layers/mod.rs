@@ -115,6 +115,24 @@ impl Linear {
         out
     }
 
+    /// Most rows one call gives the bits each row gets alone (`kernels::Bf16Matrix::batch_invariant_rows`;
+    /// f32 weights: the matvec path's).
+    pub fn batch_invariant_rows(&self) -> usize {
+        match &self.w {
+            Weights::F32(_) => kernels::MATVEC_MAX_ROWS,
+            Weights::Bf16(w) => w.batch_invariant_rows(),
+        }
+    }
+
+    /// Several sequences' rows, `seg[i]` rows each, concatenated: x: [Σ seg, in] -> [Σ seg, out], every
+    /// row with the bits [`Linear::forward`] gives it over its own sequence's rows alone
+    /// ([`run_segments`] with [`Linear::batch_invariant_rows`]).
+    pub fn forward_segments(&self, x: &[f32], seg: &[usize]) -> Vec<f32> {
+        run_segments(x, self.in_dim, seg, self.batch_invariant_rows(), |x, n| {
+            self.forward(x, n)
+        })
+    }
+
     /// The first `rows` outputs of [`Linear::forward`] (bit for bit): x: [n, in] -> [n, rows].
     pub fn forward_rows(&self, x: &[f32], n: usize, rows: usize) -> Vec<f32> {
         let rows = rows.min(self.out_dim);
@@ -133,6 +151,43 @@ impl Linear {
             Weights::Bf16(w) => w.rows() * w.cols(),
         }
     }
+}
+
+/// Runs `f` (rows [n, k] -> [n, m] row-major) over several sequences' rows, `seg[i]` rows each,
+/// concatenated in `x`, so that every row gets the bits `f` gives it over its own sequence's rows alone,
+/// given a kernel that is batch-invariant up to `limit` rows per call: one call when the total fits (or
+/// there is one sequence); otherwise sequences of up to `limit` rows share calls of at most `limit`
+/// rows and longer ones (prefill chunks, on another path alone too) run by themselves.
+pub(crate) fn run_segments(
+    x: &[f32],
+    k: usize,
+    seg: &[usize],
+    limit: usize,
+    f: impl Fn(&[f32], usize) -> Vec<f32>,
+) -> Vec<f32> {
+    let total: usize = seg.iter().sum();
+    if total <= limit || seg.len() == 1 {
+        return f(&x[..total * k], total);
+    }
+    let mut out = Vec::new();
+    let (mut from, mut pending) = (0, 0); // rows [from, from + pending) wait for one shared call
+    for &n in seg {
+        if pending > 0 && (n > limit || pending + n > limit) {
+            out.extend(f(&x[from * k..(from + pending) * k], pending));
+            from += pending;
+            pending = 0;
+        }
+        if n > limit {
+            out.extend(f(&x[from * k..(from + n) * k], n));
+            from += n;
+        } else {
+            pending += n;
+        }
+    }
+    if pending > 0 {
+        out.extend(f(&x[from * k..(from + pending) * k], pending));
+    }
+    out
 }
 
 /// Tensor access under a name prefix (`model.`, `model.language_model.`, `mtp.`).
