@@ -8,12 +8,14 @@
 //! - [`detok`]: [`Detokenizer`] and the incremental decoder behind the deltas.
 //! - [`policy`]: whether and how a run speculates, from the request and what the checkpoint has.
 //! - [`tuner`]: the block of an `auto` run, tuned on measured throughput.
+//! - [`batch`]: [`BatchHub`], continuous batching of generations on several threads at the model seam.
 //! - [`chat`]: Hugging Face chat templates rendered as transformers renders them.
 //! - [`logprobs`]: the log-probabilities of committed tokens (`GenerationConfig::logprobs`).
 //!
 //! Invariant shared by every loop: a token is committed only through [`TokenSink::commit`], so
 //! everything a caller observes is decided in one place.
 
+pub mod batch;
 pub mod chat;
 pub mod config;
 pub mod detok;
@@ -26,6 +28,7 @@ pub mod session;
 pub mod sink;
 pub mod tuner;
 
+pub use batch::{BatchHub, Batched};
 pub use chat::{ChatMessage, ChatTemplate, RenderOptions};
 pub use config::{check_admission, GenerationConfig, GenerationResult, SpecStats};
 pub use detok::{ByteDetokenizer, Detokenizer, IncrementalDecoder};
