@@ -27,6 +27,10 @@ pub struct ServeArgs {
     /// Requests that may wait for the model; more are refused with 503.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_queue: usize,
+    /// Requests generated at once (CPU: continuous batching, each request's output what it would be
+    /// alone; default 8). On the GPU requests run one at a time.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub parallel: Option<u32>,
     /// Seconds a streaming client may go without reading before its request is cancelled (the
     /// server goes on with the others).
     #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = parse_timeout)]
@@ -66,6 +70,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     };
     let (device, speculative, drafter) = (args.model.device, args.speculative, args.drafter);
     let threads = args.model.threads;
+    // Requests at once: the flag, else 8 (a model that does not batch, on the GPU, serves one at a
+    // time whatever is asked: server::spawn).
+    let parallel = args.parallel.map_or(8, |n| n as usize);
     let spinner = crate::progress::spinner(format!("loading {}", dir.display()));
     let load_dir = dir.clone();
     let queue = server::spawn(
@@ -73,12 +80,16 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             let mut builder = turbospark::Model::builder(&load_dir)
                 .device(device)
                 .speculation(speculative)
-                .drafter(drafter);
+                .drafter(drafter)
+                .batching(parallel > 1);
             if let Some(threads) = threads {
                 builder = builder.threads(threads);
             }
             let model = builder.build()?;
             crate::note_fallback(device, model.device_note());
+            if parallel > 1 && !model.batches() {
+                eprintln!("note: --parallel {parallel}: on {} requests run one at a time (batching is CPU-only)", model.device_name());
+            }
             let session = model.session()?;
             if let Some(warning) = session.warning() {
                 eprintln!("warning: {warning}");
@@ -89,6 +100,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             max_queue: args.max_queue,
             log: !args.quiet,
             stalled_client: Duration::from_secs_f64(args.stalled_client_timeout),
+            parallel,
         },
     );
     spinner.finish_and_clear();
@@ -103,33 +115,36 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("--host {} --port {}: cannot listen", args.host, args.port))?;
         let addr = listener.local_addr().context("reading the bound address")?;
-        eprintln!(
-            "serving {} ({}, {}, context {}) on http://{addr} (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)",
-            queue.info.name, queue.info.device, queue.info.mode, queue.info.context
-        );
-        eprintln!("listening on http://{addr}");
         // Ctrl-C or SIGTERM (what service managers and container runtimes send): stop accepting,
-        // give requests in flight 5 s, then exit.
-        let shutdown = async {
+        // give requests in flight 5 s, then exit. The handlers are installed before the address is
+        // printed, so a signal sent as soon as the server answers is never the default (killing) one.
+        #[cfg(unix)]
+        let signals = {
+            use tokio::signal::unix::{signal, SignalKind};
+            (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+        };
+        let shutdown = async move {
             #[cfg(unix)]
-            {
-                use tokio::signal::unix::{signal, SignalKind};
-                match signal(SignalKind::terminate()) {
-                    Ok(mut term) => {
-                        tokio::select! {
-                            _ = tokio::signal::ctrl_c() => {}
-                            _ = term.recv() => {}
-                        }
+            match signals {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
                     }
-                    Err(_) => {
-                        let _ = tokio::signal::ctrl_c().await;
-                    }
+                }
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
                 }
             }
             #[cfg(not(unix))]
             let _ = tokio::signal::ctrl_c().await;
             eprintln!("shutting down");
         };
+        eprintln!(
+            "serving {} ({}, {}, context {}) on http://{addr} (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)",
+            queue.info.name, queue.info.device, queue.info.mode, queue.info.context
+        );
+        eprintln!("listening on http://{addr}");
         server::serve(
             listener,
             queue,

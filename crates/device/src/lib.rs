@@ -28,8 +28,8 @@ pub use cuda_backend::{
 };
 use drafters::{DflashDrafter, Drafter, MtpHead};
 use families::{
-    Backend, BackendError, BackendState, ForwardOut, HostHead, ModelError, SharedHead, State,
-    Transformer, Wanted,
+    Backend, BackendError, BackendState, ForwardOut, HostHead, ModelError, SeqRows, SharedHead,
+    State, Transformer, Wanted,
 };
 use model_io::Checkpoint;
 
@@ -365,6 +365,35 @@ impl Backend for Model {
                 Backend::forward(&**m, tokens, start, s, wanted)
             }
             (m, s) => Err(mismatch(m.device_name(), s.device_name())),
+        }
+    }
+
+    /// On the CPU, the engine's batched forward over every sequence (each keeps its own bits); on the
+    /// GPU, one forward per sequence.
+    fn forward_batch(
+        &self,
+        batch: &mut [SeqRows<'_, ModelState>],
+    ) -> Result<Vec<ForwardOut>, BackendError> {
+        match self {
+            Model::Cpu(m) => {
+                let mut cpu = Vec::with_capacity(batch.len());
+                for s in batch.iter_mut() {
+                    let ModelState::Cpu(state) = &mut *s.state else {
+                        return Err(mismatch(self.device_name(), s.state.device_name()));
+                    };
+                    cpu.push(SeqRows {
+                        tokens: s.tokens,
+                        start: s.start,
+                        state,
+                        wanted: s.wanted,
+                    });
+                }
+                Ok(m.forward_batch(&mut cpu)?)
+            }
+            Model::Cuda(_) => batch
+                .iter_mut()
+                .map(|s| self.forward(s.tokens, s.start, s.state, s.wanted))
+                .collect(),
         }
     }
 

@@ -23,6 +23,10 @@ use std::time::{Duration, Instant};
 
 use families::{Backend, BackendError, ForwardOut, SeqRows, Wanted};
 
+/// Runs a step's work where the model's kernels belong (a front end's thread pool: `install`), from
+/// the leader's thread.
+pub type Install<'a> = &'a (dyn Fn(&mut (dyn FnMut() + Send)) + Sync);
+
 /// How long a step's leader waits for generations that have not brought their rows yet (one busy
 /// with host work, or blocked on a slow client) before running without them.
 pub const GATHER: Duration = Duration::from_micros(500);
@@ -42,8 +46,17 @@ struct Step<S> {
     results: HashMap<u64, Result<ForwardOut, BackendError>>,
     leading: bool,
     next_id: u64,
-    /// Sequences per step run so far (`BatchHub::steps`).
-    sizes: Vec<usize>,
+    stats: BatchStats,
+}
+
+/// What the steps of a [`BatchHub`] have run so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    pub steps: u64,
+    /// Sequences over all steps (sequences / steps: the mean batch).
+    pub sequences: u64,
+    /// The most sequences one step ran.
+    pub largest: usize,
 }
 
 /// One sequence's rows lent to the step's leader.
@@ -57,8 +70,10 @@ struct Lent<S> {
 }
 
 // SAFETY: the pointees belong to a thread blocked in `BatchHub::forward` until the leader has finished
-// with them (module doc); `S: Send` lets the state be used from the leader's thread meanwhile.
+// with them (module doc); `S: Send` lets the state be used from the leader's thread (or the pool thread
+// it hands the step to) meanwhile, and a shared `&Lent` only reads the pointers.
 unsafe impl<S: Send> Send for Lent<S> {}
+unsafe impl<S: Send> Sync for Lent<S> {}
 
 /// A generation in progress (`BatchHub::enter`); leaving drops it.
 pub struct Entered<'a, S> {
@@ -87,7 +102,7 @@ impl<S: Send> BatchHub<S> {
                 results: HashMap::new(),
                 leading: false,
                 next_id: 0,
-                sizes: Vec::new(),
+                stats: BatchStats::default(),
             }),
             arrived: Condvar::new(),
             done: Condvar::new(),
@@ -102,14 +117,32 @@ impl<S: Send> BatchHub<S> {
         Entered { hub: self }
     }
 
-    /// The model seam through this hub.
+    /// The model seam through this hub; steps run on the leader's thread.
     pub fn backend<'a, B: Backend<State = S> + Sync>(&'a self, model: &'a B) -> Batched<'a, B> {
-        Batched { model, hub: self }
+        Batched {
+            model,
+            hub: self,
+            install: None,
+        }
     }
 
-    /// How many sequences each step so far ran together (tests, benchmarks).
-    pub fn step_sizes(&self) -> Vec<usize> {
-        self.lock().sizes.clone()
+    /// [`BatchHub::backend`] whose steps run through `install` (the front end's kernel pool, so that
+    /// the generations' own threads wait outside it).
+    pub fn backend_in<'a, B: Backend<State = S> + Sync>(
+        &'a self,
+        model: &'a B,
+        install: Install<'a>,
+    ) -> Batched<'a, B> {
+        Batched {
+            model,
+            hub: self,
+            install: Some(install),
+        }
+    }
+
+    /// What the steps have run so far.
+    pub fn stats(&self) -> BatchStats {
+        self.lock().stats
     }
 
     fn lock(&self) -> MutexGuard<'_, Step<S>> {
@@ -119,9 +152,10 @@ impl<S: Send> BatchHub<S> {
     }
 
     /// Runs `batch` in the next step with whatever other threads bring; returns its results in order.
-    fn forward<B: Backend<State = S>>(
+    fn forward<B: Backend<State = S> + Sync>(
         &self,
         model: &B,
+        install: Option<Install<'_>>,
         batch: &mut [SeqRows<'_, S>],
     ) -> Result<Vec<ForwardOut>, BackendError> {
         let mut g = self.lock();
@@ -167,9 +201,18 @@ impl<S: Send> BatchHub<S> {
                     .0;
             }
             let lent = std::mem::take(&mut g.waiting);
-            g.sizes.push(lent.len());
+            g.stats.steps += 1;
+            g.stats.sequences += lent.len() as u64;
+            g.stats.largest = g.stats.largest.max(lent.len());
             drop(g);
-            let run = catch_unwind(AssertUnwindSafe(|| run_step(model, &lent)));
+            let run = catch_unwind(AssertUnwindSafe(|| match install {
+                None => run_step(model, &lent),
+                Some(install) => {
+                    let mut results = Vec::new();
+                    install(&mut || results = run_step(model, &lent));
+                    results
+                }
+            }));
             g = self.lock();
             g.leading = false;
             let panicked = match run {
@@ -242,6 +285,7 @@ fn run_step<B: Backend>(
 pub struct Batched<'a, B: Backend> {
     model: &'a B,
     hub: &'a BatchHub<B::State>,
+    install: Option<Install<'a>>,
 }
 
 impl<B: Backend + Sync> Backend for Batched<'_, B>
@@ -286,7 +330,7 @@ where
         &self,
         batch: &mut [SeqRows<'_, Self::State>],
     ) -> Result<Vec<ForwardOut>, BackendError> {
-        self.hub.forward(self.model, batch)
+        self.hub.forward(self.model, self.install, batch)
     }
 
     fn begin_tape(&self, state: &mut Self::State) -> Result<(), BackendError> {

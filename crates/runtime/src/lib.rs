@@ -28,7 +28,7 @@ pub mod session;
 pub mod sink;
 pub mod tuner;
 
-pub use batch::{BatchHub, Batched};
+pub use batch::{BatchHub, BatchStats, Batched};
 pub use chat::{ChatMessage, ChatTemplate, RenderOptions};
 pub use config::{check_admission, GenerationConfig, GenerationResult, SpecStats};
 pub use detok::{ByteDetokenizer, Detokenizer, IncrementalDecoder};

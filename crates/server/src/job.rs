@@ -316,12 +316,7 @@ fn run_choice(s: &Shared<'_>, session: &mut Session, config: &GenerationConfig) 
         }
         _ => {}
     };
-    let result = turbospark::runtime::generate(
-        &s.engine.model,
-        session.runtime_session(),
-        &request,
-        &mut on_event,
-    );
+    let result = session.run(&request, &mut on_event);
     if !entries.is_empty() && result.is_ok() {
         let _ = events.send(Msg::Logprobs(entries));
     }

@@ -1,5 +1,7 @@
-//! The generation worker: one OS thread that owns the engine and its one session, and serves jobs
-//! from a bounded queue in arrival order (the engine decodes one sequence at a time).
+//! The generation workers: `WorkerOptions::parallel` OS threads, each with its own session, taking jobs
+//! from one bounded queue in arrival order. With one worker the engine decodes one sequence at a time;
+//! with several, the model batches them (`turbospark::ModelBuilder::batching`: their forward steps run
+//! as one, each sequence's output what it would be alone).
 //!
 //! A job's life: queued (`Queue::submit`, refused when the queue is full) → the worker renders its
 //! chat template and tokenizes it, then runs admission → [`Msg::Admitted`] or [`Msg::Failed`] → per
@@ -11,12 +13,13 @@
 //! when a send fails — so a dropped request stops at its next commit, or is skipped if still queued,
 //! and the next job starts at once.
 //!
-//! Prefix reuse: every job runs on the same session, so a request that extends the previous one
-//! (the next chat turn) prefills only what is new (`Session`'s reuse rules).
+//! Prefix reuse: a worker runs its jobs on its session, so a request that extends the previous one on
+//! that worker (the next chat turn) prefills only what is new (`Session`'s reuse rules); with several
+//! workers a turn may land on another worker and prefill again.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread;
 
 use tokio::sync::mpsc as tmpsc;
@@ -232,6 +235,9 @@ pub struct WorkerOptions {
     /// A request whose client has not read its response for this long is cancelled, freeing the
     /// worker for the others (its own buffer holds 256 messages).
     pub stalled_client: std::time::Duration,
+    /// Requests generated at once, each on its own worker and session (1: one at a time). Above 1 the
+    /// model must be built with `ModelBuilder::batching` so that they share forward steps.
+    pub parallel: usize,
 }
 
 impl Default for WorkerOptions {
@@ -240,6 +246,52 @@ impl Default for WorkerOptions {
             max_queue: 64,
             log: false,
             stalled_client: std::time::Duration::from_secs(30),
+            parallel: 1,
+        }
+    }
+}
+
+/// What every worker serves jobs with.
+#[derive(Clone)]
+struct ServeJobs {
+    model: Model,
+    info: Arc<ModelInfo>,
+    metrics: Arc<Metrics>,
+    options: WorkerOptions,
+    rx: Arc<Mutex<mpsc::Receiver<Job>>>,
+}
+
+impl ServeJobs {
+    /// Takes jobs until the queue closes, running each on `session`.
+    fn run(&self, mut session: Session) {
+        let engine = self.model.engine();
+        loop {
+            let job = {
+                let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+                rx.recv()
+            };
+            let Ok(job) = job else { return };
+            self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+            let events = job.events.clone();
+            // A bug that panics fails its request, not the server: the next one starts afresh.
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                crate::job::run_job(
+                    engine,
+                    &mut session,
+                    &self.info,
+                    &self.metrics,
+                    &self.options,
+                    job,
+                )
+            }));
+            if run.is_err() {
+                self.metrics.failed.fetch_add(1, Ordering::Relaxed);
+                let _ = session.runtime_session().reset_all();
+                // Best effort: a client that is not reading does not get it.
+                let _ = events.try_send(Msg::Failed(ApiError::internal(
+                    "internal error (a bug in turbospark) while generating; the server goes on",
+                )));
+            }
         }
     }
 }
@@ -259,7 +311,7 @@ where
     thread::Builder::new()
         .name("turbospark-worker".into())
         .spawn(move || {
-            let (model, mut session, name) = match open() {
+            let (model, session, name) = match open() {
                 Ok(v) => v,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -282,25 +334,45 @@ where
             {
                 return;
             }
-            model.install(move || {
-                let rx = rx;
-                while let Ok(job) = rx.recv() {
-                    worker_metrics.queued.fetch_sub(1, Ordering::Relaxed);
-                    let events = job.events.clone();
-                    // A bug that panics fails its request, not the server: the next one starts afresh.
-                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        crate::job::run_job(engine, &mut session, &info, &worker_metrics, &options, job)
-                    }));
-                    if run.is_err() {
-                        worker_metrics.failed.fetch_add(1, Ordering::Relaxed);
-                        let _ = session.runtime_session().reset_all();
-                        // Best effort: a client that is not reading does not get it.
-                        let _ = events.try_send(Msg::Failed(ApiError::internal(
-                            "internal error (a bug in turbospark) while generating; the server goes on",
-                        )));
+            let rx = Arc::new(Mutex::new(rx));
+            let mut options = options;
+            if !model.batches() {
+                // Without shared steps, concurrent generations would only contend for the device.
+                options.parallel = 1;
+            }
+            let serve = ServeJobs {
+                model: model.clone(),
+                info: Arc::new(info),
+                metrics: worker_metrics,
+                options,
+                rx,
+            };
+            // Workers past the first, each with its own session; they share the model's steps.
+            for i in 1..serve.options.parallel.max(1) {
+                let serve = serve.clone();
+                let session = match serve.model.session() {
+                    Ok(s) => s,
+                    Err(e) => {
+                        eprintln!("error: worker {i} could not open a session: {e}");
+                        break;
                     }
+                };
+                let spawned = thread::Builder::new()
+                    .name(format!("turbospark-worker-{i}"))
+                    .spawn(move || serve.run(session));
+                if let Err(e) = spawned {
+                    eprintln!("error: starting worker {i}: {e}");
+                    break;
                 }
-            });
+            }
+            if serve.options.parallel > 1 {
+                // Each generation's loop on its worker, its steps inside the pool (`Session`).
+                serve.run(session);
+            } else {
+                // One generation at a time, wholly inside the model's pool (as `turbospark bench`).
+                let model = serve.model.clone();
+                model.install(move || serve.run(session));
+            }
         })
         .map_err(|e| {
             turbospark::Error::from(RuntimeError::Io {

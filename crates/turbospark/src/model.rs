@@ -24,6 +24,7 @@ pub struct ModelBuilder {
     speculation: Speculation,
     drafter: DrafterRequest,
     threads: Option<usize>,
+    batching: bool,
 }
 
 impl ModelBuilder {
@@ -46,6 +47,16 @@ impl ModelBuilder {
     /// checkpoint has a head, else DFlash).
     pub fn drafter(mut self, drafter: DrafterRequest) -> Self {
         self.drafter = drafter;
+        self
+    }
+
+    /// Whether sessions generating at once on several threads share forward steps (continuous
+    /// batching, the CPU engine; default off). On: each generation's loop runs on its own thread and
+    /// every step of the model inside its pool, the steps holding every generation's rows; what a
+    /// generation returns is unchanged (each row keeps its bits). Off: a generation runs wholly inside
+    /// the pool, as one thread would use the model (the drafter too).
+    pub fn batching(mut self, batching: bool) -> Self {
+        self.batching = batching;
         self
     }
 
@@ -74,12 +85,14 @@ impl ModelBuilder {
         let engine = pool.install(|| {
             Engine::open_checked(&self.dir, self.device, self.speculation, self.drafter)
         })?;
+        let batching = self.batching && matches!(engine.model, device::Model::Cpu(_));
         Ok(Model {
             inner: Arc::new(Inner {
                 engine,
                 pool,
                 speculation: self.speculation,
                 drafter: self.drafter,
+                hub: batching.then(runtime::BatchHub::default),
             }),
         })
     }
@@ -90,6 +103,9 @@ struct Inner {
     pool: rayon::ThreadPool,
     speculation: Speculation,
     drafter: DrafterRequest,
+    /// Where the generations of this model's sessions on several threads meet in shared forward
+    /// steps (CPU: `runtime::BatchHub`).
+    hub: Option<runtime::BatchHub<ModelState>>,
 }
 
 /// An opened model. Cloning is cheap and shares the weights and the pool.
@@ -108,6 +124,7 @@ impl Model {
             speculation: Speculation::Auto,
             drafter: DrafterRequest::Auto,
             threads: None,
+            batching: false,
         }
     }
 
@@ -134,6 +151,22 @@ impl Model {
 
     /// Runs `f` on this model's thread pool (the calling thread waits). Everything that runs kernels
     /// goes through here; tools that drive the layers beneath (benchmarks) use it too.
+    /// Whether sessions generating at once share forward steps ([`ModelBuilder::batching`], on the
+    /// CPU).
+    pub fn batches(&self) -> bool {
+        self.inner.hub.is_some()
+    }
+
+    /// What the shared steps have run so far (None: this model does not batch).
+    pub fn batch_stats(&self) -> Option<runtime::BatchStats> {
+        self.inner.hub.as_ref().map(|h| h.stats())
+    }
+
+    /// The hub of continuous batching ([`ModelBuilder::batching`] on a CPU model).
+    pub(crate) fn hub(&self) -> Option<&runtime::BatchHub<ModelState>> {
+        self.inner.hub.as_ref()
+    }
+
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.inner.pool.install(f)
     }

@@ -50,7 +50,8 @@ impl Session {
         config: &GenerationConfig,
         mut on_event: impl FnMut(Event<'_>) + Send,
     ) -> Result<GenerationResult, Error> {
-        let engine = self.model.engine();
+        let model = self.model.clone();
+        let engine = model.engine();
         let request = runtime::Request {
             prompt,
             config,
@@ -59,15 +60,38 @@ impl Session {
             speculative: self.prepared.speculative,
             cancel: self.cancel.clone(),
         };
-        let session = &mut self.prepared.session;
-        let result = self
-            .model
-            .install(|| runtime::generate(&engine.model, session, &request, &mut on_event));
+        let result = self.run(&request, &mut on_event);
         // A cancel stops the generation it reached; the next one starts uncancelled.
         if self.cancel.is_cancelled() {
             self.cancel = CancelFlag::new();
         }
         Ok(result?)
+    }
+
+    /// Runs a request built by the caller (its own stop ids, speculation and cancel flag: the
+    /// server's) on this session, as [`Session::generate_ids`] runs its own.
+    pub fn run(
+        &mut self,
+        request: &runtime::Request<'_>,
+        on_event: &mut (dyn FnMut(Event<'_>) + Send),
+    ) -> Result<GenerationResult, runtime::RuntimeError> {
+        let engine = self.model.engine();
+        let session = &mut self.prepared.session;
+        // Sessions generating at once on several threads share forward steps (`Model::hub`): the loop
+        // runs on this thread and each step inside the model's pool, so a thread waiting for a step
+        // never holds a pool thread. Otherwise the generation runs wholly inside the pool.
+        match self.model.hub() {
+            Some(hub) => {
+                let _in = hub.enter();
+                let model = &self.model;
+                let install = |f: &mut (dyn FnMut() + Send)| model.install(f);
+                let backend = hub.backend_in(&engine.model, &install);
+                runtime::generate(&backend, session, request, on_event)
+            }
+            None => self
+                .model
+                .install(|| runtime::generate(&engine.model, session, request, on_event)),
+        }
     }
 
     /// Renders `messages` with the model's chat template (`add_generation_prompt` and template

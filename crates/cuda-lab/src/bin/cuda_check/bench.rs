@@ -387,7 +387,9 @@ fn one_config(
                 .map(|i| (next as usize + 31 * i) as u32 % model.vocab as u32)
                 .collect();
             print_profile(
-                &format!("one verify round of {rows} rows (tape, all logits to the host, rollback)"),
+                &format!(
+                    "one verify round of {rows} rows (tape, all logits to the host, rollback)"
+                ),
                 &cuda_lab::profile::profile_verify(&model, &mut st, &drafts)?,
             );
         }
