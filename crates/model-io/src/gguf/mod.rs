@@ -10,7 +10,11 @@
 //! all parts, and (for a split set) every part present, numbered in order, with the tensor total
 //! that `split.tensors.count` announces.
 
+pub mod config;
+pub mod convert;
+pub mod names;
 pub mod reader;
+pub mod tokenizer;
 pub mod types;
 
 use std::collections::HashMap;

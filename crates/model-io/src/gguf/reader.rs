@@ -199,6 +199,11 @@ impl GgufFile {
         self.metadata.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 
+    /// The path, the map and the tensors, for a store that keeps the map.
+    pub(crate) fn into_parts(self) -> (PathBuf, Mmap, Vec<TensorInfo>) {
+        (self.path, self.mmap, self.tensors)
+    }
+
     /// The stored bytes of `tensor` (one of `self.tensors`).
     pub fn bytes(&self, tensor: &TensorInfo) -> Result<&[u8], LoadError> {
         // Always Some by the invariant; the error arm keeps this panic-free regardless.
