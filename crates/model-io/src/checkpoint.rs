@@ -110,8 +110,12 @@ impl Checkpoint {
                 )
             }
         };
+        let eos_token_ids = match &gguf_vocab {
+            Some(vocab) => vocab.end_of_generation_ids(),
+            None => config.eos_token_ids.clone(),
+        };
         let generation = GenerationDefaults {
-            eos_token_ids: config.eos_token_ids.clone(),
+            eos_token_ids,
             ..GenerationDefaults::default()
         };
         let tensors = TensorStore::from_gguf(set, &layout)?;

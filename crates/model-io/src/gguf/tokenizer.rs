@@ -139,6 +139,27 @@ impl GgufVocab {
         out
     }
 
+    /// Stop tokens: `eos_token_id`, then the tokens llama.cpp also ends generation on by their text
+    /// (`llama-vocab.cpp`'s end-of-generation list, the entries Qwen vocabularies have), in id order.
+    /// A GGUF has no generation_config.json; Qwen's lists `<|im_end|>` and `<|endoftext|>`.
+    pub fn end_of_generation_ids(&self) -> Vec<u32> {
+        const EOG: [&str; 5] = [
+            "<|im_end|>",
+            "<|endoftext|>",
+            "<|eot_id|>",
+            "<|end|>",
+            "<|eom_id|>",
+        ];
+        let mut ids: Vec<u32> = self.eos.into_iter().collect();
+        for (id, token) in self.tokens.iter().enumerate() {
+            let id = id as u32;
+            if EOG.contains(&token.as_str()) && !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        ids
+    }
+
     /// The tokenizer.json text equivalent to this vocabulary.
     pub fn tokenizer_json(&self) -> Result<String, LoadError> {
         let regex = match self.pre.as_str() {

@@ -1,0 +1,60 @@
+//! llama.cpp's GGUF converter, for tests that convert a model at test time (too large to commit).
+//!
+//! Tooling (not installed by the build; tools/fixtures/README.md says how to set it up):
+//! `TURBOSPARK_LLAMA_CPP` = the llama.cpp tree of the llama-cpp-python 0.3.36 sdist (nothing built),
+//! `TURBOSPARK_GGUF_PYTHON` = a python with tools/fixtures/requirements.txt and requirements-gguf.txt.
+//! Tests that use it are `#[ignore]`d with the reason, and run with `--ignored` where the tooling is;
+//! run without it they panic naming the missing variable (never a silent pass).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The reason string of tests that need the converter.
+pub const NEEDS_CONVERTER: &str =
+    "needs llama.cpp's converter: set TURBOSPARK_LLAMA_CPP and TURBOSPARK_GGUF_PYTHON (tools/fixtures/README.md)";
+
+fn var(name: &str) -> PathBuf {
+    match std::env::var_os(name) {
+        Some(v) => PathBuf::from(v),
+        None => panic!(
+            "testdata: {name} is not set; this test {}",
+            &NEEDS_CONVERTER[..]
+        ),
+    }
+}
+
+/// Converts the Hugging Face checkpoint `model_dir` to `out` with tools/fixtures/gguf_models.py and
+/// `args` (e.g. `["--outtype", "f32"]`); skips the work when `out` exists. Panics with the
+/// converter's output on failure.
+pub fn convert_to_gguf(model_dir: &Path, out: &Path, args: &[&str]) -> PathBuf {
+    if out.is_file() {
+        return out.to_path_buf();
+    }
+    let llama_cpp = var("TURBOSPARK_LLAMA_CPP");
+    let python = var("TURBOSPARK_GGUF_PYTHON");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/fixtures/gguf_models.py");
+    let tmp = out.with_extension("partial");
+    let output = Command::new(&python)
+        .arg(&script)
+        .arg(&llama_cpp)
+        .arg(model_dir)
+        .arg(&tmp)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("testdata: cannot run {}: {e}", python.display()));
+    assert!(
+        output.status.success(),
+        "testdata: converting {} failed:\n{}",
+        model_dir.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::rename(&tmp, out).unwrap_or_else(|e| panic!("testdata: {}: {e}", out.display()));
+    out.to_path_buf()
+}
+
+/// `convert_to_gguf` into the test cache (`<target>/<profile>/testdata/gguf/<name>`).
+pub fn converted(model_dir: &Path, name: &str, args: &[&str]) -> PathBuf {
+    let dir = crate::cache_dir().join("gguf");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("testdata: {}: {e}", dir.display()));
+    convert_to_gguf(model_dir, &dir.join(name), args)
+}
