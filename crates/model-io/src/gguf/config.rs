@@ -33,6 +33,14 @@ pub fn hf_config(set: &GgufSet) -> Result<(String, Layout), LoadError> {
     })?;
     let k = |s: &str| format!("{arch_name}.{s}");
     let blocks = keys.usize(&k("block_count"))?;
+    // Every block has tensors: a larger count is corrupt, and would size allocations below.
+    let n_tensors = set.tensors().count();
+    if blocks > n_tensors {
+        return Err(keys.invalid(
+            &k("block_count"),
+            format!("{blocks} blocks but the file holds only {n_tensors} tensors"),
+        ));
+    }
     let nextn = keys.opt_usize(&k("nextn_predict_layers"))?.unwrap_or(0);
     let n_layer = blocks.checked_sub(nextn).ok_or_else(|| {
         keys.invalid(
