@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use model_io::Checkpoint;
-use testdata::gguf_tools::{converted, NEEDS_CONVERTER};
+use testdata::gguf_tools::converted;
 
 /// Every tensor of `hf` must be in `gguf` with the same shape and bits, except where the converter's
 /// change is lossy: zero-centred norm weights are stored as `s = fl(1 + w)`, and `s - 1` is within
@@ -137,7 +137,6 @@ fn assert_same_tokenizer(hf: &Checkpoint, gguf: &Checkpoint) {
 #[test]
 #[ignore = "needs llama.cpp's converter: set TURBOSPARK_LLAMA_CPP and TURBOSPARK_GGUF_PYTHON (tools/fixtures/README.md)"]
 fn testbed_gguf_equals_the_testbed() {
-    let _ = NEEDS_CONVERTER;
     let dir = repo("models/testbed");
     let path = converted(&dir, "testbed-f32.gguf", &["--outtype", "f32"]);
     let hf = Checkpoint::open(&dir).unwrap();

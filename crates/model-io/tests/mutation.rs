@@ -137,7 +137,7 @@ fn mutated_gguf_models_are_errors_not_panics() {
             if let Ok(ck) = Checkpoint::open(&path) {
                 for name in ck.tensors.names() {
                     if let Ok(shape) = ck.tensors.shape(name) {
-                        let _ = ck.tensors.load_f32(name, &shape.to_vec());
+                        let _ = ck.tensors.load_f32(name, shape);
                         let _ = ck.tensors.raw(name);
                     }
                 }
@@ -205,7 +205,7 @@ fn mutated_safetensors_headers_are_errors_not_panics() {
     for (what, image) in &cases {
         std::fs::write(&path, image).unwrap();
         let opened = no_panic(what, || {
-            let store = TensorStore::open_files(dir.path(), &[path.clone()]);
+            let store = TensorStore::open_files(dir.path(), std::slice::from_ref(&path));
             if let Ok(store) = &store {
                 for name in store.names() {
                     let shape = store.shape(name).unwrap().to_vec();

@@ -16,10 +16,7 @@ pub const NEEDS_CONVERTER: &str =
 fn var(name: &str) -> PathBuf {
     match std::env::var_os(name) {
         Some(v) => PathBuf::from(v),
-        None => panic!(
-            "testdata: {name} is not set; this test {}",
-            &NEEDS_CONVERTER[..]
-        ),
+        None => panic!("testdata: {name} is not set; this test {}", NEEDS_CONVERTER),
     }
 }
 

@@ -121,7 +121,7 @@ pub fn hf_config(set: &GgufSet) -> Result<(String, Layout), LoadError> {
             let value_heads = keys.usize(&k("ssm.time_step_rank"))?;
             let key_dim = keys.usize(&k("ssm.state_size"))?;
             let inner = keys.usize(&k("ssm.inner_size"))?;
-            if value_heads == 0 || inner % value_heads != 0 {
+            if value_heads == 0 || !inner.is_multiple_of(value_heads) {
                 return Err(keys.invalid(
                     &k("ssm.inner_size"),
                     format!("{inner} is not a multiple of ssm.time_step_rank {value_heads}"),

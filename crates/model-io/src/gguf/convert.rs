@@ -74,7 +74,7 @@ fn ungroup(
         .and_then(|n| n.checked_mul(head_dim))
         .ok_or("value head layout overflows")?;
     let rows = shape.first().copied().unwrap_or(1);
-    let row_len = if rows == 0 { 0 } else { values.len() / rows };
+    let row_len = values.len().checked_div(rows).unwrap_or(0);
     let source_of = |hf: usize| {
         let (g, rest) = (
             hf / (values_per_key * head_dim),

@@ -142,7 +142,7 @@ fn split_count(file: &GgufFile) -> Result<Option<u64>, LoadError> {
     match file.get("split.count") {
         None => Ok(None),
         Some(v) => match v.as_u64() {
-            Some(n) if n >= 1 && n <= 99_999 => {
+            Some(n) if (1..=99_999).contains(&n) => {
                 let no = file.get("split.no").and_then(MetaValue::as_u64);
                 if n > 1 && no != Some(0) {
                     return Err(LoadError::Gguf {

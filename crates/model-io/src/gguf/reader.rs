@@ -330,7 +330,7 @@ pub fn parse(file: &[u8]) -> Result<Parsed, String> {
                 info.extents
             )
         })?;
-        if info.offset % alignment != 0 {
+        if !info.offset.is_multiple_of(alignment) {
             return Err(format!(
                 "tensor `{name}`: offset {} is not a multiple of the alignment {alignment}",
                 info.offset

@@ -139,7 +139,7 @@ impl GgmlType {
     /// multiple of the block length, or a size that overflows.
     pub fn byte_size(self, extents: &[usize]) -> Result<usize, String> {
         let row_len = extents.first().copied().unwrap_or(1);
-        if row_len % self.block_len() != 0 {
+        if !row_len.is_multiple_of(self.block_len()) {
             return Err(format!(
                 "row length {row_len} is not a multiple of the {}-element block of {}",
                 self.block_len(),
@@ -157,7 +157,7 @@ impl GgmlType {
 /// Dequantizes `bytes` (whole blocks of `ty`) into `out`, which must hold exactly the elements.
 pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), String> {
     let (len, size) = (ty.block_len(), ty.block_bytes());
-    if bytes.len() % size != 0 || bytes.len() / size * len != out.len() {
+    if !bytes.len().is_multiple_of(size) || bytes.len() / size * len != out.len() {
         return Err(format!(
             "{} bytes of {} do not hold {} elements",
             bytes.len(),
