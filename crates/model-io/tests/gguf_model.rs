@@ -112,6 +112,15 @@ fn corpus() -> Vec<String> {
     texts
 }
 
+/// `dir` converted at test time (`args` to the converter), opened beside the checkpoint.
+fn converted_pair(dir: &Path, name: &str, args: &[&str]) -> (Checkpoint, Checkpoint) {
+    let path = converted(dir, name, args);
+    let hf = Checkpoint::open(dir).unwrap();
+    let gguf = Checkpoint::open(&path).unwrap();
+    assert_same_config(&hf, &gguf);
+    (hf, gguf)
+}
+
 fn assert_same_tokenizer(hf: &Checkpoint, gguf: &Checkpoint) {
     let a = hf.tokenizer().unwrap();
     let b = gguf.tokenizer().unwrap();
@@ -137,11 +146,11 @@ fn assert_same_tokenizer(hf: &Checkpoint, gguf: &Checkpoint) {
 #[test]
 #[ignore = "needs llama.cpp's converter: set TURBOSPARK_LLAMA_CPP and TURBOSPARK_GGUF_PYTHON (tools/fixtures/README.md)"]
 fn testbed_gguf_equals_the_testbed() {
-    let dir = repo("models/testbed");
-    let path = converted(&dir, "testbed-f32.gguf", &["--outtype", "f32"]);
-    let hf = Checkpoint::open(&dir).unwrap();
-    let gguf = Checkpoint::open(&path).unwrap();
-    assert_same_config(&hf, &gguf);
+    let (hf, gguf) = converted_pair(
+        &repo("models/testbed"),
+        "testbed-f32.gguf",
+        &["--outtype", "f32"],
+    );
     assert_same_tensors(&hf, &gguf);
     assert_same_tokenizer(&hf, &gguf);
     assert_eq!(hf.chat_template, gguf.chat_template);
@@ -151,10 +160,7 @@ fn testbed_gguf_equals_the_testbed() {
 #[ignore = "needs llama.cpp's converter: set TURBOSPARK_LLAMA_CPP and TURBOSPARK_GGUF_PYTHON (tools/fixtures/README.md)"]
 fn real_qwen3_vocabulary_from_gguf_gives_the_same_ids() {
     let dir = testdata::fixture("qwen3_realtok");
-    let path = converted(&dir, "qwen3_realtok-f32.gguf", &["--outtype", "f32"]);
-    let hf = Checkpoint::open(&dir).unwrap();
-    let gguf = Checkpoint::open(&path).unwrap();
-    assert_same_config(&hf, &gguf);
+    let (hf, gguf) = converted_pair(&dir, "qwen3_realtok-f32.gguf", &["--outtype", "f32"]);
     assert_same_tensors(&hf, &gguf);
     assert_same_tokenizer(&hf, &gguf);
     assert_eq!(hf.chat_template, gguf.chat_template);
@@ -164,21 +170,18 @@ fn real_qwen3_vocabulary_from_gguf_gives_the_same_ids() {
 #[ignore = "needs llama.cpp's converter: set TURBOSPARK_LLAMA_CPP and TURBOSPARK_GGUF_PYTHON (tools/fixtures/README.md)"]
 fn qwen3_fixture_gguf_equals_the_checkpoint() {
     let dir = testdata::fixture("qwen3");
-    let path = converted(&dir, "qwen3-f32.gguf", &["--outtype", "f32", "--no-vocab"]);
-    let hf = Checkpoint::open(&dir).unwrap();
-    let gguf = Checkpoint::open(&path).unwrap();
-    assert_same_config(&hf, &gguf);
+    let (hf, gguf) = converted_pair(&dir, "qwen3-f32.gguf", &["--outtype", "f32", "--no-vocab"]);
     assert_same_tensors(&hf, &gguf);
 }
 
 #[test]
 #[ignore = "needs llama.cpp's converter: set TURBOSPARK_LLAMA_CPP and TURBOSPARK_GGUF_PYTHON (tools/fixtures/README.md)"]
 fn q8_0_testbed_dequantizes_within_one_quantization_step() {
-    let dir = repo("models/testbed");
-    let path = converted(&dir, "testbed-q8_0.gguf", &["--outtype", "q8_0"]);
-    let hf = Checkpoint::open(&dir).unwrap();
-    let gguf = Checkpoint::open(&path).unwrap();
-    assert_same_config(&hf, &gguf);
+    let (hf, gguf) = converted_pair(
+        &repo("models/testbed"),
+        "testbed-q8_0.gguf",
+        &["--outtype", "q8_0"],
+    );
     let mut quantized = 0;
     for name in hf.tensors.names() {
         let shape = hf.tensors.shape(name).unwrap().to_vec();

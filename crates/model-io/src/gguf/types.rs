@@ -274,27 +274,19 @@ fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
 /// Q4_K: d, dmin, 12 bytes of scales/mins, 128 bytes of nibbles; 8 sub-blocks of 32.
 /// y = (d * sc) * q - dmin * m.
 fn q4_k(b: &[u8], y: &mut [f32]) {
-    let (d, dmin) = (half_at(b, 0), half_at(b, 2));
-    let scales = &b[4..16];
-    let qs = &b[16..144];
-    for (half, (q, out)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
-        let (sc1, m1) = scale_min_k4(2 * half, scales);
-        let (sc2, m2) = scale_min_k4(2 * half + 1, scales);
-        let (d1, min1) = (d * f32::from(sc1), dmin * f32::from(m1));
-        let (d2, min2) = (d * f32::from(sc2), dmin * f32::from(m2));
-        for l in 0..32 {
-            out[l] = d1 * f32::from(q[l] & 0x0F) - min1;
-            out[l + 32] = d2 * f32::from(q[l] >> 4) - min2;
-        }
-    }
+    k_quant_4_or_5(&b[..16], None, &b[16..144], y);
 }
 
 /// Q5_K: d, dmin, 12 bytes of scales/mins, 32 bytes of 5th bits, 128 bytes of nibbles.
 fn q5_k(b: &[u8], y: &mut [f32]) {
-    let (d, dmin) = (half_at(b, 0), half_at(b, 2));
-    let scales = &b[4..16];
-    let qh = &b[16..48];
-    let qs = &b[48..176];
+    k_quant_4_or_5(&b[..16], Some(&b[16..48]), &b[48..176], y);
+}
+
+/// The Q4_K / Q5_K body: `head` = d, dmin and the 12 scale bytes; `qh` the 5th bits (Q5_K: bit
+/// `2i` / `2i+1` of byte l belongs to element l of sub-block `2i` / `2i+1`); `qs` the nibbles.
+fn k_quant_4_or_5(head: &[u8], qh: Option<&[u8]>, qs: &[u8], y: &mut [f32]) {
+    let (d, dmin) = (half_at(head, 0), half_at(head, 2));
+    let scales = &head[4..16];
     for (half, (q, out)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
         let (sc1, m1) = scale_min_k4(2 * half, scales);
         let (sc2, m2) = scale_min_k4(2 * half + 1, scales);
@@ -302,8 +294,9 @@ fn q5_k(b: &[u8], y: &mut [f32]) {
         let (d2, min2) = (d * f32::from(sc2), dmin * f32::from(m2));
         let (bit1, bit2) = (1u8 << (2 * half), 1u8 << (2 * half + 1));
         for l in 0..32 {
-            let h1 = if qh[l] & bit1 != 0 { 16 } else { 0 };
-            let h2 = if qh[l] & bit2 != 0 { 16 } else { 0 };
+            let h = qh.map_or(0, |qh| qh[l]);
+            let h1 = if h & bit1 != 0 { 16 } else { 0 };
+            let h2 = if h & bit2 != 0 { 16 } else { 0 };
             out[l] = d1 * f32::from((q[l] & 0x0F) + h1) - min1;
             out[l + 32] = d2 * f32::from((q[l] >> 4) + h2) - min2;
         }
