@@ -55,9 +55,12 @@ fn prompt_ids(dir: &Path) -> Vec<u32> {
 }
 
 fn check(hf_dir: &Path, gguf: &Path, tolerance: f32, greedy_len: usize) {
+    check_prompt(hf_dir, gguf, &prompt_ids(hf_dir), tolerance, greedy_len);
+}
+
+fn check_prompt(hf_dir: &Path, gguf: &Path, prompt: &[u32], tolerance: f32, greedy_len: usize) {
     let (hf, gg) = (load(hf_dir), load(gguf));
-    let prompt = prompt_ids(hf_dir);
-    let (a, b) = (logits(&hf, &prompt), logits(&gg, &prompt));
+    let (a, b) = (logits(&hf, prompt), logits(&gg, prompt));
     assert_eq!(a.len(), b.len());
     let d = a
         .iter()
@@ -70,8 +73,8 @@ fn check(hf_dir: &Path, gguf: &Path, tolerance: f32, greedy_len: usize) {
         gguf.display()
     );
     assert_eq!(
-        greedy(&hf, &prompt, greedy_len),
-        greedy(&gg, &prompt, greedy_len),
+        greedy(&hf, prompt, greedy_len),
+        greedy(&gg, prompt, greedy_len),
         "{}: greedy continuation differs",
         gguf.display()
     );
@@ -101,4 +104,14 @@ fn testbed_gguf_greedy_equals_the_testbed() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/testbed");
     let path = converted(&dir, "testbed-f32.gguf", &["--outtype", "f32"]);
     check(&dir, &path, 1e-4, 64);
+}
+
+#[test]
+#[ignore = "needs llama.cpp's converter: set TURBOSPARK_LLAMA_CPP and TURBOSPARK_GGUF_PYTHON (tools/fixtures/README.md)"]
+fn qwen35_moe_gguf_matches_its_checkpoint() {
+    let dir = testdata::gguf_tools::tiny_qwen35_moe();
+    let args = ["--outtype", "f32", "--no-vocab", "--no-mtp"];
+    let path = converted(&dir, "qwen35moe-f32.gguf", &args);
+    let prompt: Vec<u32> = (0..70).map(|i| (i * 37 + 11) % 256).collect();
+    check_prompt(&dir, &path, &prompt, 1e-5, 24);
 }

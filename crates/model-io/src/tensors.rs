@@ -399,32 +399,37 @@ impl TensorStore {
             let (path, mmap, tensors) = part.into_parts();
             for info in tensors {
                 let mut shape = info.shape();
-                let (name, transforms) = match map_tensor(&info.name, layout) {
+                let pieces = match map_tensor(&info.name, layout) {
+                    Some(m) if !m.expert_parts.is_empty() => {
+                        split_experts(&path, &info, &m.hf_name, m.expert_parts)?
+                    }
                     Some(m) => {
                         if m.unsqueeze_1 && shape.len() == 2 {
                             shape.insert(1, 1);
                         }
-                        (m.hf_name, m.transforms)
+                        vec![(m.hf_name, m.transforms, shape, info.begin, info.end)]
                     }
-                    None => (info.name.clone(), Vec::new()),
+                    None => vec![(info.name.clone(), Vec::new(), shape, info.begin, info.end)],
                 };
-                let entry = Entry {
-                    shard,
-                    stored: Stored::Gguf {
-                        ggml_type: info.ggml_type,
-                        transforms,
-                        converted: OnceLock::new(),
-                    },
-                    shape,
-                    begin: info.begin,
-                    end: info.end,
-                };
-                if store.entries.insert(name.clone(), entry).is_some() {
-                    return Err(LoadError::DuplicateTensor {
-                        path: path.clone(),
-                        other: path.clone(),
-                        tensor: format!("{name} (from GGUF `{}`)", info.name),
-                    });
+                for (name, transforms, shape, begin, end) in pieces {
+                    let entry = Entry {
+                        shard,
+                        stored: Stored::Gguf {
+                            ggml_type: info.ggml_type,
+                            transforms,
+                            converted: OnceLock::new(),
+                        },
+                        shape,
+                        begin,
+                        end,
+                    };
+                    if store.entries.insert(name.clone(), entry).is_some() {
+                        return Err(LoadError::DuplicateTensor {
+                            path: path.clone(),
+                            other: path.clone(),
+                            tensor: format!("{name} (from GGUF `{}`)", info.name),
+                        });
+                    }
                 }
             }
             store.shards.push(Shard { path, mmap });
@@ -492,6 +497,52 @@ impl TensorStore {
                 ),
             })
     }
+}
+
+/// One tensor of a GGUF-backed store: name, inverse transforms, shape, absolute byte range.
+type Piece = (String, Vec<Transform>, Vec<usize>, usize, usize);
+
+/// A 3-D expert tensor `[E, rows, cols]` as per-expert `[rows / parts, cols]` tensors named
+/// `{prefix}{e}.{part}`. Each is a contiguous byte range: rows are whole blocks.
+fn split_experts(
+    path: &Path,
+    info: &crate::gguf::TensorInfo,
+    prefix: &str,
+    parts: &[&str],
+) -> Result<Vec<Piece>, LoadError> {
+    let shape = info.shape();
+    let bad = |reason: String| LoadError::Gguf {
+        path: path.to_path_buf(),
+        reason: format!("tensor `{}` {shape:?}: {reason}", info.name),
+    };
+    let &[experts, rows, cols] = shape.as_slice() else {
+        return Err(bad("expert tensors have 3 dimensions".into()));
+    };
+    if experts == 0 || !rows.is_multiple_of(parts.len()) {
+        return Err(bad(format!(
+            "cannot split into {} parts per expert",
+            parts.len()
+        )));
+    }
+    let part_bytes = (info.end - info.begin) / experts / parts.len();
+    // Empty experts are corrupt; requiring bytes also bounds the entries made by the file's size.
+    if part_bytes == 0 {
+        return Err(bad("experts of zero bytes".into()));
+    }
+    let mut out = Vec::with_capacity(experts * parts.len());
+    for e in 0..experts {
+        for (k, part) in parts.iter().enumerate() {
+            let begin = info.begin + (e * parts.len() + k) * part_bytes;
+            out.push((
+                format!("{prefix}{e}.{part}"),
+                Vec::new(),
+                vec![rows / parts.len(), cols],
+                begin,
+                begin + part_bytes,
+            ));
+        }
+    }
+    Ok(out)
 }
 
 /// A GGUF tensor handed out as stored (no conversion).

@@ -207,3 +207,16 @@ fn q8_0_testbed_dequantizes_within_one_quantization_step() {
     }
     assert!(quantized > 10, "only {quantized} tensors were Q8_0");
 }
+
+#[test]
+#[ignore = "needs llama.cpp's converter: set TURBOSPARK_LLAMA_CPP and TURBOSPARK_GGUF_PYTHON (tools/fixtures/README.md)"]
+fn qwen35_moe_gguf_equals_the_checkpoint() {
+    let dir = testdata::gguf_tools::tiny_qwen35_moe();
+    let (hf, gguf) = converted_pair(
+        &dir,
+        "qwen35moe-f32.gguf",
+        &["--outtype", "f32", "--no-vocab", "--no-mtp"],
+    );
+    assert!(gguf.config.moe.is_some());
+    assert_same_tensors(&hf, &gguf);
+}

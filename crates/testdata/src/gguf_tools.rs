@@ -55,3 +55,26 @@ pub fn converted(model_dir: &Path, name: &str, args: &[&str]) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("testdata: {}: {e}", dir.display()));
     convert_to_gguf(model_dir, &dir.join(name), args)
 }
+
+/// A random tiny Qwen3.5-MoE checkpoint (`gguf_models.py --make-tiny-qwen35moe`), made once into the
+/// test cache: the repository has no MoE Qwen3.5 fixture to convert.
+pub fn tiny_qwen35_moe() -> PathBuf {
+    let dir = crate::cache_dir().join("gguf").join("tiny-qwen35moe");
+    if dir.join("config.json").is_file() {
+        return dir;
+    }
+    let python = var("TURBOSPARK_GGUF_PYTHON");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/fixtures/gguf_models.py");
+    let output = Command::new(&python)
+        .arg(&script)
+        .arg("--make-tiny-qwen35moe")
+        .arg(&dir)
+        .output()
+        .unwrap_or_else(|e| panic!("testdata: cannot run {}: {e}", python.display()));
+    assert!(
+        output.status.success(),
+        "testdata: making the tiny Qwen3.5-MoE failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    dir
+}

@@ -5,7 +5,8 @@
 //! `.embedding_length`, `.feed_forward_length`, `.attention.head_count`, `.attention.head_count_kv`,
 //! `.attention.key_length` (head_dim), `.attention.layer_norm_rms_epsilon`, `.rope.freq_base`,
 //! `.rope.dimension_count` (rotary dims; qwen35: head_dim x partial_rotary_factor),
-//! `.rope.scaling.type`; GDN (qwen35): `.ssm.conv_kernel`, `.ssm.state_size` (key head dim),
+//! `.rope.scaling.type`; MoE (qwen35moe): `.expert_count`, `.expert_used_count`,
+//! `.expert_feed_forward_length`, `.expert_shared_feed_forward_length`; GDN (qwen35*): `.ssm.conv_kernel`, `.ssm.state_size` (key head dim),
 //! `.ssm.group_count` (key heads), `.ssm.time_step_rank` (value heads), `.ssm.inner_size` (value
 //! heads x value head dim), `.attention.recurrent_layers` (per block) or `.full_attention_interval`.
 //! The vocabulary size is the embedding's row count; the head is tied when `output.weight` is
@@ -29,7 +30,7 @@ pub fn hf_config(set: &GgufSet) -> Result<(String, Layout), LoadError> {
     let arch = Arch::from_name(&arch_name).ok_or_else(|| LoadError::UnknownArchitecture {
         path: set.path().to_path_buf(),
         architecture: arch_name.clone(),
-        supported: "qwen3, qwen35 (GGUF `general.architecture`)",
+        supported: "qwen3, qwen35, qwen35moe (GGUF `general.architecture`)",
     })?;
     let k = |s: &str| format!("{arch_name}.{s}");
     let blocks = keys.usize(&k("block_count"))?;
@@ -64,10 +65,10 @@ pub fn hf_config(set: &GgufSet) -> Result<(String, Layout), LoadError> {
     let mut c = Map::new();
     c.insert("vocab_size".into(), json!(vocab));
     c.insert("hidden_size".into(), json!(hidden));
-    c.insert(
-        "intermediate_size".into(),
-        json!(keys.usize(&k("feed_forward_length"))?),
-    );
+    // Dense MLP width; MoE models may have none (config.json requires it where the MLP is dense).
+    if let Some(width) = keys.opt_usize(&k("feed_forward_length"))? {
+        c.insert("intermediate_size".into(), json!(width));
+    }
     c.insert("num_hidden_layers".into(), json!(n_layer));
     c.insert("num_attention_heads".into(), json!(heads));
     c.insert(
@@ -114,9 +115,24 @@ pub fn hf_config(set: &GgufSet) -> Result<(String, Layout), LoadError> {
             c.insert("architectures".into(), json!(["Qwen3ForCausalLM"]));
             c.insert("model_type".into(), json!("qwen3"));
         }
-        Arch::Qwen35 => {
-            c.insert("architectures".into(), json!(["Qwen3_5ForCausalLM"]));
-            c.insert("model_type".into(), json!("qwen3_5_text"));
+        Arch::Qwen35 | Arch::Qwen35Moe => {
+            if arch == Arch::Qwen35Moe {
+                c.insert("architectures".into(), json!(["Qwen3_5MoeForCausalLM"]));
+                c.insert("model_type".into(), json!("qwen3_5_moe_text"));
+                c.insert("num_experts".into(), json!(keys.usize(&k("expert_count"))?));
+                let used = keys.usize(&k("expert_used_count"))?;
+                c.insert("num_experts_per_tok".into(), json!(used));
+                let width = keys.usize(&k("expert_feed_forward_length"))?;
+                c.insert("moe_intermediate_size".into(), json!(width));
+                let shared = keys.opt_usize(&k("expert_shared_feed_forward_length"))?;
+                c.insert(
+                    "shared_expert_intermediate_size".into(),
+                    json!(shared.unwrap_or(0)),
+                );
+            } else {
+                c.insert("architectures".into(), json!(["Qwen3_5ForCausalLM"]));
+                c.insert("model_type".into(), json!("qwen3_5_text"));
+            }
             let key_heads = keys.usize(&k("ssm.group_count"))?;
             let value_heads = keys.usize(&k("ssm.time_step_rank"))?;
             let key_dim = keys.usize(&k("ssm.state_size"))?;

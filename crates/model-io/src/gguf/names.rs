@@ -10,7 +10,11 @@
 //! = `dt_bias`, `ssm_conv1d` = `conv1d`, `ssm_norm` = `norm`, `ssm_out` = `out_proj`. The MTP layers
 //! are blocks `n_layer..n_layer + nextn_predict_layers`: their layer tensors are `mtp.layers.i.*`, and
 //! `nextn.eh_proj` = `mtp.fc`, `nextn.enorm` = `mtp.pre_fc_norm_embedding`, `nextn.hnorm` =
-//! `mtp.pre_fc_norm_hidden`, `nextn.shared_head_norm` = `mtp.norm`.
+//! `mtp.pre_fc_norm_hidden`, `nextn.shared_head_norm` = `mtp.norm`. MoE (qwen35moe): `ffn_gate_inp` =
+//! `mlp.gate`, `ffn_{gate,up,down}_shexp` = `mlp.shared_expert.{gate,up,down}_proj`,
+//! `ffn_gate_inp_shexp` = `mlp.shared_expert_gate`, and the 3-D `ffn_{gate,up,down}_exps` `[E, rows,
+//! cols]` (or a fused `ffn_gate_up_exps`, gate rows first) are split per expert into
+//! `mlp.experts.{e}.{gate,up,down}_proj` — each a contiguous byte range of whole rows, so whole blocks.
 //!
 //! Invariant: [`map_tensor`] is a pure function of the name and the layout; a name it does not know
 //! is `None` (the caller keeps such tensors under their GGUF names, visible but unused).
@@ -22,6 +26,7 @@ use super::convert::{HeadAxis, Transform};
 pub enum Arch {
     Qwen3,
     Qwen35,
+    Qwen35Moe,
 }
 
 impl Arch {
@@ -29,13 +34,14 @@ impl Arch {
         match name {
             "qwen3" => Some(Arch::Qwen3),
             "qwen35" => Some(Arch::Qwen35),
+            "qwen35moe" => Some(Arch::Qwen35Moe),
             _ => None,
         }
     }
 
     /// Zero-centred RMSNorm weights (stored `+1` by the converter).
     fn norms_plus_one(self) -> bool {
-        self == Arch::Qwen35
+        self != Arch::Qwen3
     }
 }
 
@@ -58,6 +64,9 @@ pub struct Mapped {
     pub transforms: Vec<Transform>,
     /// Insert a unit dimension at 1 (conv1d `[C, K]` -> `[C, 1, K]`).
     pub unsqueeze_1: bool,
+    /// A 3-D expert tensor: `hf_name` is the prefix `...mlp.experts.`; expert `e`'s rows are split
+    /// evenly into these parts, part `k` named `{hf_name}{e}.{expert_parts[k]}`.
+    pub expert_parts: &'static [&'static str],
 }
 
 const TOP: [(&str, &str); 3] = [
@@ -96,6 +105,31 @@ const GDN: [(&str, &str); 9] = [
     ("ssm_out.weight", "linear_attn.out_proj.weight"),
 ];
 
+const MOE: [(&str, &str); 5] = [
+    ("ffn_gate_inp.weight", "mlp.gate.weight"),
+    ("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"),
+    (
+        "ffn_gate_shexp.weight",
+        "mlp.shared_expert.gate_proj.weight",
+    ),
+    ("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"),
+    (
+        "ffn_down_shexp.weight",
+        "mlp.shared_expert.down_proj.weight",
+    ),
+];
+
+/// 3-D expert tensors and the per-expert parts their rows split into.
+const EXPERTS: [(&str, &[&str]); 4] = [
+    ("ffn_gate_exps.weight", &["gate_proj.weight"]),
+    ("ffn_up_exps.weight", &["up_proj.weight"]),
+    ("ffn_down_exps.weight", &["down_proj.weight"]),
+    (
+        "ffn_gate_up_exps.weight",
+        &["gate_proj.weight", "up_proj.weight"],
+    ),
+];
+
 const NEXTN: [(&str, &str); 4] = [
     ("nextn.eh_proj.weight", "mtp.fc.weight"),
     ("nextn.enorm.weight", "mtp.pre_fc_norm_embedding.weight"),
@@ -109,6 +143,9 @@ fn lookup(table: &[(&str, &'static str)], name: &str) -> Option<&'static str> {
 
 /// The Hugging Face name and inverse transforms of GGUF tensor `name`, or `None` when unknown.
 pub fn map_tensor(name: &str, layout: &Layout) -> Option<Mapped> {
+    if let Some(m) = map_experts(name, layout) {
+        return Some(m);
+    }
     let hf_name = if let Some(hf) = lookup(&TOP, name) {
         hf.to_string()
     } else {
@@ -177,6 +214,28 @@ pub fn map_tensor(name: &str, layout: &Layout) -> Option<Mapped> {
         hf_name,
         transforms,
         unsqueeze_1,
+        expert_parts: &[],
+    })
+}
+
+/// `blk.N.ffn_*_exps.weight` of an MoE architecture: the per-expert prefix and parts.
+fn map_experts(name: &str, layout: &Layout) -> Option<Mapped> {
+    if layout.arch != Arch::Qwen35Moe {
+        return None;
+    }
+    let (block, suffix) = name.strip_prefix("blk.")?.split_once('.')?;
+    let parts = EXPERTS.iter().find(|(g, _)| *g == suffix)?.1;
+    let block: usize = block.parse().ok()?;
+    let prefix = match block.checked_sub(layout.n_layer) {
+        Some(i) if i < layout.nextn_layers => format!("mtp.layers.{i}.mlp.experts."),
+        Some(_) => return None,
+        None => format!("model.layers.{block}.mlp.experts."),
+    };
+    Some(Mapped {
+        hf_name: prefix,
+        transforms: Vec::new(),
+        unsqueeze_1: false,
+        expert_parts: parts,
     })
 }
 
@@ -184,7 +243,7 @@ pub fn map_tensor(name: &str, layout: &Layout) -> Option<Mapped> {
 fn layer_tensor(suffix: &str, arch: Arch) -> Option<&'static str> {
     let post_norm = match arch {
         Arch::Qwen3 => "ffn_norm.weight",
-        Arch::Qwen35 => "post_attention_norm.weight",
+        Arch::Qwen35 | Arch::Qwen35Moe => "post_attention_norm.weight",
     };
     if suffix == post_norm {
         return Some("post_attention_layernorm.weight");
@@ -193,6 +252,7 @@ fn layer_tensor(suffix: &str, arch: Arch) -> Option<&'static str> {
         .or_else(|| lookup(&MLP, suffix))
         .or_else(|| match arch {
             Arch::Qwen35 => lookup(&GDN, suffix),
+            Arch::Qwen35Moe => lookup(&GDN, suffix).or_else(|| lookup(&MOE, suffix)),
             Arch::Qwen3 => None,
         })
 }
@@ -235,6 +295,18 @@ mod tests {
             nextn_layers: 0,
             gdn: None,
         };
+        let moe = Layout {
+            arch: Arch::Qwen35Moe,
+            ..layout
+        };
+        let m = map_tensor("blk.2.ffn_gate_up_exps.weight", &moe).unwrap();
+        assert_eq!(m.hf_name, "model.layers.2.mlp.experts.");
+        assert_eq!(m.expert_parts, ["gate_proj.weight", "up_proj.weight"]);
+        let m = map_tensor("blk.8.ffn_down_exps.weight", &moe).unwrap();
+        assert_eq!(m.hf_name, "mtp.layers.0.mlp.experts.");
+        let m = map_tensor("blk.0.ffn_gate_inp_shexp.weight", &moe).unwrap();
+        assert_eq!(m.hf_name, "model.layers.0.mlp.shared_expert_gate.weight");
+        assert!(map_tensor("blk.0.ffn_gate_exps.weight", &layout).is_none());
         let m = map_tensor("blk.1.ffn_norm.weight", &qwen3).unwrap();
         assert_eq!(m.hf_name, "model.layers.1.post_attention_layernorm.weight");
         assert!(m.transforms.is_empty());
