@@ -115,3 +115,15 @@ fn qwen35_moe_gguf_matches_its_checkpoint() {
     let prompt: Vec<u32> = (0..70).map(|i| (i * 37 + 11) % 256).collect();
     check_prompt(&dir, &path, &prompt, 1e-5, 24);
 }
+
+#[test]
+#[ignore = "needs llama.cpp's converter: set TURBOSPARK_LLAMA_CPP and TURBOSPARK_GGUF_PYTHON (tools/fixtures/README.md)"]
+fn qwen3_next_gguf_matches_its_checkpoint() {
+    let dir = testdata::fixture("qwen3_next");
+    let path = converted(
+        &dir,
+        "qwen3_next-f32.gguf",
+        &["--outtype", "f32", "--no-vocab"],
+    );
+    check(&dir, &path, 1e-5, 32);
+}

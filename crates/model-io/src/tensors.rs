@@ -354,10 +354,19 @@ impl TensorStore {
             path: self.shard_path(entry).to_path_buf(),
             reason: format!("tensor `{name}`: {reason}"),
         };
-        let mut values = vec![0f32; entry.shape.iter().product()];
+        // The stored elements (more than the shape's for a `TakeGroupRows` piece).
+        let stored = bytes.len() / ggml_type.block_bytes() * ggml_type.block_len();
+        let mut values = vec![0f32; stored];
         types::dequantize(ggml_type, bytes, &mut values).map_err(bad)?;
         for t in transforms {
             t.apply(&mut values, &entry.shape).map_err(bad)?;
+        }
+        if values.len() != entry.shape.iter().product::<usize>() {
+            return Err(bad(format!(
+                "{} values for shape {:?}",
+                values.len(),
+                entry.shape
+            )));
         }
         Ok(values)
     }
@@ -402,6 +411,30 @@ impl TensorStore {
                 let pieces = match map_tensor(&info.name, layout) {
                     Some(m) if !m.expert_parts.is_empty() => {
                         split_experts(&path, &info, &m.hf_name, m.expert_parts)?
+                    }
+                    Some(m) if m.ba_groups.is_some() => {
+                        let (groups, r) = m.ba_groups.unwrap_or_default();
+                        let cols = shape.last().copied().unwrap_or(0);
+                        ["b.weight", "a.weight"]
+                            .iter()
+                            .enumerate()
+                            .map(|(k, part)| {
+                                let take = Transform::TakeGroupRows {
+                                    groups,
+                                    group_rows: 2 * r,
+                                    start: k * r,
+                                    len: r,
+                                };
+                                let name = format!("{}{part}", m.hf_name);
+                                (
+                                    name,
+                                    vec![take],
+                                    vec![groups * r, cols],
+                                    info.begin,
+                                    info.end,
+                                )
+                            })
+                            .collect()
                     }
                     Some(m) => {
                         if m.unsqueeze_1 && shape.len() == 2 {

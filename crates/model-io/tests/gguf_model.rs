@@ -220,3 +220,101 @@ fn qwen35_moe_gguf_equals_the_checkpoint() {
     assert!(gguf.config.moe.is_some());
     assert_same_tensors(&hf, &gguf);
 }
+
+#[test]
+#[ignore = "needs llama.cpp's converter: set TURBOSPARK_LLAMA_CPP and TURBOSPARK_GGUF_PYTHON (tools/fixtures/README.md)"]
+fn qwen3_next_gguf_equals_the_checkpoint() {
+    let dir = testdata::fixture("qwen3_next");
+    let args = ["--outtype", "f32", "--no-vocab"];
+    let (hf, gguf) = converted_pair(&dir, "qwen3_next-f32.gguf", &args);
+    assert!(gguf.has_mtp);
+    assert_same_tensors_split_fused(&hf, &gguf);
+}
+
+/// Qwen3-Next checkpoints store the GDN projections fused and head-grouped (`in_proj_qkvz`,
+/// `in_proj_ba`); the GGUF holds them split as Qwen3.5 names them. Compare through the family's own
+/// regrouping: the split tensors must equal the fused ones row for row.
+fn assert_same_tensors_split_fused(hf: &Checkpoint, gguf: &Checkpoint) {
+    let l = hf.config.linear.clone().unwrap();
+    let (hk, hv, dk, dv) = (
+        l.num_key_heads,
+        l.num_value_heads,
+        l.key_head_dim,
+        l.value_head_dim,
+    );
+    let r = hv / hk;
+    let h = hf.config.hidden_size;
+    let load = |ck: &Checkpoint, name: &str| {
+        let shape = ck.tensors.shape(name).unwrap().to_vec();
+        ck.tensors.load_f32(name, &shape).unwrap()
+    };
+    for name in hf.tensors.names() {
+        if let Some(prefix) = name.strip_suffix("in_proj_qkvz.weight") {
+            let qkvz = load(hf, name);
+            let qkv = load(gguf, &format!("{prefix}in_proj_qkv.weight"));
+            let z = load(gguf, &format!("{prefix}in_proj_z.weight"));
+            let group = 2 * dk + 2 * r * dv;
+            for g in 0..hk {
+                let row = |i: usize| &qkvz[(g * group + i) * h..(g * group + i + 1) * h];
+                for i in 0..dk {
+                    assert_eq!(row(i), &qkv[(g * dk + i) * h..][..h], "{name} q");
+                    assert_eq!(
+                        row(dk + i),
+                        &qkv[((hk + g) * dk + i) * h..][..h],
+                        "{name} k"
+                    );
+                }
+                for i in 0..r * dv {
+                    let v_row = 2 * hk * dk + g * r * dv + i;
+                    assert_eq!(row(2 * dk + i), &qkv[v_row * h..][..h], "{name} v");
+                    assert_eq!(
+                        row(2 * dk + r * dv + i),
+                        &z[(g * r * dv + i) * h..][..h],
+                        "{name} z"
+                    );
+                }
+            }
+        } else if let Some(prefix) = name.strip_suffix("in_proj_ba.weight") {
+            let ba = load(hf, name);
+            let b = load(gguf, &format!("{prefix}in_proj_b.weight"));
+            let a = load(gguf, &format!("{prefix}in_proj_a.weight"));
+            for g in 0..hk {
+                for i in 0..r {
+                    assert_eq!(&ba[(g * 2 * r + i) * h..][..h], &b[(g * r + i) * h..][..h]);
+                    assert_eq!(
+                        &ba[(g * 2 * r + r + i) * h..][..h],
+                        &a[(g * r + i) * h..][..h]
+                    );
+                }
+            }
+        }
+    }
+    // Everything else is compared as for the other families.
+    let mut names: Vec<&str> = hf
+        .tensors
+        .names()
+        .filter(|n| !n.contains("in_proj_"))
+        .collect();
+    names.sort();
+    for name in names {
+        let shape = hf.tensors.shape(name).unwrap().to_vec();
+        let want = hf.tensors.load_f32(name, &shape).unwrap();
+        let got = gguf
+            .tensors
+            .load_f32(name, &shape)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let tol = if name.ends_with("A_log") {
+            1e-6
+        } else if name.contains("norm") && !name.contains("linear_attn") {
+            6e-8
+        } else {
+            0.0
+        };
+        for (a, b) in got.iter().zip(&want) {
+            assert!(
+                (a - b).abs() <= tol * b.abs().max(1.0),
+                "{name}: {a} vs {b}"
+            );
+        }
+    }
+}

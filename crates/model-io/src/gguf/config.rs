@@ -30,7 +30,7 @@ pub fn hf_config(set: &GgufSet) -> Result<(String, Layout), LoadError> {
     let arch = Arch::from_name(&arch_name).ok_or_else(|| LoadError::UnknownArchitecture {
         path: set.path().to_path_buf(),
         architecture: arch_name.clone(),
-        supported: "qwen3, qwen35, qwen35moe (GGUF `general.architecture`)",
+        supported: "qwen3, qwen35, qwen35moe, qwen3next (GGUF `general.architecture`)",
     })?;
     let k = |s: &str| format!("{arch_name}.{s}");
     let blocks = keys.usize(&k("block_count"))?;
@@ -115,10 +115,14 @@ pub fn hf_config(set: &GgufSet) -> Result<(String, Layout), LoadError> {
             c.insert("architectures".into(), json!(["Qwen3ForCausalLM"]));
             c.insert("model_type".into(), json!("qwen3"));
         }
-        Arch::Qwen35 | Arch::Qwen35Moe => {
-            if arch == Arch::Qwen35Moe {
-                c.insert("architectures".into(), json!(["Qwen3_5MoeForCausalLM"]));
-                c.insert("model_type".into(), json!("qwen3_5_moe_text"));
+        Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => {
+            if arch != Arch::Qwen35 {
+                let (class, model_type) = match arch {
+                    Arch::Qwen3Next => ("Qwen3NextForCausalLM", "qwen3_next"),
+                    _ => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
+                };
+                c.insert("architectures".into(), json!([class]));
+                c.insert("model_type".into(), json!(model_type));
                 c.insert("num_experts".into(), json!(keys.usize(&k("expert_count"))?));
                 let used = keys.usize(&k("expert_used_count"))?;
                 c.insert("num_experts_per_tok".into(), json!(used));

@@ -9,14 +9,20 @@
 //! the conv1d channels after Q and K, and the columns of `out_proj`. Qwen3 (dense) tensors are
 //! stored unchanged (no Q/K rope permutation: Qwen uses NEOX rope, which llama.cpp runs as is).
 //!
+//! Qwen3-Next keeps grouped value heads but splits `in_proj_qkvz` into `attn_qkv` + `attn_gate`
+//! (exactly Qwen3.5's `in_proj_qkv` / `in_proj_z`) and keeps `in_proj_ba` fused per key head
+//! (`ssm_ba`: `[b_g (r), a_g (r)]` for each key head g, r = Hv/Hk), which
+//! [`Transform::TakeGroupRows`] splits into `in_proj_b` and `in_proj_a`.
+//!
 //! Each [`Transform`] inverts one such change on the dequantized f32 values, laid out row-major in
 //! the Hugging Face shape. Exactness: reordering and reshaping move values unchanged. `w - 1` is
 //! exact for every stored `s = 1 + w >= 0.5` (Sterbenz), and the family adds the 1 back, giving `s`
 //! again: the same weight llama.cpp runs. `A_log = ln(-A)` is not exact: `-exp(ln(-A))` differs
 //! from the stored `A` by a few ulp.
 //!
-//! Invariant: a transform keeps the element count and never indexes outside the buffer (layouts are
-//! checked against the buffer length first; a mismatch is an error, not a panic).
+//! Invariant: a transform keeps the element count (but `TakeGroupRows`, which leaves exactly the
+//! output shape's elements) and never indexes outside the buffer (layouts are checked against the
+//! buffer length first; a mismatch is an error, not a panic).
 
 /// Where value heads sit in a tensor, for [`Transform::UngroupValueHeads`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +40,14 @@ pub enum Transform {
     MinusOne,
     /// `A_log = ln(-A)`.
     LogOfNegated,
+    /// Of `groups` consecutive groups of `group_rows` rows each, keep rows `start..start + len` of
+    /// every group (the output has `groups * len` rows).
+    TakeGroupRows {
+        groups: usize,
+        group_rows: usize,
+        start: usize,
+        len: usize,
+    },
     /// Tiled `[Hv/Hk, Hk, d]` value heads back to grouped `[Hk, Hv/Hk, d]`.
     UngroupValueHeads {
         axis: HeadAxis,
@@ -44,8 +58,9 @@ pub enum Transform {
 }
 
 impl Transform {
-    /// Applies the inverse step to `values`, laid out row-major in `shape`.
-    pub fn apply(&self, values: &mut [f32], shape: &[usize]) -> Result<(), String> {
+    /// Applies the inverse step to `values`, laid out row-major in `shape` (for `TakeGroupRows`,
+    /// the shape after the step).
+    pub fn apply(&self, values: &mut Vec<f32>, shape: &[usize]) -> Result<(), String> {
         match *self {
             Transform::MinusOne => values.iter_mut().for_each(|v| *v -= 1.0),
             Transform::LogOfNegated => values.iter_mut().for_each(|v| *v = (-*v).ln()),
@@ -55,6 +70,30 @@ impl Transform {
                 values_per_key,
                 head_dim,
             } => ungroup(values, shape, axis, key_heads, values_per_key, head_dim)?,
+            Transform::TakeGroupRows {
+                groups,
+                group_rows,
+                start,
+                len,
+            } => {
+                let rows = groups.checked_mul(group_rows).filter(|&r| r > 0);
+                let row_len = rows.map_or(0, |r| values.len() / r);
+                let fits = rows.is_some_and(|r| r * row_len == values.len())
+                    && start.checked_add(len).is_some_and(|e| e <= group_rows)
+                    && shape.iter().product::<usize>() == groups * len * row_len;
+                if !fits {
+                    return Err(format!(
+                        "cannot take rows {start}..+{len} of {groups} groups of {group_rows} rows from {} values into shape {shape:?}",
+                        values.len()
+                    ));
+                }
+                let kept: Vec<f32> = values
+                    .chunks_exact(group_rows * row_len)
+                    .flat_map(|g| &g[start * row_len..(start + len) * row_len])
+                    .copied()
+                    .collect();
+                *values = kept;
+            }
         }
         Ok(())
     }
@@ -141,6 +180,15 @@ mod tests {
         let n = hk * r * d;
         let original: Vec<f32> = (0..n).map(|i| i as f32).collect();
         let mut rows = tile(&original, hk, r, d);
+        let mut grouped: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let take = Transform::TakeGroupRows {
+            groups: 2,
+            group_rows: 3,
+            start: 1,
+            len: 2,
+        };
+        take.apply(&mut grouped, &[4, 2]).unwrap();
+        assert_eq!(grouped, [2.0, 3.0, 4.0, 5.0, 8.0, 9.0, 10.0, 11.0]);
         let t = Transform::UngroupValueHeads {
             axis: HeadAxis::Rows { start: 0 },
             key_heads: hk,

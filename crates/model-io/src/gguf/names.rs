@@ -15,6 +15,8 @@
 //! `ffn_gate_inp_shexp` = `mlp.shared_expert_gate`, and the 3-D `ffn_{gate,up,down}_exps` `[E, rows,
 //! cols]` (or a fused `ffn_gate_up_exps`, gate rows first) are split per expert into
 //! `mlp.experts.{e}.{gate,up,down}_proj` — each a contiguous byte range of whole rows, so whole blocks.
+//! qwen3next: as qwen35moe without the value-head reordering, and `ssm_ba` (fused per key head) =
+//! `in_proj_b` + `in_proj_a`.
 //!
 //! Invariant: [`map_tensor`] is a pure function of the name and the layout; a name it does not know
 //! is `None` (the caller keeps such tensors under their GGUF names, visible but unused).
@@ -27,6 +29,7 @@ pub enum Arch {
     Qwen3,
     Qwen35,
     Qwen35Moe,
+    Qwen3Next,
 }
 
 impl Arch {
@@ -35,6 +38,7 @@ impl Arch {
             "qwen3" => Some(Arch::Qwen3),
             "qwen35" => Some(Arch::Qwen35),
             "qwen35moe" => Some(Arch::Qwen35Moe),
+            "qwen3next" => Some(Arch::Qwen3Next),
             _ => None,
         }
     }
@@ -42,6 +46,15 @@ impl Arch {
     /// Zero-centred RMSNorm weights (stored `+1` by the converter).
     fn norms_plus_one(self) -> bool {
         self != Arch::Qwen3
+    }
+
+    /// The converter tiles GDN value heads (qwen35 and qwen35moe; not qwen3next).
+    fn tiles_value_heads(self) -> bool {
+        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe)
+    }
+
+    fn is_moe(self) -> bool {
+        matches!(self, Arch::Qwen35Moe | Arch::Qwen3Next)
     }
 }
 
@@ -67,6 +80,9 @@ pub struct Mapped {
     /// A 3-D expert tensor: `hf_name` is the prefix `...mlp.experts.`; expert `e`'s rows are split
     /// evenly into these parts, part `k` named `{hf_name}{e}.{expert_parts[k]}`.
     pub expert_parts: &'static [&'static str],
+    /// qwen3next's `ssm_ba`: `(key heads, value heads per key head)`; `hf_name` is the prefix
+    /// `...linear_attn.in_proj_`, the pieces `b.weight` and `a.weight` (`TakeGroupRows`).
+    pub ba_groups: Option<(usize, usize)>,
 }
 
 const TOP: [(&str, &str); 3] = [
@@ -146,6 +162,9 @@ pub fn map_tensor(name: &str, layout: &Layout) -> Option<Mapped> {
     if let Some(m) = map_experts(name, layout) {
         return Some(m);
     }
+    if let Some(m) = map_fused_ba(name, layout) {
+        return Some(m);
+    }
     let hf_name = if let Some(hf) = lookup(&TOP, name) {
         hf.to_string()
     } else {
@@ -183,7 +202,10 @@ pub fn map_tensor(name: &str, layout: &Layout) -> Option<Mapped> {
     if hf_name.ends_with(".A_log") {
         transforms.push(Transform::LogOfNegated);
     }
-    if let Some((hk, hv, dk, dv)) = layout.gdn.filter(|&(hk, hv, ..)| hk != hv && hk > 0) {
+    let tiled = layout
+        .gdn
+        .filter(|&(hk, hv, ..)| layout.arch.tiles_value_heads() && hk != hv && hk > 0);
+    if let Some((hk, hv, dk, dv)) = tiled {
         let r = hv / hk;
         let ungroup = |axis, head_dim| Transform::UngroupValueHeads {
             axis,
@@ -215,12 +237,38 @@ pub fn map_tensor(name: &str, layout: &Layout) -> Option<Mapped> {
         transforms,
         unsqueeze_1,
         expert_parts: &[],
+        ba_groups: None,
+    })
+}
+
+/// qwen3next's `blk.N.ssm_ba.weight` (decoder and MTP blocks alike).
+fn map_fused_ba(name: &str, layout: &Layout) -> Option<Mapped> {
+    let (hk, hv, ..) = layout.gdn.filter(|_| layout.arch == Arch::Qwen3Next)?;
+    let block: usize = name
+        .strip_prefix("blk.")?
+        .strip_suffix(".ssm_ba.weight")?
+        .parse()
+        .ok()?;
+    let prefix = match block.checked_sub(layout.n_layer) {
+        Some(i) if i < layout.nextn_layers => format!("mtp.layers.{i}.linear_attn.in_proj_"),
+        Some(_) => return None,
+        None => format!("model.layers.{block}.linear_attn.in_proj_"),
+    };
+    if hk == 0 || !hv.is_multiple_of(hk) {
+        return None;
+    }
+    Some(Mapped {
+        hf_name: prefix,
+        transforms: Vec::new(),
+        unsqueeze_1: false,
+        expert_parts: &[],
+        ba_groups: Some((hk, hv / hk)),
     })
 }
 
 /// `blk.N.ffn_*_exps.weight` of an MoE architecture: the per-expert prefix and parts.
 fn map_experts(name: &str, layout: &Layout) -> Option<Mapped> {
-    if layout.arch != Arch::Qwen35Moe {
+    if !layout.arch.is_moe() {
         return None;
     }
     let (block, suffix) = name.strip_prefix("blk.")?.split_once('.')?;
@@ -236,6 +284,7 @@ fn map_experts(name: &str, layout: &Layout) -> Option<Mapped> {
         transforms: Vec::new(),
         unsqueeze_1: false,
         expert_parts: parts,
+        ba_groups: None,
     })
 }
 
@@ -243,7 +292,7 @@ fn map_experts(name: &str, layout: &Layout) -> Option<Mapped> {
 fn layer_tensor(suffix: &str, arch: Arch) -> Option<&'static str> {
     let post_norm = match arch {
         Arch::Qwen3 => "ffn_norm.weight",
-        Arch::Qwen35 | Arch::Qwen35Moe => "post_attention_norm.weight",
+        Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => "post_attention_norm.weight",
     };
     if suffix == post_norm {
         return Some("post_attention_layernorm.weight");
@@ -252,7 +301,9 @@ fn layer_tensor(suffix: &str, arch: Arch) -> Option<&'static str> {
         .or_else(|| lookup(&MLP, suffix))
         .or_else(|| match arch {
             Arch::Qwen35 => lookup(&GDN, suffix),
-            Arch::Qwen35Moe => lookup(&GDN, suffix).or_else(|| lookup(&MOE, suffix)),
+            Arch::Qwen35Moe | Arch::Qwen3Next => {
+                lookup(&GDN, suffix).or_else(|| lookup(&MOE, suffix))
+            }
             Arch::Qwen3 => None,
         })
 }
@@ -307,6 +358,18 @@ mod tests {
         let m = map_tensor("blk.0.ffn_gate_inp_shexp.weight", &moe).unwrap();
         assert_eq!(m.hf_name, "model.layers.0.mlp.shared_expert_gate.weight");
         assert!(map_tensor("blk.0.ffn_gate_exps.weight", &layout).is_none());
+        let next = Layout {
+            arch: Arch::Qwen3Next,
+            ..layout
+        };
+        let m = map_tensor("blk.0.ssm_ba.weight", &next).unwrap();
+        assert_eq!(m.hf_name, "model.layers.0.linear_attn.in_proj_");
+        assert_eq!(m.ba_groups, Some((4, 2)));
+        let m = map_tensor("blk.0.attn_qkv.weight", &next).unwrap();
+        assert!(
+            m.transforms.is_empty(),
+            "qwen3next keeps grouped value heads"
+        );
         let m = map_tensor("blk.1.ffn_norm.weight", &qwen3).unwrap();
         assert_eq!(m.hf_name, "model.layers.1.post_attention_layernorm.weight");
         assert!(m.transforms.is_empty());
