@@ -300,10 +300,22 @@ impl TensorStore {
         })
     }
 
-    /// Bytes `name` occupies in its file.
+    /// Bytes `name` occupies in its file (a piece cut from a shared GGUF tensor, as qwen3next's
+    /// `in_proj_b` / `in_proj_a` from `ssm_ba`, counts its share).
     pub fn stored_bytes(&self, name: &str) -> Result<usize, LoadError> {
         let entry = self.entry(name)?;
-        Ok(entry.end - entry.begin)
+        let bytes = entry.end - entry.begin;
+        if let Stored::Gguf { transforms, .. } = &entry.stored {
+            for t in transforms {
+                if let Transform::TakeGroupRows {
+                    group_rows, len, ..
+                } = *t
+                {
+                    return Ok(bytes / group_rows.max(1) * len);
+                }
+            }
+        }
+        Ok(bytes)
     }
 
     /// Whether the tensors come from a GGUF file.

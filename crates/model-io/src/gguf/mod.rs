@@ -2,6 +2,10 @@
 //!
 //! - [`reader`]: one file, memory-mapped and validated (hostile-input safe).
 //! - [`types`]: ggml block types and their scalar reference dequantization to f32.
+//! - [`config`]: the metadata as the config.json the Hugging Face checkpoint had.
+//! - [`names`], [`convert`]: llama.cpp's tensor names and layouts back to Hugging Face's (used by
+//!   `TensorStore::from_gguf`, so the families see the names and layouts they already load).
+//! - [`tokenizer`]: `tokenizer.ggml.*` as a `tokenizers` BPE.
 //! - [`GgufSet`]: one file or a split set `NAME-00001-of-0000N.gguf` (gguf-split's naming; each
 //!   part is a complete GGUF file, `split.no` / `split.count` / `split.tensors.count` in its
 //!   metadata), opened as one name -> tensor map whose metadata is the first part's.

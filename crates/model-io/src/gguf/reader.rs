@@ -10,7 +10,8 @@
 //! Algorithm: a bounds-checked cursor over the mapped bytes. Before allocating for a count or a
 //! length read from the file, the count is checked against the bytes that remain (each element
 //! needs at least its minimum encoded size), so a hostile count near 2^64 fails before any
-//! allocation; arrays may nest at most [`MAX_ARRAY_DEPTH`] deep. Each tensor's byte size is computed
+//! allocation; arrays may nest at most [`MAX_ARRAY_DEPTH`] deep and hold at most
+//! [`MAX_ARRAY_ELEMENTS`] elements in all. Each tensor's byte size is computed
 //! with checked arithmetic from its extents and block layout; its range must lie inside the file
 //! and no two ranges may overlap.
 //!
@@ -34,6 +35,10 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 pub const MAX_ARRAY_DEPTH: usize = 8;
 /// llama.cpp's limit on tensor dimensions.
 pub const MAX_DIMS: u32 = 4;
+/// Most metadata array elements in one file, all arrays together. An element takes one byte of the
+/// file but ~32 of memory, so this bounds the amplification (a real vocabulary has ~3 arrays of
+/// ~150-260k entries).
+pub const MAX_ARRAY_ELEMENTS: usize = 1 << 23;
 
 /// A metadata value.
 #[derive(Debug, Clone, PartialEq)]
@@ -231,7 +236,11 @@ pub struct Parsed {
 
 /// Parses and validates a whole GGUF file image. The error names the field or tensor.
 pub fn parse(file: &[u8]) -> Result<Parsed, String> {
-    let mut c = Cursor { file, pos: 0 };
+    let mut c = Cursor {
+        file,
+        pos: 0,
+        array_elements: 0,
+    };
     let magic = c.bytes(4, "magic")?;
     if magic != b"GGUF" {
         return Err(format!(
@@ -387,6 +396,8 @@ fn align_up(x: u64, alignment: u64) -> Option<u64> {
 struct Cursor<'a> {
     file: &'a [u8],
     pos: usize,
+    /// Array elements read so far (bounded by [`MAX_ARRAY_ELEMENTS`]).
+    array_elements: usize,
 }
 
 impl<'a> Cursor<'a> {
@@ -489,6 +500,12 @@ impl<'a> Cursor<'a> {
                 let count = self.u64(&format!("metadata `{key}`: array length"))?;
                 let count =
                     self.count_fits(count, min, &format!("metadata `{key}`: array length"))?;
+                self.array_elements = self.array_elements.saturating_add(count);
+                if self.array_elements > MAX_ARRAY_ELEMENTS {
+                    return Err(format!(
+                        "metadata `{key}`: more than {MAX_ARRAY_ELEMENTS} array elements in the file"
+                    ));
+                }
                 let mut items = Vec::with_capacity(count);
                 for _ in 0..count {
                     items.push(self.value(element_type, key, depth + 1)?);
@@ -500,5 +517,33 @@ impl<'a> Cursor<'a> {
             12 => MetaValue::F64(f64::from_le_bytes(self.array(&what())?)),
             other => return Err(format!("metadata `{key}`: unknown value type {other}")),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GGUF image with no tensors and one `uint8` array of `n` elements under key `a`.
+    fn with_u8_array(n: usize) -> Vec<u8> {
+        let mut f = b"GGUF".to_vec();
+        f.extend(3u32.to_le_bytes());
+        f.extend(0u64.to_le_bytes()); // tensors
+        f.extend(1u64.to_le_bytes()); // metadata
+        f.extend(1u64.to_le_bytes());
+        f.push(b'a');
+        f.extend(9u32.to_le_bytes()); // array
+        f.extend(0u32.to_le_bytes()); // of uint8
+        f.extend((n as u64).to_le_bytes());
+        f.resize(f.len() + n, 7);
+        f
+    }
+
+    #[test]
+    fn array_elements_are_bounded_in_all() {
+        let ok = parse(&with_u8_array(1000)).unwrap();
+        assert_eq!(ok.metadata[0].1.as_array().map(<[_]>::len), Some(1000));
+        let err = parse(&with_u8_array(MAX_ARRAY_ELEMENTS + 1)).unwrap_err();
+        assert!(err.contains("array elements"), "{err}");
     }
 }
