@@ -106,3 +106,22 @@ fn testbed_gguf_generates_what_the_testbed_does() {
     let want = generate(&testbed(), &["--chat", "Write a haiku."]);
     assert_eq!(generate(&gguf, &["--chat", "Write a haiku."]), want);
 }
+
+#[test]
+#[ignore = "needs llama.cpp's converter and llama-quantize: set TURBOSPARK_LLAMA_CPP, TURBOSPARK_GGUF_PYTHON, TURBOSPARK_LLAMA_QUANTIZE (tools/fixtures/README.md)"]
+fn q4_k_m_testbed_speculates_exactly() {
+    use testdata::gguf_tools::{converted, quantized};
+    let f32_path = converted(&testbed(), "testbed-f32.gguf", &["--outtype", "f32"]);
+    let gguf = quantized(&f32_path, "testbed-q4_k_m.gguf", "Q4_K_M");
+    let o = run(&["info", gguf.to_str().unwrap()]);
+    let (out, _) = text(&o);
+    assert!(out.contains("Q4_K") && out.contains("Q6_K"), "{out}");
+    for prompt in ["fn main() {", "The history of the"] {
+        let plain = generate(&gguf, &["--speculative", "off", prompt]);
+        assert_eq!(
+            generate(&gguf, &["--drafter", "mtp", "--speculative", "3", prompt]),
+            plain
+        );
+        assert_eq!(generate(&gguf, &["--speculative", "auto", prompt]), plain);
+    }
+}

@@ -78,3 +78,76 @@ pub fn tiny_qwen35_moe() -> PathBuf {
     );
     dir
 }
+
+/// `llama-quantize` (built from the same llama.cpp tree: `shared/tools/llama-cpp.sh DIR
+/// llama-quantize`) at `TURBOSPARK_LLAMA_QUANTIZE`, run on `input` into the test cache as `name`
+/// with llama.cpp's `ftype` (e.g. `Q4_K_M`).
+pub fn quantized(input: &Path, name: &str, ftype: &str) -> PathBuf {
+    let out = crate::cache_dir().join("gguf").join(name);
+    if out.is_file() {
+        return out;
+    }
+    let quantize = var("TURBOSPARK_LLAMA_QUANTIZE");
+    let tmp = out.with_extension("partial");
+    let output = Command::new(&quantize)
+        .arg(input)
+        .arg(&tmp)
+        .arg(ftype)
+        .output()
+        .unwrap_or_else(|e| panic!("testdata: cannot run {}: {e}", quantize.display()));
+    assert!(
+        output.status.success(),
+        "testdata: llama-quantize {ftype} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::rename(&tmp, &out).unwrap_or_else(|e| panic!("testdata: {}: {e}", out.display()));
+    out
+}
+
+/// Every tensor of `gguf` dequantized to f32 by the pinned `gguf` Python package
+/// (`gguf.quants.dequantize`), in file order: `(name, values)`, values in stored element order.
+pub fn gguf_py_dequantized(gguf: &Path) -> Vec<(String, Vec<f32>)> {
+    let python = var("TURBOSPARK_GGUF_PYTHON");
+    let dump = gguf.with_extension("gguf-py.f32");
+    let script = r#"
+import sys, numpy as np, gguf
+r = gguf.GGUFReader(sys.argv[1])
+with open(sys.argv[2], "wb") as out:
+    for t in r.tensors:
+        v = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False).ravel()
+        name = t.name.encode()
+        out.write(len(name).to_bytes(4, "little") + name + v.size.to_bytes(8, "little") + v.tobytes())
+"#;
+    let output = Command::new(&python)
+        .arg("-c")
+        .arg(script)
+        .arg(gguf)
+        .arg(&dump)
+        .output()
+        .unwrap_or_else(|e| panic!("testdata: cannot run {}: {e}", python.display()));
+    assert!(
+        output.status.success(),
+        "testdata: gguf-py dequantization failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let bytes =
+        std::fs::read(&dump).unwrap_or_else(|e| panic!("testdata: {}: {e}", dump.display()));
+    let mut out = Vec::new();
+    let mut at = 0;
+    let take = |at: &mut usize, n: usize| {
+        let s = &bytes[*at..*at + n];
+        *at += n;
+        s
+    };
+    while at < bytes.len() {
+        let len = u32::from_le_bytes(take(&mut at, 4).try_into().unwrap()) as usize;
+        let name = String::from_utf8(take(&mut at, len).to_vec()).unwrap();
+        let n = u64::from_le_bytes(take(&mut at, 8).try_into().unwrap()) as usize;
+        let values = take(&mut at, 4 * n)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        out.push((name, values));
+    }
+    out
+}
