@@ -20,6 +20,23 @@ fn var(name: &str) -> PathBuf {
     }
 }
 
+/// Runs `program` with `args`; panics naming `what` with its stderr when it fails.
+fn run_tool(program: &Path, args: &[&std::ffi::OsStr], what: &str) {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("testdata: cannot run {}: {e}", program.display()));
+    assert!(
+        output.status.success(),
+        "testdata: {what} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn fixture_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/fixtures/gguf_models.py")
+}
+
 /// Converts the Hugging Face checkpoint `model_dir` to `out` with tools/fixtures/gguf_models.py and
 /// `args` (e.g. `["--outtype", "f32"]`); skips the work when `out` exists. Panics with the
 /// converter's output on failure.
@@ -29,21 +46,19 @@ pub fn convert_to_gguf(model_dir: &Path, out: &Path, args: &[&str]) -> PathBuf {
     }
     let llama_cpp = var("TURBOSPARK_LLAMA_CPP");
     let python = var("TURBOSPARK_GGUF_PYTHON");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/fixtures/gguf_models.py");
+    let script = fixture_script();
     let tmp = out.with_extension("partial");
-    let output = Command::new(&python)
-        .arg(&script)
-        .arg(&llama_cpp)
-        .arg(model_dir)
-        .arg(&tmp)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("testdata: cannot run {}: {e}", python.display()));
-    assert!(
-        output.status.success(),
-        "testdata: converting {} failed:\n{}",
-        model_dir.display(),
-        String::from_utf8_lossy(&output.stderr)
+    let mut all = vec![
+        script.as_os_str(),
+        llama_cpp.as_os_str(),
+        model_dir.as_os_str(),
+        tmp.as_os_str(),
+    ];
+    all.extend(args.iter().map(std::ffi::OsStr::new));
+    run_tool(
+        &python,
+        &all,
+        &format!("converting {}", model_dir.display()),
     );
     std::fs::rename(&tmp, out).unwrap_or_else(|e| panic!("testdata: {}: {e}", out.display()));
     out.to_path_buf()
@@ -64,18 +79,13 @@ pub fn tiny_qwen35_moe() -> PathBuf {
         return dir;
     }
     let python = var("TURBOSPARK_GGUF_PYTHON");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/fixtures/gguf_models.py");
-    let output = Command::new(&python)
-        .arg(&script)
-        .arg("--make-tiny-qwen35moe")
-        .arg(&dir)
-        .output()
-        .unwrap_or_else(|e| panic!("testdata: cannot run {}: {e}", python.display()));
-    assert!(
-        output.status.success(),
-        "testdata: making the tiny Qwen3.5-MoE failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let script = fixture_script();
+    let args = [
+        script.as_os_str(),
+        "--make-tiny-qwen35moe".as_ref(),
+        dir.as_os_str(),
+    ];
+    run_tool(&python, &args, "making the tiny Qwen3.5-MoE");
     dir
 }
 
@@ -89,17 +99,8 @@ pub fn quantized(input: &Path, name: &str, ftype: &str) -> PathBuf {
     }
     let quantize = var("TURBOSPARK_LLAMA_QUANTIZE");
     let tmp = out.with_extension("partial");
-    let output = Command::new(&quantize)
-        .arg(input)
-        .arg(&tmp)
-        .arg(ftype)
-        .output()
-        .unwrap_or_else(|e| panic!("testdata: cannot run {}: {e}", quantize.display()));
-    assert!(
-        output.status.success(),
-        "testdata: llama-quantize {ftype} failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let args = [input.as_os_str(), tmp.as_os_str(), ftype.as_ref()];
+    run_tool(&quantize, &args, &format!("llama-quantize {ftype}"));
     std::fs::rename(&tmp, &out).unwrap_or_else(|e| panic!("testdata: {}: {e}", out.display()));
     out
 }
@@ -118,18 +119,13 @@ with open(sys.argv[2], "wb") as out:
         name = t.name.encode()
         out.write(len(name).to_bytes(4, "little") + name + v.size.to_bytes(8, "little") + v.tobytes())
 "#;
-    let output = Command::new(&python)
-        .arg("-c")
-        .arg(script)
-        .arg(gguf)
-        .arg(&dump)
-        .output()
-        .unwrap_or_else(|e| panic!("testdata: cannot run {}: {e}", python.display()));
-    assert!(
-        output.status.success(),
-        "testdata: gguf-py dequantization failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let args = [
+        "-c".as_ref(),
+        script.as_ref(),
+        gguf.as_os_str(),
+        dump.as_os_str(),
+    ];
+    run_tool(&python, &args, "gguf-py dequantization");
     let bytes =
         std::fs::read(&dump).unwrap_or_else(|e| panic!("testdata: {}: {e}", dump.display()));
     let mut out = Vec::new();
