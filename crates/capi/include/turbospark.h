@@ -82,7 +82,8 @@ const char *ts_version(void);
 /* Fills `params` with the defaults (greedy, 128 tokens, no stops). */
 void ts_params_init(ts_params *params);
 
-/* Opens the checkpoint directory `model_dir` (config.json, *.safetensors, tokenizer.json, ...).
+/* Opens the checkpoint directory `model_dir` (config.json, *.safetensors, tokenizer.json, ...), or a
+ * GGUF file (`.gguf`, or the first file of a split `-00001-of-0000N.gguf` set).
  * Options, as key/value strings (n_options may be 0): "device" cpu|cuda|auto (default auto),
  * "speculative" auto|off|N (default auto), "drafter" auto|mtp|dflash|ngram (default auto), "threads" N (this engine's own kernel threads; default
  * one per core).

@@ -91,6 +91,33 @@ pub fn layer_pattern(kinds: &[LayerKind]) -> String {
     }
 }
 
+/// Each stored ggml type's share of a GGUF model's tensor bytes, largest first, e.g.
+/// "Q4_K 61.0% (98 tensors), Q6_K 25.3% (1), F32 0.4% (161)". The weights are widened to f32/bf16 at
+/// load (the "weights dtype" line) until the quantized kernels land.
+fn gguf_type_shares(tensors: &turbospark::model_io::TensorStore) -> String {
+    let mut by_type: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for name in tensors.names() {
+        if let (Ok(ty), Ok(bytes)) = (tensors.stored_dtype_name(name), tensors.stored_bytes(name)) {
+            let e = by_type.entry(ty).or_default();
+            e.0 += bytes;
+            e.1 += 1;
+        }
+    }
+    let total: usize = by_type.values().map(|v| v.0).sum::<usize>().max(1);
+    let mut rows: Vec<_> = by_type.into_iter().collect();
+    rows.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(&b.0)));
+    let parts: Vec<String> = rows
+        .iter()
+        .map(|(ty, (bytes, n))| {
+            format!(
+                "{ty} {:.1}% ({n} tensors)",
+                100.0 * *bytes as f64 / total as f64
+            )
+        })
+        .collect();
+    parts.join(", ")
+}
+
 /// The whole report, one `key: value` line per fact.
 pub fn describe(checkpoint: &Checkpoint) -> String {
     let c = &checkpoint.config;
@@ -133,6 +160,9 @@ pub fn describe(checkpoint: &Checkpoint) -> String {
         ),
     );
     line("weights dtype", dtype);
+    if tensors.is_gguf() {
+        line("GGUF types", gguf_type_shares(tensors));
+    }
     line("context", format!("{} tokens", c.max_position_embeddings));
     line(
         "layers",
@@ -195,10 +225,7 @@ pub fn describe(checkpoint: &Checkpoint) -> String {
         },
     );
     let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
-    line(
-        "tokenizer",
-        yes_no(checkpoint.dir.join("tokenizer.json").is_file()),
-    );
+    line("tokenizer", yes_no(checkpoint.has_tokenizer()));
     line("chat template", yes_no(checkpoint.chat_template.is_some()));
     s
 }

@@ -89,9 +89,9 @@ struct SynthArgs {
 /// `--model` and `--threads`, shared by the subcommands that run one model.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// Checkpoint directory (Hugging Face layout). Default: $TURBOSPARK_MODEL, else the embedded
-    /// testbed `models/testbed`.
-    #[arg(long, value_name = "DIR", env = "TURBOSPARK_MODEL")]
+    /// Checkpoint directory (Hugging Face layout), a `.gguf` file, or the first file of a split GGUF
+    /// set. Default: $TURBOSPARK_MODEL, else the embedded testbed `models/testbed`.
+    #[arg(long, value_name = "PATH", env = "TURBOSPARK_MODEL")]
     pub model: Option<PathBuf>,
     /// CPU threads for the kernels (default: all cores, or RAYON_NUM_THREADS).
     #[arg(long, value_name = "N")]

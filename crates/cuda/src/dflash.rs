@@ -146,6 +146,7 @@ impl CudaDflash {
             chat_template: None,
             has_mtp: false,
             has_dflash: false,
+            gguf_vocab: None,
         };
         let up = Uploader {
             dev: &t.dev,

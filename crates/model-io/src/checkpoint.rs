@@ -9,6 +9,11 @@
 //! present but broken are errors (a broken file is never silently ignored). The tokenizer is parsed
 //! on demand by [`Checkpoint::tokenizer`].
 //!
+//! A GGUF model (`open` given a `.gguf` file, or the first part of a split set) fills the same
+//! fields from the file: the config from its metadata (`gguf::config`), the tensors under their
+//! Hugging Face names (`TensorStore::from_gguf`), the tokenizer from `tokenizer.ggml.*` and the
+//! chat template from `tokenizer.chat_template`; `dir` is then the file's path.
+//!
 //! Invariant: an opened `Checkpoint` has a valid config, every shard header validated, and
 //! `config.tensor_prefix` equal to the prefix its tensors use (when either candidate is present).
 
@@ -16,6 +21,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::gguf::tokenizer::GgufVocab;
+use crate::gguf::{self, GgufSet};
 use crate::json::{read_object, type_name, Fields};
 use crate::{GenerationDefaults, LoadError, ModelConfig, TensorStore};
 
@@ -36,10 +43,16 @@ pub struct Checkpoint {
     pub has_mtp: bool,
     /// `dir/dflash/config.json` exists.
     pub has_dflash: bool,
+    /// The vocabulary of a GGUF model (`None` for a directory: its tokenizer.json is used).
+    pub gguf_vocab: Option<GgufVocab>,
 }
 
 impl Checkpoint {
+    /// Opens a checkpoint directory, a `.gguf` file, or the first file of a split GGUF set.
     pub fn open(dir: &Path) -> Result<Self, LoadError> {
+        if gguf::is_gguf_path(dir) {
+            return Self::open_gguf(dir);
+        }
         if !dir.is_dir() {
             return Err(LoadError::MissingFile {
                 path: dir.to_path_buf(),
@@ -71,11 +84,70 @@ impl Checkpoint {
             chat_template,
             has_mtp,
             has_dflash,
+            gguf_vocab: None,
         })
     }
 
-    /// Parses `dir/tokenizer.json`.
+    /// Opens a GGUF model (`path` a `.gguf` file or the first part of a split set).
+    pub fn open_gguf(path: &Path) -> Result<Self, LoadError> {
+        let set = GgufSet::open(path)?;
+        let (config_json, layout) = gguf::config::hf_config(&set)?;
+        let mut config = ModelConfig::from_json_str(&config_json, path)?;
+        config.tensor_prefix = "model.".to_string();
+        let gguf_vocab = GgufVocab::read(&set)?;
+        let chat_template = match set.get("tokenizer.chat_template") {
+            None => None,
+            Some(v) => {
+                Some(
+                    v.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| LoadError::WrongType {
+                            path: path.to_path_buf(),
+                            field: "tokenizer.chat_template".into(),
+                            expected: "a string",
+                            found: v.type_name().to_string(),
+                        })?,
+                )
+            }
+        };
+        let eos_token_ids = match &gguf_vocab {
+            Some(vocab) => vocab.end_of_generation_ids(),
+            None => config.eos_token_ids.clone(),
+        };
+        let generation = GenerationDefaults {
+            eos_token_ids,
+            ..GenerationDefaults::default()
+        };
+        let tensors = TensorStore::from_gguf(set, &layout)?;
+        let has_mtp = tensors.names().any(|n| n.starts_with("mtp."));
+        Ok(Checkpoint {
+            dir: path.to_path_buf(),
+            config,
+            tensors,
+            generation,
+            chat_template,
+            has_mtp,
+            has_dflash: false,
+            gguf_vocab,
+        })
+    }
+
+    /// Whether [`Checkpoint::tokenizer`] has something to load.
+    pub fn has_tokenizer(&self) -> bool {
+        self.gguf_vocab.is_some() || self.dir.join("tokenizer.json").is_file()
+    }
+
+    /// Parses `dir/tokenizer.json`, or builds a GGUF model's tokenizer from its vocabulary.
     pub fn tokenizer(&self) -> Result<tokenizers::Tokenizer, LoadError> {
+        if let Some(vocab) = &self.gguf_vocab {
+            return vocab.tokenizer();
+        }
+        if self.tensors.is_gguf() {
+            return Err(LoadError::MissingField {
+                path: self.dir.clone(),
+                field: "tokenizer.ggml.model (the GGUF file carries no tokenizer)".into(),
+            });
+        }
         let path = self.dir.join("tokenizer.json");
         if !path.is_file() {
             return Err(LoadError::MissingFile {

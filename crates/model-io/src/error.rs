@@ -130,6 +130,22 @@ pub enum LoadError {
         dtype: String,
     },
 
+    /// A GGUF file is malformed (bad magic or version, truncated, bad counts, offsets or sizes).
+    #[error("{}: invalid GGUF file: {reason}", path.display())]
+    Gguf { path: PathBuf, reason: String },
+
+    /// A GGUF tensor is stored in a ggml type this runtime cannot convert (IQ*, Q2_K, Q3_K, ...).
+    #[error(
+        "{}: tensor `{tensor}` has ggml type {ggml_type}, which is not supported (supported: {supported})",
+        path.display()
+    )]
+    UnsupportedGgmlType {
+        path: PathBuf,
+        tensor: String,
+        ggml_type: &'static str,
+        supported: &'static str,
+    },
+
     /// `tokenizer.json` is missing or cannot be parsed by the `tokenizers` crate.
     #[error("{}: cannot load tokenizer: {reason}", path.display())]
     Tokenizer { path: PathBuf, reason: String },

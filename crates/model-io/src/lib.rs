@@ -14,6 +14,7 @@ mod checkpoint;
 mod config;
 mod error;
 mod generation;
+pub mod gguf;
 mod json;
 mod tensors;
 

@@ -11,17 +11,26 @@
 //! inside the data section; ranges sorted by offset tile the data section exactly (no overlap, no
 //! gap, no trailing bytes — a truncated file fails here); tensor names unique across shards.
 //!
+//! GGUF models ([`TensorStore::from_gguf`]) fill the same map: each entry is a GGUF tensor under the
+//! Hugging Face name it was converted from, with the inverse of the converter's changes
+//! (`gguf::convert`), dequantized to f32 on `load_f32` (and once, kept, on `raw`); F32/BF16/F16
+//! tensors without a transform are handed out as stored.
+//!
 //! Invariant: every stored entry's byte range lies inside its shard's mmap, so `raw`/`load_f32`
 //! slice without panicking.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use memmap2::Mmap;
 use safetensors::Dtype;
 use serde::Deserialize;
 
+use crate::gguf::convert::Transform;
+use crate::gguf::names::{map_tensor, Layout};
+use crate::gguf::{types, GgmlType, GgufSet};
 use crate::LoadError;
 
 /// The dtypes weights may be stored in.
@@ -54,11 +63,25 @@ impl DType {
 /// Same limit as the reference loader: a bigger header is a corrupt length, not a real header.
 const MAX_HEADER_BYTES: usize = 100_000_000;
 
+/// How a tensor is stored.
+#[derive(Debug)]
+enum Stored {
+    Safetensors(Dtype),
+    Gguf {
+        ggml_type: GgmlType,
+        /// Inverse converter steps, applied in order after dequantization.
+        transforms: Vec<Transform>,
+        /// f32 little-endian bytes, made by the first `raw` of a converted tensor.
+        converted: OnceLock<Vec<u8>>,
+    },
+}
+
 /// One tensor's location.
 #[derive(Debug)]
 struct Entry {
     shard: usize,
-    dtype: Dtype,
+    stored: Stored,
+    /// Row-major, outermost first (the Hugging Face shape for GGUF tensors).
     shape: Vec<usize>,
     /// Absolute byte range in the shard file.
     begin: usize,
@@ -268,9 +291,38 @@ impl TensorStore {
         self.weight_dtype(name, entry)
     }
 
-    /// The stored dtype as the safetensors name ("BF16", "I64", "F8_E4M3", ...), for any dtype.
+    /// The stored dtype as the safetensors name ("BF16", "I64", "F8_E4M3", ...) or the ggml type name
+    /// of a GGUF tensor ("Q4_K", "F32", ...), for any dtype.
     pub fn stored_dtype_name(&self, name: &str) -> Result<String, LoadError> {
-        Ok(format!("{:?}", self.entry(name)?.dtype))
+        Ok(match &self.entry(name)?.stored {
+            Stored::Safetensors(dtype) => format!("{dtype:?}"),
+            Stored::Gguf { ggml_type, .. } => ggml_type.name().to_string(),
+        })
+    }
+
+    /// Bytes `name` occupies in its file (a piece cut from a shared GGUF tensor, as qwen3next's
+    /// `in_proj_b` / `in_proj_a` from `ssm_ba`, counts its share).
+    pub fn stored_bytes(&self, name: &str) -> Result<usize, LoadError> {
+        let entry = self.entry(name)?;
+        let bytes = entry.end - entry.begin;
+        if let Stored::Gguf { transforms, .. } = &entry.stored {
+            for t in transforms {
+                if let Transform::TakeGroupRows {
+                    group_rows, len, ..
+                } = *t
+                {
+                    return Ok(bytes / group_rows.max(1) * len);
+                }
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Whether the tensors come from a GGUF file.
+    pub fn is_gguf(&self) -> bool {
+        self.entries
+            .values()
+            .any(|e| matches!(e.stored, Stored::Gguf { .. }))
     }
 
     /// Number of elements of `name`.
@@ -292,14 +344,142 @@ impl TensorStore {
         }
         let dtype = self.weight_dtype(name, entry)?;
         let bytes = self.bytes(entry)?;
-        Ok(convert_to_f32(dtype, bytes))
+        match &entry.stored {
+            Stored::Safetensors(_) => Ok(convert_to_f32(dtype, bytes)),
+            Stored::Gguf {
+                ggml_type,
+                transforms,
+                ..
+            } => self.convert_gguf(name, entry, *ggml_type, transforms, bytes),
+        }
+    }
+
+    fn convert_gguf(
+        &self,
+        name: &str,
+        entry: &Entry,
+        ggml_type: GgmlType,
+        transforms: &[Transform],
+        bytes: &[u8],
+    ) -> Result<Vec<f32>, LoadError> {
+        let bad = |reason: String| LoadError::Gguf {
+            path: self.shard_path(entry).to_path_buf(),
+            reason: format!("tensor `{name}`: {reason}"),
+        };
+        // The stored elements (more than the shape's for a `TakeGroupRows` piece).
+        let stored = bytes.len() / ggml_type.block_bytes() * ggml_type.block_len();
+        let mut values = vec![0f32; stored];
+        types::dequantize(ggml_type, bytes, &mut values).map_err(bad)?;
+        for t in transforms {
+            t.apply(&mut values, &entry.shape).map_err(bad)?;
+        }
+        if values.len() != entry.shape.iter().product::<usize>() {
+            return Err(bad(format!(
+                "{} values for shape {:?}",
+                values.len(),
+                entry.shape
+            )));
+        }
+        Ok(values)
     }
 
     /// The stored bytes (little-endian) with dtype and shape, for uploading without conversion.
     pub fn raw(&self, name: &str) -> Result<(DType, &[usize], &[u8]), LoadError> {
         let entry = self.entry(name)?;
         let dtype = self.weight_dtype(name, entry)?;
-        Ok((dtype, &entry.shape, self.bytes(entry)?))
+        let bytes = self.bytes(entry)?;
+        match &entry.stored {
+            Stored::Gguf {
+                ggml_type,
+                transforms,
+                converted,
+            } if !is_passthrough(*ggml_type, transforms) => {
+                if converted.get().is_none() {
+                    let values = self.convert_gguf(name, entry, *ggml_type, transforms, bytes)?;
+                    let le: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    // A concurrent caller may have set it first; both computed the same bytes.
+                    let _ = converted.set(le);
+                }
+                let le = converted.get().map(Vec::as_slice).unwrap_or_default();
+                Ok((dtype, &entry.shape, le))
+            }
+            _ => Ok((dtype, &entry.shape, bytes)),
+        }
+    }
+
+    /// The tensors of a GGUF model under their Hugging Face names (`layout` from its metadata);
+    /// tensors the name map does not know keep their GGUF names.
+    pub(crate) fn from_gguf(set: GgufSet, layout: &Layout) -> Result<Self, LoadError> {
+        let dir = set.path().to_path_buf();
+        let mut store = TensorStore {
+            dir,
+            shards: Vec::new(),
+            entries: HashMap::new(),
+        };
+        for (shard, part) in set.parts.into_iter().enumerate() {
+            let (path, mmap, tensors) = part.into_parts();
+            for info in tensors {
+                let mut shape = info.shape();
+                let pieces = match map_tensor(&info.name, layout) {
+                    Some(m) if !m.expert_parts.is_empty() => {
+                        split_experts(&path, &info, &m.hf_name, m.expert_parts)?
+                    }
+                    Some(m) if m.ba_groups.is_some() => {
+                        let (groups, r) = m.ba_groups.unwrap_or_default();
+                        let cols = shape.last().copied().unwrap_or(0);
+                        ["b.weight", "a.weight"]
+                            .iter()
+                            .enumerate()
+                            .map(|(k, part)| {
+                                let take = Transform::TakeGroupRows {
+                                    groups,
+                                    group_rows: 2 * r,
+                                    start: k * r,
+                                    len: r,
+                                };
+                                let name = format!("{}{part}", m.hf_name);
+                                (
+                                    name,
+                                    vec![take],
+                                    vec![groups * r, cols],
+                                    info.begin,
+                                    info.end,
+                                )
+                            })
+                            .collect()
+                    }
+                    Some(m) => {
+                        if m.unsqueeze_1 && shape.len() == 2 {
+                            shape.insert(1, 1);
+                        }
+                        vec![(m.hf_name, m.transforms, shape, info.begin, info.end)]
+                    }
+                    None => vec![(info.name.clone(), Vec::new(), shape, info.begin, info.end)],
+                };
+                for (name, transforms, shape, begin, end) in pieces {
+                    let entry = Entry {
+                        shard,
+                        stored: Stored::Gguf {
+                            ggml_type: info.ggml_type,
+                            transforms,
+                            converted: OnceLock::new(),
+                        },
+                        shape,
+                        begin,
+                        end,
+                    };
+                    if store.entries.insert(name.clone(), entry).is_some() {
+                        return Err(LoadError::DuplicateTensor {
+                            path: path.clone(),
+                            other: path.clone(),
+                            tensor: format!("{name} (from GGUF `{}`)", info.name),
+                        });
+                    }
+                }
+            }
+            store.shards.push(Shard { path, mmap });
+        }
+        Ok(store)
     }
 
     fn entry(&self, name: &str) -> Result<&Entry, LoadError> {
@@ -319,11 +499,34 @@ impl TensorStore {
     }
 
     fn weight_dtype(&self, name: &str, entry: &Entry) -> Result<DType, LoadError> {
-        DType::from_stored(entry.dtype).ok_or_else(|| LoadError::UnsupportedDtype {
-            path: self.shard_path(entry).to_path_buf(),
-            tensor: name.to_string(),
-            dtype: format!("{:?}", entry.dtype),
-        })
+        match &entry.stored {
+            Stored::Safetensors(dtype) => {
+                DType::from_stored(*dtype).ok_or_else(|| LoadError::UnsupportedDtype {
+                    path: self.shard_path(entry).to_path_buf(),
+                    tensor: name.to_string(),
+                    dtype: format!("{dtype:?}"),
+                })
+            }
+            Stored::Gguf {
+                ggml_type,
+                transforms,
+                ..
+            } => {
+                if !ggml_type.is_supported() {
+                    return Err(LoadError::UnsupportedGgmlType {
+                        path: self.shard_path(entry).to_path_buf(),
+                        tensor: name.to_string(),
+                        ggml_type: ggml_type.name(),
+                        supported: types::DEQUANTIZED_TYPES,
+                    });
+                }
+                Ok(match ggml_type {
+                    GgmlType::BF16 if transforms.is_empty() => DType::BF16,
+                    GgmlType::F16 if transforms.is_empty() => DType::F16,
+                    _ => DType::F32,
+                })
+            }
+        }
     }
 
     fn bytes(&self, entry: &Entry) -> Result<&[u8], LoadError> {
@@ -339,6 +542,57 @@ impl TensorStore {
                 ),
             })
     }
+}
+
+/// One tensor of a GGUF-backed store: name, inverse transforms, shape, absolute byte range.
+type Piece = (String, Vec<Transform>, Vec<usize>, usize, usize);
+
+/// A 3-D expert tensor `[E, rows, cols]` as per-expert `[rows / parts, cols]` tensors named
+/// `{prefix}{e}.{part}`. Each is a contiguous byte range: rows are whole blocks.
+fn split_experts(
+    path: &Path,
+    info: &crate::gguf::TensorInfo,
+    prefix: &str,
+    parts: &[&str],
+) -> Result<Vec<Piece>, LoadError> {
+    let shape = info.shape();
+    let bad = |reason: String| LoadError::Gguf {
+        path: path.to_path_buf(),
+        reason: format!("tensor `{}` {shape:?}: {reason}", info.name),
+    };
+    let &[experts, rows, cols] = shape.as_slice() else {
+        return Err(bad("expert tensors have 3 dimensions".into()));
+    };
+    if experts == 0 || !rows.is_multiple_of(parts.len()) {
+        return Err(bad(format!(
+            "cannot split into {} parts per expert",
+            parts.len()
+        )));
+    }
+    let part_bytes = (info.end - info.begin) / experts / parts.len();
+    // Empty experts are corrupt; requiring bytes also bounds the entries made by the file's size.
+    if part_bytes == 0 {
+        return Err(bad("experts of zero bytes".into()));
+    }
+    let mut out = Vec::with_capacity(experts * parts.len());
+    for e in 0..experts {
+        for (k, part) in parts.iter().enumerate() {
+            let begin = info.begin + (e * parts.len() + k) * part_bytes;
+            out.push((
+                format!("{prefix}{e}.{part}"),
+                Vec::new(),
+                vec![rows / parts.len(), cols],
+                begin,
+                begin + part_bytes,
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// A GGUF tensor handed out as stored (no conversion).
+fn is_passthrough(ggml_type: GgmlType, transforms: &[Transform]) -> bool {
+    transforms.is_empty() && matches!(ggml_type, GgmlType::F32 | GgmlType::BF16 | GgmlType::F16)
 }
 
 /// A name in `weight_map` must stay inside the checkpoint directory.
@@ -419,7 +673,7 @@ fn parse_header(file: &[u8]) -> Result<Vec<(String, Entry)>, String> {
             name,
             Entry {
                 shard: 0,
-                dtype,
+                stored: Stored::Safetensors(dtype),
                 shape: h.shape,
                 begin: data_start + begin,
                 end: data_start + end,

@@ -113,7 +113,13 @@ impl Engine {
         let loaded = Model::load(&checkpoint, device)?;
         let tokenizer = checkpoint.tokenizer()?;
         let eos = checkpoint.eos_token_ids();
-        let chat = ChatTemplate::from_model_dir(dir).ok();
+        let chat = match &checkpoint.gguf_vocab {
+            // A GGUF model: `tokenizer.chat_template`, with its vocabulary's bos/eos tokens.
+            Some(vocab) => checkpoint.chat_template.as_ref().and_then(|t| {
+                ChatTemplate::new(t.clone(), vocab.special_tokens(), dir.display().to_string()).ok()
+            }),
+            None => ChatTemplate::from_model_dir(dir).ok(),
+        };
         Ok(Engine {
             checkpoint,
             model: loaded.model,

@@ -12,6 +12,8 @@
 //! Nothing here skips: a missing source tree, a missing fixture or a corrupt frame panics (in
 //! [`fixtures`] / [`fixture`]) or returns an error ([`materialize`]) naming the path.
 
+pub mod gguf_tools;
+
 use std::collections::HashSet;
 use std::fs;
 use std::io::{self, Read};

@@ -116,7 +116,8 @@ pub struct Model {
 
 impl Model {
     /// Options for opening the checkpoint directory `dir` (Hugging Face layout: `config.json`,
-    /// `*.safetensors`, `tokenizer.json`, optionally the chat template and `generation_config.json`).
+    /// `*.safetensors`, `tokenizer.json`, optionally the chat template and `generation_config.json`),
+    /// or a GGUF file (`.gguf`, or the first file of a split `-00001-of-0000N.gguf` set).
     pub fn builder(dir: impl AsRef<Path>) -> ModelBuilder {
         ModelBuilder {
             dir: dir.as_ref().to_path_buf(),

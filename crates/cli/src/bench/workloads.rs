@@ -24,11 +24,11 @@ pub(super) fn speculative_prompt(
     args: &BenchArgs,
     random: Vec<u32>,
 ) -> Result<Vec<u32>> {
-    let has_tokenizer = bench.checkpoint.dir.join("tokenizer.json").is_file();
+    let has_tokenizer = bench.checkpoint.has_tokenizer();
     let text = match (&args.prompt, has_tokenizer) {
         (Some(text), true) => text.as_str(),
         (Some(_), false) => bail!(
-            "--prompt needs the checkpoint's tokenizer.json, which {} does not have",
+            "--prompt needs the checkpoint's tokenizer (tokenizer.json or a GGUF vocabulary), which {} does not have",
             bench.checkpoint.dir.display()
         ),
         (None, true) => DEFAULT_PROMPT,
@@ -44,9 +44,9 @@ pub(super) fn encode_prompt(
     text: &str,
     option: &str,
 ) -> Result<Vec<u32>> {
-    if !bench.checkpoint.dir.join("tokenizer.json").is_file() {
+    if !bench.checkpoint.has_tokenizer() {
         bail!(
-            "{option} needs the checkpoint's tokenizer.json, which {} does not have",
+            "{option} needs the checkpoint's tokenizer (tokenizer.json or a GGUF vocabulary), which {} does not have",
             bench.checkpoint.dir.display()
         );
     }
