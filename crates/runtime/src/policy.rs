@@ -1,5 +1,5 @@
 //! Whether a run speculates, with which drafter and how many proposals per round: a pure decision
-//! from the request (`--speculative auto|off|N`, `--drafter auto|mtp|dflash|ngram`), what the
+//! from the request (`--speculative auto|off|N`, `--drafter auto|mtp|dflash|ngram|suffix`), what the
 //! checkpoint carries ([`DrafterAvailability`]). Pure so every branch is tested without a model;
 //! the CLI, the server and the C API all call [`resolve`], so they cannot disagree.
 //!
@@ -12,7 +12,8 @@
 //!   end prints once before running sequentially.
 //! - Detecting a drafter is not enabling it: only `auto` (either flag) picks one by itself. The
 //!   drafter `auto` prefers MTP when the checkpoint has the head, else DFlash; it never picks prompt
-//!   lookup (`ngram`), which needs no weights and so serves every checkpoint, but only when named.
+//!   lookup (`ngram`) or the suffix drafter (`suffix`), which need no weights and so serve every
+//!   checkpoint, but only when named.
 //!   A named drafter is never swapped for another.
 //! - Sampled requests are served by every drafter: a deterministic proposal is a point-mass q, and
 //!   rejection sampling against it is exact (DESIGN.md §3). There is no temperature refusal here.
@@ -48,6 +49,14 @@ pub const NGRAM_DEFAULT_BLOCK: usize = 4;
 /// Largest prompt-lookup block: the exactness cap the other drafters share (a copied run of more than
 /// 16 tokens is proposed over several rounds).
 pub const NGRAM_MAX_BLOCK: usize = 16;
+
+/// Proposals per round for the suffix drafter under `auto`: a round's ceiling, since the drafter itself
+/// proposes only as far as its match supports (at most twice the matched length), so a weak match
+/// costs few verify rows whatever the block.
+pub const SUFFIX_DEFAULT_BLOCK: usize = 8;
+
+/// Largest suffix-drafter block: the exactness cap the other drafters share.
+pub const SUFFIX_MAX_BLOCK: usize = 16;
 
 /// `--speculative`: whether and how far a run drafts ahead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -104,6 +113,9 @@ pub enum DrafterRequest {
     Dflash,
     /// Prompt lookup: copies what followed an earlier occurrence of the history's last n-gram.
     Ngram,
+    /// The suffix drafter: the most frequent continuation of the history's suffix, in this and
+    /// earlier requests.
+    Suffix,
 }
 
 impl FromStr for DrafterRequest {
@@ -115,10 +127,11 @@ impl FromStr for DrafterRequest {
             "mtp" => Ok(DrafterRequest::Mtp),
             "dflash" => Ok(DrafterRequest::Dflash),
             "ngram" => Ok(DrafterRequest::Ngram),
+            "suffix" => Ok(DrafterRequest::Suffix),
             _ => Err(RuntimeError::InvalidFlag {
                 flag: "--drafter",
                 value: value.to_string(),
-                reason: "expected `auto`, `mtp`, `dflash` or `ngram`".to_string(),
+                reason: "expected `auto`, `mtp`, `dflash`, `ngram` or `suffix`".to_string(),
             }),
         }
     }
@@ -139,6 +152,8 @@ pub enum Drafter {
     Dflash,
     /// Prompt lookup (`drafters::NgramDrafter`): no weights, any checkpoint.
     Ngram,
+    /// The suffix drafter (`drafters::SuffixDrafter`): no weights, any checkpoint.
+    Suffix,
 }
 
 impl fmt::Display for Drafter {
@@ -147,6 +162,7 @@ impl fmt::Display for Drafter {
             Drafter::Mtp => write!(f, "mtp"),
             Drafter::Dflash => write!(f, "dflash"),
             Drafter::Ngram => write!(f, "ngram"),
+            Drafter::Suffix => write!(f, "suffix"),
         }
     }
 }
@@ -168,7 +184,7 @@ impl DrafterAvailability {
         match drafter {
             Drafter::Mtp => self.mtp,
             Drafter::Dflash => self.dflash,
-            Drafter::Ngram => true,
+            Drafter::Ngram | Drafter::Suffix => true,
         }
     }
 
@@ -181,6 +197,7 @@ impl DrafterAvailability {
                 (max, max)
             }
             Drafter::Ngram => (NGRAM_DEFAULT_BLOCK, NGRAM_MAX_BLOCK),
+            Drafter::Suffix => (SUFFIX_DEFAULT_BLOCK, SUFFIX_MAX_BLOCK),
         }
     }
 }
@@ -266,6 +283,7 @@ fn choose_drafter(
             "no DFlash drafter was found for this model",
         ),
         DrafterRequest::Ngram => Ok(Drafter::Ngram),
+        DrafterRequest::Suffix => Ok(Drafter::Suffix),
         DrafterRequest::Auto if availability.mtp => Ok(Drafter::Mtp),
         DrafterRequest::Auto if availability.dflash => Ok(Drafter::Dflash),
         DrafterRequest::Auto => {
@@ -280,6 +298,7 @@ fn request_name(request: DrafterRequest) -> &'static str {
         DrafterRequest::Mtp => "mtp",
         DrafterRequest::Dflash => "dflash",
         DrafterRequest::Ngram => "ngram",
+        DrafterRequest::Suffix => "suffix",
     }
 }
 
@@ -361,12 +380,13 @@ mod tests {
         );
         let err = "eagle".parse::<DrafterRequest>().unwrap_err().to_string();
         assert!(err.contains("--drafter") && err.contains("eagle"), "{err}");
-        assert!(err.contains("ngram"), "{err}");
+        assert!(err.contains("ngram") && err.contains("suffix"), "{err}");
         for request in [
             DrafterRequest::Auto,
             DrafterRequest::Mtp,
             DrafterRequest::Dflash,
             DrafterRequest::Ngram,
+            DrafterRequest::Suffix,
         ] {
             assert_eq!(
                 request.to_string().parse::<DrafterRequest>().unwrap(),
@@ -376,37 +396,48 @@ mod tests {
     }
 
     #[test]
-    fn ngram_serves_every_checkpoint_but_only_when_named() {
-        // No weights needed: a dense checkpoint without drafters speculates with it.
-        for availability in [NONE, MTP, DFLASH8, BOTH] {
-            let plan = resolve(Speculation::Auto, DrafterRequest::Ngram, &availability).unwrap();
+    fn weight_free_drafters_serve_every_checkpoint_but_only_when_named() {
+        let arms = [
+            (
+                DrafterRequest::Ngram,
+                Drafter::Ngram,
+                NGRAM_DEFAULT_BLOCK,
+                NGRAM_MAX_BLOCK,
+            ),
+            (
+                DrafterRequest::Suffix,
+                Drafter::Suffix,
+                SUFFIX_DEFAULT_BLOCK,
+                SUFFIX_MAX_BLOCK,
+            ),
+        ];
+        for (request, drafter, default_block, max_block) in arms {
+            // No weights needed: a dense checkpoint without drafters speculates with it.
+            for availability in [NONE, MTP, DFLASH8, BOTH] {
+                let plan = resolve(Speculation::Auto, request, &availability).unwrap();
+                assert_eq!(plan, tuned(drafter, default_block, max_block));
+                let plan = resolve(Speculation::Block(5), request, &availability);
+                assert_eq!(plan.unwrap(), enabled(drafter, 5));
+            }
+            // Its block range is the exactness cap.
             assert_eq!(
-                plan,
-                tuned(Drafter::Ngram, NGRAM_DEFAULT_BLOCK, NGRAM_MAX_BLOCK)
+                resolve(Speculation::Block(16), request, &NONE).unwrap(),
+                enabled(drafter, 16)
             );
-            let plan = resolve(Speculation::Block(5), DrafterRequest::Ngram, &availability);
-            assert_eq!(plan.unwrap(), enabled(Drafter::Ngram, 5));
+            let e = refusal(resolve(Speculation::Block(17), request, &NONE));
+            assert!(
+                e.contains(&format!("--speculative 17 (drafter {drafter})"))
+                    && e.contains(&format!(
+                        "outside the {drafter} drafter's allowed range 1..=16"
+                    )),
+                "{e}"
+            );
         }
-        // `auto` never picks it by itself (nor swaps a named drafter for it).
+        // `auto` never picks one by itself (nor swaps a named drafter for one).
         let w = warning(resolve(Speculation::Auto, DrafterRequest::Auto, &NONE).unwrap());
         assert!(w.contains("no MTP head and no DFlash"), "{w}");
         let w = warning(resolve(Speculation::Auto, DrafterRequest::Mtp, &NONE).unwrap());
         assert!(w.contains("no MTP head"), "{w}");
-        // Its block range is the exactness cap.
-        assert_eq!(
-            resolve(Speculation::Block(16), DrafterRequest::Ngram, &NONE).unwrap(),
-            enabled(Drafter::Ngram, 16)
-        );
-        let e = refusal(resolve(
-            Speculation::Block(17),
-            DrafterRequest::Ngram,
-            &NONE,
-        ));
-        assert!(
-            e.contains("--speculative 17 (drafter ngram)")
-                && e.contains("outside the ngram drafter's allowed range 1..=16"),
-            "{e}"
-        );
     }
 
     #[test]
@@ -416,6 +447,7 @@ mod tests {
             DrafterRequest::Mtp,
             DrafterRequest::Dflash,
             DrafterRequest::Ngram,
+            DrafterRequest::Suffix,
         ] {
             let plan = resolve(Speculation::Off, request, &BOTH).unwrap();
             assert_eq!(plan, SpeculationPlan::Disabled { warning: None });

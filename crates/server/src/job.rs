@@ -163,6 +163,7 @@ pub(crate) fn run_job(
         speculation,
         echo,
         n,
+        client: _,
         events: tx,
         cancel,
     } = job;

@@ -12,7 +12,10 @@
 //! and the next job starts at once.
 //!
 //! Prefix reuse: every job runs on the same session, so a request that extends the previous one
-//! (the next chat turn) prefills only what is new (`Session`'s reuse rules).
+//! (the next chat turn) prefills only what is new (`Session`'s reuse rules). A drafter that learns
+//! across requests (the suffix drafter) is told to forget them before a request from another API key
+//! than the previous one's, and before every request of a server without keys: how fast a request
+//! runs must not tell a client whether someone else's text continues its prompt.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
@@ -58,6 +61,9 @@ pub struct Job {
     pub echo: bool,
     /// Choices to generate (`n`), one after another; choice i samples with seed + i.
     pub n: usize,
+    /// The API key the request carried (`None`: the server has none). A drafter's memory of earlier
+    /// requests serves only the next requests of the same client.
+    pub client: Option<crate::Client>,
     pub events: tmpsc::Sender<Msg>,
     pub cancel: CancelFlag,
 }
@@ -284,8 +290,14 @@ where
             }
             model.install(move || {
                 let rx = rx;
+                let mut last_client = None;
                 while let Ok(job) = rx.recv() {
                     worker_metrics.queued.fetch_sub(1, Ordering::Relaxed);
+                    // Memory of earlier requests stays within one client (keyless: within none).
+                    if job.client.is_none() || job.client != last_client {
+                        session.runtime_session().forget_earlier_requests();
+                    }
+                    last_client = job.client;
                     let events = job.events.clone();
                     // A bug that panics fails its request, not the server: the next one starts afresh.
                     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

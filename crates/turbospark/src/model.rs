@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use device::{Device, ModelState};
-use runtime::{DrafterRequest, Engine, Speculation};
+use runtime::{DrafterOptions, DrafterRequest, Engine, Speculation};
 
 use crate::error::Error;
 use crate::session::Session;
@@ -23,6 +23,7 @@ pub struct ModelBuilder {
     device: Device,
     speculation: Speculation,
     drafter: DrafterRequest,
+    drafter_options: DrafterOptions,
     threads: Option<usize>,
 }
 
@@ -49,6 +50,13 @@ impl ModelBuilder {
         self
     }
 
+    /// How the weight-free drafters are built (n-gram sizes, the suffix drafter's memory bound;
+    /// default [`DrafterOptions::default`]).
+    pub fn drafter_options(mut self, options: DrafterOptions) -> Self {
+        self.drafter_options = options;
+        self
+    }
+
     /// Kernel threads of this model's pool (default: rayon's, i.e. `RAYON_NUM_THREADS` or one per
     /// core). Must be at least 1.
     pub fn threads(mut self, threads: usize) -> Self {
@@ -71,9 +79,10 @@ impl ModelBuilder {
             .thread_name(|i| format!("turbospark-{i}"))
             .build()
             .map_err(|source| Error::ThreadPool { threads, source })?;
-        let engine = pool.install(|| {
+        let mut engine = pool.install(|| {
             Engine::open_checked(&self.dir, self.device, self.speculation, self.drafter)
         })?;
+        engine.drafter_options = self.drafter_options;
         Ok(Model {
             inner: Arc::new(Inner {
                 engine,
@@ -107,6 +116,7 @@ impl Model {
             device: Device::Auto,
             speculation: Speculation::Auto,
             drafter: DrafterRequest::Auto,
+            drafter_options: DrafterOptions::default(),
             threads: None,
         }
     }

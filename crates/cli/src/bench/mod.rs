@@ -6,7 +6,8 @@
 //!    `--prompt-tokens` random ids (seeded), from an empty session; prefill tok/s = prompt tokens /
 //!    prefill seconds, decode tok/s = committed tokens / decode seconds, each the median of `--runs`.
 //!    No stop token can end a run early (the EOS list is empty), so every run does the same work.
-//! 2. Speculative (when the checkpoint has a drafter, `--drafter ngram` names prompt lookup, or
+//! 2. Speculative (when the checkpoint has a drafter, `--drafter ngram|suffix` names one that needs no
+//!    weights, or
 //!    `--speculative` names blocks): with the largest thread count, sequential vs each drafter's
 //!    greedy decoding from the same prompt (`--prompt` text, or
 //!    a built-in text when the checkpoint has a tokenizer, else the random ids), per block (and `auto`,
@@ -87,13 +88,16 @@ pub struct BenchArgs {
     pub runs: usize,
     /// Blocks to compare with sequential decoding, comma-separated, `auto` among them for the tuned
     /// block, or `off` (default per drafter: MTP 1,2,3,4,auto; DFlash 1,2,4,8 and its trained maximum,
-    /// auto; ngram 2,4,8,auto).
+    /// auto; ngram 2,4,8,auto; suffix 4,8,16,auto).
     #[arg(long, value_name = "N,..,auto|off")]
     pub speculative: Option<String>,
-    /// Drafters to compare: auto (every one the checkpoint carries), mtp, dflash, or ngram (prompt
-    /// lookup: no weights, any checkpoint; only when named).
-    #[arg(long, value_name = "auto|mtp|dflash|ngram", default_value = "auto", value_parser = crate::generate::parse_drafter)]
+    /// Drafters to compare: auto (every one the checkpoint carries), mtp, dflash, ngram (prompt
+    /// lookup) or suffix (the suffix drafter; both need no weights and serve any checkpoint, only
+    /// when named).
+    #[arg(long, value_name = "auto|mtp|dflash|ngram|suffix", default_value = "auto", value_parser = crate::generate::parse_drafter)]
     pub drafter: DrafterRequest,
+    #[command(flatten)]
+    pub drafter_options: crate::generate::DrafterOptionArgs,
     /// Prompt text for the speculative comparison (needs the checkpoint's tokenizer).
     #[arg(long, value_name = "TEXT")]
     pub prompt: Option<String>,
@@ -172,6 +176,7 @@ fn speculative_blocks(
             Drafter::Mtp => vec![Some(1), Some(2), Some(3), Some(4)],
             Drafter::Dflash => [1, 2, 4, 8, max].iter().map(|&b| Some(b)).collect(),
             Drafter::Ngram => vec![Some(2), Some(4), Some(8)],
+            Drafter::Suffix => vec![Some(4), Some(8), Some(16)],
         };
         blocks.retain(|b| b.is_some_and(|b| b <= max));
         blocks.dedup();
@@ -204,6 +209,7 @@ fn request_for(drafter: Drafter) -> DrafterRequest {
         Drafter::Mtp => DrafterRequest::Mtp,
         Drafter::Dflash => DrafterRequest::Dflash,
         Drafter::Ngram => DrafterRequest::Ngram,
+        Drafter::Suffix => DrafterRequest::Suffix,
     }
 }
 
@@ -229,7 +235,7 @@ fn drafters_to_bench(
             .filter(|&d| match d {
                 Drafter::Mtp => availability.mtp,
                 Drafter::Dflash => availability.dflash,
-                Drafter::Ngram => false,
+                Drafter::Ngram | Drafter::Suffix => false,
             })
             .collect(),
         named => match turbospark::runtime::resolve(Speculation::Auto, named, availability)? {
@@ -267,6 +273,9 @@ impl Bench {
         prompt: &[u32],
         speculative: Option<Speculative>,
     ) -> Result<GenerationResult> {
+        // Each run is a request alone: a drafter that remembers earlier requests (suffix) would
+        // otherwise copy the previous run's output of the same prompt.
+        session.forget_earlier_requests();
         session.reset_all()?;
         let request = Request {
             prompt,
@@ -393,7 +402,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             && flag != "off"
             && !availability.mtp
             && !availability.dflash
-            && args.drafter != DrafterRequest::Ngram
+            && !matches!(args.drafter, DrafterRequest::Ngram | DrafterRequest::Suffix)
         {
             bail!(
                 "--speculative {flag}: this checkpoint carries no drafter to compare (no MTP head, \
@@ -603,7 +612,9 @@ fn speculative(
         );
         for (drafter, blocks, (auto_start, auto_most)) in plans {
             // The drafter where the engine runs it: on the target's device.
-            let loaded = turbospark::runtime::load_drafter(&bench.model, &bench.checkpoint, *drafter)?;
+            let options = args.drafter_options.options()?;
+            let loaded =
+                turbospark::runtime::load_drafter(&bench.model, &bench.checkpoint, *drafter, &options)?;
             let name = loaded.name();
             let mut session = Session::open(&bench.model)?.with_drafter(loaded);
             // `auto` as the engine plans it: tuned up to what the device verifies exactly.
