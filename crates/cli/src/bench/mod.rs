@@ -340,6 +340,8 @@ fn check_args(args: &BenchArgs, context: usize) -> Result<()> {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
+    // Checked before anything loads (the drafters are built per table).
+    args.drafter_options.options()?;
     if args.dflash && args.shape.is_none() {
         bail!("--dflash writes a drafter for a --shape checkpoint; with --model the checkpoint's own is used");
     }
