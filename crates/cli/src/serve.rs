@@ -35,8 +35,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "auto|off|N", default_value = "auto", value_parser = crate::generate::parse_speculation)]
     pub speculative: Speculation,
     /// Which drafter speculative decoding uses: auto (the checkpoint's MTP head, else its DFlash
-    /// drafter), mtp, dflash, ngram (prompt lookup: copies from the context, needs no weights), or
-    /// suffix (the most frequent continuation in this request and earlier ones of the same API key;
+    /// drafter, else the suffix drafter), mtp, dflash, ngram (prompt lookup: copies from the context,
+    /// needs no weights), or suffix (the most frequent continuation in this and earlier requests of the same API key;
     /// needs no weights).
     #[arg(long, value_name = "auto|mtp|dflash|ngram|suffix", default_value = "auto", value_parser = crate::generate::parse_drafter)]
     pub drafter: DrafterRequest,

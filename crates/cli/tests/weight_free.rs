@@ -2,8 +2,8 @@
 //! through the `turbospark` binary: each serves a checkpoint without drafter weights, writes what
 //! sequential decoding writes, copies a prompt that repeats itself on the embedded testbed (its
 //! proposals are accepted), has rows in `bench`, and refuses a block beyond its range naming it;
-//! `--ngram-min/--ngram-max` change what prompt lookup matches, and options out of range are errors
-//! naming the flag.
+//! `auto` on such a checkpoint is the suffix drafter; `--ngram-min/--ngram-max` change what prompt
+//! lookup matches, and options out of range are errors naming the flag.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -99,6 +99,33 @@ fn ngram_generate_equals_sequential_on_a_checkpoint_without_drafters() {
 #[test]
 fn suffix_generate_equals_sequential_on_a_checkpoint_without_drafters() {
     generate_equals_sequential_on_a_checkpoint_without_drafters("suffix");
+}
+
+/// With no drafter flag, a checkpoint without drafter weights speculates with the suffix drafter
+/// (`auto`), and writes what sequential decoding writes.
+#[test]
+fn auto_is_the_suffix_drafter_on_a_checkpoint_without_drafter_weights() {
+    let model = testdata::fixture("qwen3_realtok").display().to_string();
+    let prompt = "one two three one two three one two";
+    let generate = |flags: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            &model,
+            "--max-tokens",
+            "24",
+            "--stats",
+        ];
+        args.extend_from_slice(flags);
+        args.push(prompt);
+        run(&args)
+    };
+    let sequential = expect_success(&generate(&["--speculative", "off"]));
+    let o = generate(&[]);
+    assert_eq!(expect_success(&o), sequential);
+    let err = stderr(&o);
+    assert!(err.contains("stats (suffix, block 8 (auto"), "{err}");
+    assert!(!err.contains("warning:"), "{err}");
 }
 
 /// `--ngram-min/--ngram-max` reach the drafter: n-grams of 16 tokens never match a history of at most
@@ -230,7 +257,7 @@ fn bench_has_weight_free_rows_on_a_checkpoint_without_drafters() {
             assert!(row.trim_end().ends_with("yes"), "{row}");
         }
     }
-    // Not named: a checkpoint without drafters has no speculative table.
+    // Not named: `auto` on a checkpoint without drafter weights is the suffix drafter.
     let out = expect_success(&run(&[
         "bench",
         "--model",
@@ -244,7 +271,11 @@ fn bench_has_weight_free_rows_on_a_checkpoint_without_drafters() {
         "--gen-tokens",
         "4",
     ]));
-    assert!(!out.contains("speculative ("), "{out}");
+    assert!(
+        out.contains("speculative (") && out.contains("suffix 4"),
+        "{out}"
+    );
+    assert!(!out.contains("ngram"), "{out}");
 }
 
 /// `bench --workload` runs the comparison once per shipped prompt, on the testbed's tokenizer, and each

@@ -11,9 +11,10 @@
 //!   can": the same conditions yield [`SpeculationPlan::Disabled`] with a warning, which the front
 //!   end prints once before running sequentially.
 //! - Detecting a drafter is not enabling it: only `auto` (either flag) picks one by itself. The
-//!   drafter `auto` prefers MTP when the checkpoint has the head, else DFlash; it never picks prompt
-//!   lookup (`ngram`) or the suffix drafter (`suffix`), which need no weights and so serve every
-//!   checkpoint, but only when named.
+//!   drafter `auto` prefers MTP when the checkpoint has the head, else DFlash, else the suffix drafter
+//!   (`suffix`, which needs no weights, so a checkpoint without drafter weights still speculates, its
+//!   block tuned down to plain steps where copying does not pay); it never picks prompt lookup
+//!   (`ngram`), which serves every checkpoint too, but only when named.
 //!   A named drafter is never swapped for another.
 //! - Sampled requests are served by every drafter: a deterministic proposal is a point-mass q, and
 //!   rejection sampling against it is exact (DESIGN.md §3). There is no temperature refusal here.
@@ -106,7 +107,7 @@ impl fmt::Display for Speculation {
 /// `--drafter`: which drafter [`Speculation`] drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DrafterRequest {
-    /// Whichever the checkpoint carries, MTP first.
+    /// Whichever the checkpoint carries, MTP first, then DFlash; the suffix drafter without either.
     #[default]
     Auto,
     Mtp,
@@ -286,9 +287,7 @@ fn choose_drafter(
         DrafterRequest::Suffix => Ok(Drafter::Suffix),
         DrafterRequest::Auto if availability.mtp => Ok(Drafter::Mtp),
         DrafterRequest::Auto if availability.dflash => Ok(Drafter::Dflash),
-        DrafterRequest::Auto => {
-            Err("this checkpoint has no MTP head and no DFlash drafter was found".to_string())
-        }
+        DrafterRequest::Auto => Ok(Drafter::Suffix),
     }
 }
 
@@ -433,9 +432,21 @@ mod tests {
                 "{e}"
             );
         }
-        // `auto` never picks one by itself (nor swaps a named drafter for one).
-        let w = warning(resolve(Speculation::Auto, DrafterRequest::Auto, &NONE).unwrap());
-        assert!(w.contains("no MTP head and no DFlash"), "{w}");
+        // `auto` picks the suffix drafter only for a checkpoint without drafter weights, never prompt
+        // lookup, and never swaps a named drafter for either.
+        let suffix = tuned(Drafter::Suffix, SUFFIX_DEFAULT_BLOCK, SUFFIX_MAX_BLOCK);
+        assert_eq!(
+            resolve(Speculation::Auto, DrafterRequest::Auto, &NONE).unwrap(),
+            suffix
+        );
+        assert_eq!(
+            resolve(Speculation::Block(2), DrafterRequest::Auto, &NONE).unwrap(),
+            enabled(Drafter::Suffix, 2)
+        );
+        for availability in [MTP, DFLASH8, BOTH] {
+            let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &availability).unwrap();
+            assert_ne!(plan, suffix);
+        }
         let w = warning(resolve(Speculation::Auto, DrafterRequest::Mtp, &NONE).unwrap());
         assert!(w.contains("no MTP head"), "{w}");
     }
@@ -486,8 +497,6 @@ mod tests {
 
     #[test]
     fn auto_with_nothing_servable_warns_and_disables() {
-        let w = warning(resolve(Speculation::Auto, DrafterRequest::Auto, &NONE).unwrap());
-        assert!(w.contains("no MTP head and no DFlash"), "{w}");
         let w = warning(resolve(Speculation::Auto, DrafterRequest::Mtp, &DFLASH8).unwrap());
         assert!(w.contains("no MTP head"), "{w}");
         let w = warning(resolve(Speculation::Auto, DrafterRequest::Dflash, &MTP).unwrap());
@@ -502,11 +511,6 @@ mod tests {
 
     #[test]
     fn a_named_block_that_cannot_be_served_is_an_error_naming_the_reason() {
-        let e = refusal(resolve(Speculation::Block(2), DrafterRequest::Auto, &NONE));
-        assert!(
-            e.contains("--speculative 2") && e.contains("no MTP head and no DFlash"),
-            "{e}"
-        );
         let e = refusal(resolve(
             Speculation::Block(2),
             DrafterRequest::Mtp,

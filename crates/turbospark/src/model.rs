@@ -44,7 +44,7 @@ impl ModelBuilder {
     }
 
     /// Which drafter speculating sessions use (default [`DrafterRequest::Auto`]: MTP when the
-    /// checkpoint has a head, else DFlash).
+    /// checkpoint has a head, else DFlash, else the suffix drafter).
     pub fn drafter(mut self, drafter: DrafterRequest) -> Self {
         self.drafter = drafter;
         self

@@ -223,13 +223,15 @@ fn auto_blocks(drafter: Drafter, availability: &DrafterAvailability) -> Result<(
     }
 }
 
-/// The drafters `--drafter` asks to compare: `auto`, every one the checkpoint carries (prompt lookup,
-/// which any checkpoint serves, only when named).
+/// The drafters `--drafter` asks to compare: `auto`, every one the checkpoint carries, or the suffix
+/// drafter when it carries none (prompt lookup, which any checkpoint serves, only when named).
 fn drafters_to_bench(
     request: DrafterRequest,
     availability: &DrafterAvailability,
 ) -> Result<Vec<Drafter>> {
     Ok(match request {
+        // Without drafter weights, `auto` is the suffix drafter (policy.rs).
+        DrafterRequest::Auto if !availability.mtp && !availability.dflash => vec![Drafter::Suffix],
         DrafterRequest::Auto => [Drafter::Mtp, Drafter::Dflash]
             .into_iter()
             .filter(|&d| match d {
@@ -399,19 +401,6 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bail!("--draft-cost prices the --acceptance drafter: give --acceptance PROFILE too");
     }
     let mut plans = Vec::new();
-    if let Some(flag) = args.speculative.as_deref().map(str::trim) {
-        if profile.is_none()
-            && flag != "off"
-            && !availability.mtp
-            && !availability.dflash
-            && !matches!(args.drafter, DrafterRequest::Ngram | DrafterRequest::Suffix)
-        {
-            bail!(
-                "--speculative {flag}: this checkpoint carries no drafter to compare (no MTP head, \
-                 mtp.* tensors; no DFlash drafter, dflash/config.json)"
-            );
-        }
-    }
     if profile.is_none() && args.speculative.as_deref().map(str::trim) != Some("off") {
         for drafter in drafters_to_bench(args.drafter, &availability)? {
             let blocks = speculative_blocks(args.speculative.as_deref(), drafter, &availability)?;
@@ -770,9 +759,13 @@ mod tests {
             drafters_to_bench(DrafterRequest::Dflash, &mtp_only).unwrap_err()
         );
         assert!(missing.contains("dflash"), "{missing}");
-        // Prompt lookup: any checkpoint, only when named, blocks up to the exactness cap.
+        // Prompt lookup: any checkpoint, only when named, blocks up to the exactness cap; `auto`
+        // without drafter weights is the suffix drafter.
         let none = DrafterAvailability::default();
-        assert!(drafters_to_bench(auto, &none).unwrap().is_empty());
+        assert_eq!(
+            drafters_to_bench(auto, &none).unwrap(),
+            vec![Drafter::Suffix]
+        );
         assert_eq!(
             drafters_to_bench(auto, &both).unwrap(),
             vec![Drafter::Mtp, Drafter::Dflash]
