@@ -16,11 +16,13 @@
 //! only on the target's logits, so where the drafter runs cannot change what is generated.
 
 pub mod dflash;
+pub mod mixed;
 pub mod mtp;
 pub mod ngram;
 pub mod suffix;
 
 pub use dflash::DflashDrafter;
+pub use mixed::MtpOrSuffix;
 pub use mtp::MtpHead;
 pub use ngram::NgramDrafter;
 pub use suffix::SuffixDrafter;
@@ -51,6 +53,11 @@ pub trait Drafter {
     fn taps(&self) -> Vec<Tap>;
     /// Forget the sequence.
     fn reset(&mut self);
+    /// Which drafter made the last proposal (its name, unless it combines several: `MtpOrSuffix`),
+    /// for the statistics per drafter.
+    fn proposer(&self) -> &'static str {
+        self.name()
+    }
     /// Forget what is remembered of earlier sequences (a drafter that learns across requests, such as
     /// [`SuffixDrafter`]), and do not remember the current one once it is rewound or reset: the next
     /// request comes from someone who must not learn, from how fast it runs, what earlier ones held.

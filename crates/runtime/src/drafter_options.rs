@@ -91,10 +91,8 @@ impl DrafterOptions {
         )
     }
 
-    pub(crate) fn suffix(&self) -> Box<dyn drafters::Drafter + Send> {
-        Box::new(
-            SuffixDrafter::with_memory(self.suffix_memory).expect("checked by DrafterOptions::new"),
-        )
+    pub(crate) fn suffix(&self) -> SuffixDrafter {
+        SuffixDrafter::with_memory(self.suffix_memory).expect("checked by DrafterOptions::new")
     }
 }
 

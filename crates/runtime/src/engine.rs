@@ -49,20 +49,20 @@ pub fn load_drafter(
     drafter: Drafter,
     options: &DrafterOptions,
 ) -> Result<BoxedDrafter, RuntimeError> {
+    let mtp = || match model.mtp_drafter(ck)? {
+        Some(head) => Ok(head),
+        None => Err(RuntimeError::SpeculationUnavailable {
+            request: "--drafter mtp".into(),
+            reason: "this checkpoint carries no MTP head (mtp.* tensors)".into(),
+        }),
+    };
     Ok(match drafter {
-        Drafter::Mtp => match model.mtp_drafter(ck)? {
-            Some(head) => head,
-            None => {
-                return Err(RuntimeError::SpeculationUnavailable {
-                    request: "--drafter mtp".into(),
-                    reason: "this checkpoint carries no MTP head (mtp.* tensors)".into(),
-                })
-            }
-        },
+        Drafter::Mtp => mtp()?,
+        Drafter::MtpSuffix => Box::new(drafters::MtpOrSuffix::new(mtp()?, options.suffix())),
         Drafter::Dflash => model.dflash_drafter(ck)?,
         // No weights and no taps: the same host drafter whatever the target's device.
         Drafter::Ngram => options.ngram(),
-        Drafter::Suffix => options.suffix(),
+        Drafter::Suffix => Box::new(options.suffix()),
     })
 }
 

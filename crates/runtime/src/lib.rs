@@ -29,7 +29,7 @@ pub mod sink;
 pub mod tuner;
 
 pub use chat::{ChatMessage, ChatTemplate, RenderOptions};
-pub use config::{check_admission, GenerationConfig, GenerationResult, SpecStats};
+pub use config::{check_admission, DrafterRounds, GenerationConfig, GenerationResult, SpecStats};
 pub use detok::{ByteDetokenizer, Detokenizer, IncrementalDecoder};
 pub use drafter_options::DrafterOptions;
 pub use engine::{availability, load_drafter, Engine, Prepared};

@@ -11,7 +11,9 @@
 //!   can": the same conditions yield [`SpeculationPlan::Disabled`] with a warning, which the front
 //!   end prints once before running sequentially.
 //! - Detecting a drafter is not enabling it: only `auto` (either flag) picks one by itself. The
-//!   drafter `auto` prefers MTP when the checkpoint has the head, else DFlash, else the suffix drafter
+//!   drafter `auto` prefers MTP when the checkpoint has the head (mixed round by round with the suffix
+//!   drafter: `mtp+suffix`, `drafters::MtpOrSuffix`; `--drafter mtp` is MTP alone), else DFlash, else
+//!   the suffix drafter
 //!   (`suffix`, which needs no weights, so a checkpoint without drafter weights still speculates, its
 //!   block tuned down to plain steps where copying does not pay); it never picks prompt lookup
 //!   (`ngram`), which serves every checkpoint too, but only when named.
@@ -155,6 +157,9 @@ pub enum Drafter {
     Ngram,
     /// The suffix drafter (`drafters::SuffixDrafter`): no weights, any checkpoint.
     Suffix,
+    /// `auto` with an MTP head (`drafters::MtpOrSuffix`): each round the MTP head's proposal or the
+    /// suffix drafter's, whichever is expected to commit more.
+    MtpSuffix,
 }
 
 impl fmt::Display for Drafter {
@@ -164,6 +169,7 @@ impl fmt::Display for Drafter {
             Drafter::Dflash => write!(f, "dflash"),
             Drafter::Ngram => write!(f, "ngram"),
             Drafter::Suffix => write!(f, "suffix"),
+            Drafter::MtpSuffix => write!(f, "mtp+suffix"),
         }
     }
 }
@@ -183,7 +189,7 @@ pub struct DrafterAvailability {
 impl DrafterAvailability {
     fn has(&self, drafter: Drafter) -> bool {
         match drafter {
-            Drafter::Mtp => self.mtp,
+            Drafter::Mtp | Drafter::MtpSuffix => self.mtp,
             Drafter::Dflash => self.dflash,
             Drafter::Ngram | Drafter::Suffix => true,
         }
@@ -192,7 +198,7 @@ impl DrafterAvailability {
     /// `(default block under auto, largest allowed block)` for `drafter`.
     fn blocks(&self, drafter: Drafter) -> (usize, usize) {
         match drafter {
-            Drafter::Mtp => (MTP_DEFAULT_BLOCK, MTP_MAX_BLOCK),
+            Drafter::Mtp | Drafter::MtpSuffix => (MTP_DEFAULT_BLOCK, MTP_MAX_BLOCK),
             Drafter::Dflash => {
                 let max = self.dflash_max_block.unwrap_or(DFLASH_DEFAULT_MAX_BLOCK);
                 (max, max)
@@ -285,7 +291,7 @@ fn choose_drafter(
         ),
         DrafterRequest::Ngram => Ok(Drafter::Ngram),
         DrafterRequest::Suffix => Ok(Drafter::Suffix),
-        DrafterRequest::Auto if availability.mtp => Ok(Drafter::Mtp),
+        DrafterRequest::Auto if availability.mtp => Ok(Drafter::MtpSuffix),
         DrafterRequest::Auto if availability.dflash => Ok(Drafter::Dflash),
         DrafterRequest::Auto => Ok(Drafter::Suffix),
     }
@@ -466,10 +472,15 @@ mod tests {
     }
 
     #[test]
-    fn auto_prefers_mtp_at_its_measured_block() {
+    fn auto_prefers_mtp_mixed_with_the_suffix_drafter_at_its_measured_block() {
         let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &BOTH).unwrap();
-        assert_eq!(plan, tuned(Drafter::Mtp, 2, MTP_MAX_BLOCK));
+        assert_eq!(plan, tuned(Drafter::MtpSuffix, 2, MTP_MAX_BLOCK));
         let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &MTP).unwrap();
+        assert_eq!(plan, tuned(Drafter::MtpSuffix, 2, MTP_MAX_BLOCK));
+        let plan = resolve(Speculation::Block(3), DrafterRequest::Auto, &MTP).unwrap();
+        assert_eq!(plan, enabled(Drafter::MtpSuffix, 3));
+        // Named, MTP is MTP alone.
+        let plan = resolve(Speculation::Auto, DrafterRequest::Mtp, &MTP).unwrap();
         assert_eq!(plan, tuned(Drafter::Mtp, 2, MTP_MAX_BLOCK));
     }
 

@@ -9,7 +9,7 @@
 mod common;
 
 use common::{detok, fixture, prompt, Oracle};
-use drafters::{Drafter, NgramDrafter, SuffixDrafter};
+use drafters::{Drafter, MtpHead, MtpOrSuffix, NgramDrafter, SuffixDrafter};
 use runtime::{
     generate, CancelFlag, Event, GenerationConfig, Request, Rollback, Session, Speculative,
 };
@@ -189,8 +189,13 @@ fn variants(base: &Case, seq: &runtime::GenerationResult) -> Vec<Case> {
 /// A weight-free drafter (`make`) over the same cases: fixed blocks 1..8 with both rollbacks, and
 /// tuned blocks, on prompts that repeat a phrase (so the drafter finds matches in the prompt and in the
 /// output) and on one that does not. Its proposals must be accepted somewhere, and rejected somewhere.
-fn check_weight_free(name: &str, make: fn() -> Box<dyn Drafter + Send>) {
+/// Returns the drafters that proposed (`Drafter::proposer`: two for `auto`'s mix).
+fn check_weight_free(
+    name: &str,
+    make: &dyn Fn() -> Box<dyn Drafter + Send>,
+) -> std::collections::BTreeSet<&'static str> {
     let drafter_name = make().name();
+    let mut proposers = std::collections::BTreeSet::new();
     let (_, model) = fixture(name);
     let (mut proposed, mut accepted, mut rejected_rounds, mut cases) = (0, 0, 0, 0);
     for salt in 0..3u32 {
@@ -239,6 +244,7 @@ fn check_weight_free(name: &str, make: fn() -> Box<dyn Drafter + Send>) {
                 proposed += s.proposed;
                 accepted += s.accepted;
                 rejected_rounds += s.rollbacks;
+                proposers.extend(s.by_drafter.iter().map(|d| d.drafter));
                 cases += 1;
             }
         }
@@ -248,6 +254,7 @@ fn check_weight_free(name: &str, make: fn() -> Box<dyn Drafter + Send>) {
         accepted > 0 && rejected_rounds > 0,
         "{name}: {drafter_name} proposals: {accepted} of {proposed} accepted, {rejected_rounds} rounds rolled back"
     );
+    proposers
 }
 
 fn ngram() -> Box<dyn Drafter + Send> {
@@ -261,7 +268,7 @@ fn suffix() -> Box<dyn Drafter + Send> {
 /// A session speculating with a weight-free drafter keeps its drafter's position with the state (the
 /// loop has it observe the committed rows although it asks for no taps), so a next turn that extends
 /// the conversation reuses the covered prefix, and both turns keep the greedy stream.
-fn session_reuses_its_prefix(name: &str, make: fn() -> Box<dyn Drafter + Send>) {
+fn session_reuses_its_prefix(name: &str, make: &dyn Fn() -> Box<dyn Drafter + Send>) {
     let (_, model) = fixture(name);
     let d = detok(model.vocab as u32);
     let phrase = prompt(&model, 6, 9);
@@ -304,34 +311,51 @@ fn session_reuses_its_prefix(name: &str, make: fn() -> Box<dyn Drafter + Send>) 
 
 #[test]
 fn an_ngram_session_reuses_its_prefix() {
-    session_reuses_its_prefix("qwen3", ngram);
-    session_reuses_its_prefix("qwen3_5", ngram);
+    session_reuses_its_prefix("qwen3", &ngram);
+    session_reuses_its_prefix("qwen3_5", &ngram);
 }
 
 #[test]
 fn a_suffix_session_reuses_its_prefix() {
-    session_reuses_its_prefix("qwen3", suffix);
-    session_reuses_its_prefix("qwen3_5", suffix);
+    session_reuses_its_prefix("qwen3", &suffix);
+    session_reuses_its_prefix("qwen3_5", &suffix);
 }
 
 #[test]
 fn greedy_ngram_equals_sequential_hybrid() {
-    check_weight_free("qwen3_5", ngram);
+    check_weight_free("qwen3_5", &ngram);
 }
 
 #[test]
 fn greedy_ngram_equals_sequential_dense() {
-    check_weight_free("qwen3", ngram);
+    check_weight_free("qwen3", &ngram);
 }
 
 #[test]
 fn greedy_suffix_equals_sequential_hybrid() {
-    check_weight_free("qwen3_5", suffix);
+    check_weight_free("qwen3_5", &suffix);
 }
 
 #[test]
 fn greedy_suffix_equals_sequential_dense() {
-    check_weight_free("qwen3", suffix);
+    check_weight_free("qwen3", &suffix);
+}
+
+/// `auto`'s per-round mix of the MTP head and the suffix drafter (`MtpOrSuffix`) over the same cases:
+/// the stream stays sequential's, and both drafters have proposals judged.
+#[test]
+fn greedy_mtp_suffix_mix_equals_sequential_hybrid() {
+    let (ck, model) = fixture("qwen3_5");
+    let head: families::SharedHead = model.clone();
+    let mix = || -> Box<dyn Drafter + Send> {
+        let mtp = MtpHead::load(&ck, head.clone()).unwrap().unwrap();
+        Box::new(MtpOrSuffix::new(Box::new(mtp), SuffixDrafter::new()))
+    };
+    let proposers = check_weight_free("qwen3_5", &mix);
+    assert!(
+        proposers.contains("mtp") && proposers.contains("suffix"),
+        "{proposers:?}"
+    );
 }
 
 /// The suffix drafter remembers a session's earlier request: asked the same prompt again after the

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use common::{detok, fixture, Oracle};
 use cuda_backend::{CudaDevice, CudaModel, LoadOptions};
 use device::Model;
-use drafters::{Drafter, NgramDrafter, SuffixDrafter};
+use drafters::{Drafter, MtpOrSuffix, NgramDrafter, SuffixDrafter};
 use families::{Backend, Wanted};
 use runtime::{generate, Acceptance, CancelFlag, GenerationConfig, Request, Session, Speculative};
 use sampling::{History, ShapedDistribution, Shaping};
@@ -283,17 +283,29 @@ fn check_arms<B: Backend>(model: &B, mtp: &dyn Fn() -> Box<dyn Drafter + Send>, 
 /// prompt they copy from (`lookup_prompt`), sampled without the repetition penalty (which discourages
 /// every copy): exact, proposing in many runs, and the wrong rule with their proposals rejected (so
 /// each arm is known to judge them).
-fn check_weight_free_arms<B: Backend>(model: &B, device: &str) {
+/// With `mtp`, also `auto`'s per-round mix of it and the suffix drafter (`MtpOrSuffix`: sampled q in
+/// the MTP head's rounds, point masses in the suffix drafter's).
+fn check_weight_free_arms<B: Backend>(
+    model: &B,
+    mtp: Option<&dyn Fn() -> Box<dyn Drafter + Send>>,
+    device: &str,
+) {
     let shaping = Shaping {
         repetition_penalty: 1.0,
         ..shaping()
     };
     let prompt = lookup_prompt(model, &[17, 201, 5, 77, 310, 42, 9, 128], &shaping);
     let law = Law::new(model, prompt, shaping);
-    let drafters: [(&str, fn() -> Box<dyn Drafter + Send>); 2] = [
-        ("ngram", || Box::new(NgramDrafter::new())),
-        ("suffix", || Box::new(SuffixDrafter::new())),
-    ];
+    let ngram = || Box::new(NgramDrafter::new()) as Box<dyn Drafter + Send>;
+    let suffix = || Box::new(SuffixDrafter::new()) as Box<dyn Drafter + Send>;
+    let mix = |mtp: &dyn Fn() -> Box<dyn Drafter + Send>| {
+        Box::new(MtpOrSuffix::new(mtp(), SuffixDrafter::new())) as Box<dyn Drafter + Send>
+    };
+    let mut drafters: Vec<(&str, Box<dyn Fn() -> Box<dyn Drafter + Send> + '_>)> =
+        vec![("ngram", Box::new(ngram)), ("suffix", Box::new(suffix))];
+    if let Some(mtp) = mtp {
+        drafters.push(("mtp+suffix", Box::new(move || mix(mtp))));
+    }
     for (name, make) in drafters {
         let label = format!("{device} {name} block 2");
         let (stat, crit, proposed) =
@@ -321,7 +333,7 @@ fn sampled_speculative_matches_sequential_distribution() {
     let model = Model::Cpu(model);
     let mtp = || model.mtp_drafter(&ck).unwrap().unwrap();
     check_arms(&model, &mtp, "cpu");
-    check_weight_free_arms(&model, "cpu");
+    check_weight_free_arms(&model, Some(&mtp), "cpu");
 }
 
 /// A draft head over the first half of the vocabulary: its q is the shaped distribution over those ids
@@ -359,5 +371,5 @@ fn sampled_speculative_matches_sequential_distribution_on_the_cuda_backend() {
         "cuda"
     };
     check_arms(&model, &mtp, device);
-    check_weight_free_arms(&model, device);
+    check_weight_free_arms(&model, None, device);
 }

@@ -173,7 +173,7 @@ fn speculative_blocks(
     let (_, max) = auto_blocks(drafter, availability)?;
     let Some(flag) = flag else {
         let mut blocks: Vec<Option<usize>> = match drafter {
-            Drafter::Mtp => vec![Some(1), Some(2), Some(3), Some(4)],
+            Drafter::Mtp | Drafter::MtpSuffix => vec![Some(1), Some(2), Some(3), Some(4)],
             Drafter::Dflash => [1, 2, 4, 8, max].iter().map(|&b| Some(b)).collect(),
             Drafter::Ngram => vec![Some(2), Some(4), Some(8)],
             Drafter::Suffix => vec![Some(4), Some(8), Some(16)],
@@ -210,6 +210,8 @@ fn request_for(drafter: Drafter) -> DrafterRequest {
         Drafter::Dflash => DrafterRequest::Dflash,
         Drafter::Ngram => DrafterRequest::Ngram,
         Drafter::Suffix => DrafterRequest::Suffix,
+        // What `auto` runs on a checkpoint with an MTP head.
+        Drafter::MtpSuffix => DrafterRequest::Auto,
     }
 }
 
@@ -223,8 +225,9 @@ fn auto_blocks(drafter: Drafter, availability: &DrafterAvailability) -> Result<(
     }
 }
 
-/// The drafters `--drafter` asks to compare: `auto`, every one the checkpoint carries, or the suffix
-/// drafter when it carries none (prompt lookup, which any checkpoint serves, only when named).
+/// The drafters `--drafter` asks to compare: `auto`, every one the checkpoint carries (and, with an MTP
+/// head, `auto`'s per-round mix of MTP and the suffix drafter), or the suffix drafter when it carries
+/// none (prompt lookup, which any checkpoint serves, only when named).
 fn drafters_to_bench(
     request: DrafterRequest,
     availability: &DrafterAvailability,
@@ -232,10 +235,10 @@ fn drafters_to_bench(
     Ok(match request {
         // Without drafter weights, `auto` is the suffix drafter (policy.rs).
         DrafterRequest::Auto if !availability.mtp && !availability.dflash => vec![Drafter::Suffix],
-        DrafterRequest::Auto => [Drafter::Mtp, Drafter::Dflash]
+        DrafterRequest::Auto => [Drafter::Mtp, Drafter::Dflash, Drafter::MtpSuffix]
             .into_iter()
             .filter(|&d| match d {
-                Drafter::Mtp => availability.mtp,
+                Drafter::Mtp | Drafter::MtpSuffix => availability.mtp,
                 Drafter::Dflash => availability.dflash,
                 Drafter::Ngram | Drafter::Suffix => false,
             })
@@ -748,11 +751,11 @@ mod tests {
         let auto = DrafterRequest::Auto;
         assert_eq!(
             drafters_to_bench(auto, &both).unwrap(),
-            vec![Drafter::Mtp, Drafter::Dflash]
+            vec![Drafter::Mtp, Drafter::Dflash, Drafter::MtpSuffix]
         );
         assert_eq!(
             drafters_to_bench(auto, &mtp_only).unwrap(),
-            vec![Drafter::Mtp]
+            vec![Drafter::Mtp, Drafter::MtpSuffix]
         );
         let missing = format!(
             "{:#}",
@@ -765,10 +768,6 @@ mod tests {
         assert_eq!(
             drafters_to_bench(auto, &none).unwrap(),
             vec![Drafter::Suffix]
-        );
-        assert_eq!(
-            drafters_to_bench(auto, &both).unwrap(),
-            vec![Drafter::Mtp, Drafter::Dflash]
         );
         assert_eq!(
             drafters_to_bench(DrafterRequest::Ngram, &none).unwrap(),

@@ -261,9 +261,19 @@ impl SuffixDrafter {
         }
     }
 
+    /// [`Drafter::propose`]'s proposal with its support: the tokens it expects accepted (the summed
+    /// products of step frequencies), for a caller choosing between it and another drafter's.
+    pub fn propose_with_support(&mut self, history: &[u32], k: usize) -> (Vec<u32>, f32) {
+        if k == 0 || history.len() < 2 {
+            return (Vec::new(), 0.0);
+        }
+        self.sync(history);
+        self.best_walk(k)
+    }
+
     /// The best-supported walk from the suffixes of the live sequence (see the module doc), at most
-    /// `k` tokens.
-    fn best_walk(&self, k: usize) -> Vec<u32> {
+    /// `k` tokens, with its score.
+    fn best_walk(&self, k: usize) -> (Vec<u32>, f32) {
         let mut best = (0.0f32, Vec::new());
         // active[len - m] spells the last m tokens; shorter suffixes occur at least as often.
         for (m, &node) in self
@@ -301,7 +311,7 @@ impl SuffixDrafter {
                 best = (score, walk);
             }
         }
-        best.1
+        (best.1, best.0)
     }
 }
 
@@ -399,11 +409,7 @@ impl Drafter for SuffixDrafter {
         k: usize,
         _chooser: &mut dyn Chooser,
     ) -> Result<Vec<u32>, BackendError> {
-        if k == 0 || history.len() < 2 {
-            return Ok(Vec::new());
-        }
-        self.sync(history);
-        Ok(self.best_walk(k))
+        Ok(self.propose_with_support(history, k).0)
     }
 }
 
