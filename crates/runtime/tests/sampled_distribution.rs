@@ -283,6 +283,9 @@ fn check_arms<B: Backend>(model: &B, mtp: &dyn Fn() -> Box<dyn Drafter + Send>, 
 /// prompt they copy from (`lookup_prompt`), sampled without the repetition penalty (which discourages
 /// every copy): exact, proposing in many runs, and the wrong rule with their proposals rejected (so
 /// each arm is known to judge them).
+/// Builds a fresh drafter for an arm.
+type MakeDrafter<'a> = dyn Fn() -> Box<dyn Drafter + Send> + 'a;
+
 /// With `mtp`, also `auto`'s per-round mix of it and the suffix drafter (`MtpOrSuffix`: sampled q in
 /// the MTP head's rounds, point masses in the suffix drafter's).
 fn check_weight_free_arms<B: Backend>(
@@ -301,7 +304,7 @@ fn check_weight_free_arms<B: Backend>(
     let mix = |mtp: &dyn Fn() -> Box<dyn Drafter + Send>| {
         Box::new(MtpOrSuffix::new(mtp(), SuffixDrafter::new())) as Box<dyn Drafter + Send>
     };
-    let mut drafters: Vec<(&str, Box<dyn Fn() -> Box<dyn Drafter + Send> + '_>)> =
+    let mut drafters: Vec<(&str, Box<MakeDrafter<'_>>)> =
         vec![("ngram", Box::new(ngram)), ("suffix", Box::new(suffix))];
     if let Some(mtp) = mtp {
         drafters.push(("mtp+suffix", Box::new(move || mix(mtp))));

@@ -2,7 +2,7 @@
 //! proposes the most frequent continuation of the history's longest well-supported suffix, found in a
 //! suffix structure over the current sequence and the earlier sequences it was told to remember.
 //!
-//! Structure: a suffix trie of bounded depth ([`trie::DEPTH`] = 24) with occurrence counts, rather than
+//! Structure: a suffix trie of bounded depth ([`DEPTH`] = 24) with occurrence counts, rather than
 //! a suffix tree or automaton. Every indexed start position adds one path of its next 24 tokens, so
 //! appending a token is 24 constant-time steps (extend the paths of the 23 starts still growing, open
 //! a new one), removing the oldest start is one path walk, and a node's count is exactly its string's
@@ -14,7 +14,7 @@
 //! the current one (live). At most `memory_tokens` start positions are indexed in all ([`SuffixDrafter::
 //! with_memory`], default [`DEFAULT_MEMORY_TOKENS`]); past that the oldest is evicted (archived ones
 //! first, then the live sequence's oldest tokens), however long a prompt is. So the trie holds at most
-//! `memory_tokens * 24` nodes and [`trie::BYTES_PER_NODE_BOUND`] bytes each (with the token queues, 4
+//! `memory_tokens * 24` nodes and [`BYTES_PER_NODE_BOUND`] bytes each (with the token queues, 4
 //! bytes a token): at the default, 32768 tokens, 75 MiB in the worst case (text that never repeats).
 //! A sequence is archived when it is reset, and its discarded tail when the session rewinds into it
 //! (the next request shares only a prefix), unless [`Drafter::forget_earlier_requests`] was called
@@ -36,13 +36,15 @@
 //! judges its proposals as `Draft::PointMass`. No taps; `observe` advances the committed position and
 //! appends the committed tokens it is given. Cost: measured by `cargo bench -p drafters --bench suffix`.
 
-pub mod trie;
+mod trie;
+
+pub use trie::{BYTES_PER_NODE_BOUND, DEPTH};
 
 use std::collections::VecDeque;
 
 use crate::{Chooser, Drafter};
 use families::{BackendError, ModelError, Tap};
-use trie::{Trie, DEPTH, ROOT};
+use trie::{Trie, ROOT};
 
 /// Start positions indexed by default (earlier sequences and the current one together).
 pub const DEFAULT_MEMORY_TOKENS: usize = 32_768;
@@ -135,7 +137,7 @@ impl SuffixDrafter {
 
     /// Trie nodes in use (at most `memory_tokens * DEPTH`).
     pub fn nodes(&self) -> usize {
-        self.trie.len()
+        self.trie.nodes_in_use()
     }
 
     /// Bytes the structure holds (trie and token queues, by capacity).

@@ -151,7 +151,7 @@ fn memory_never_exceeds_its_bound_however_long_the_input() {
     }
     assert_eq!(d.indexed_tokens(), bound);
     assert!(
-        most_bytes <= bound * (DEPTH * trie::BYTES_PER_NODE_BOUND + 8),
+        most_bytes <= bound * (DEPTH * BYTES_PER_NODE_BOUND + 8),
         "{most_bytes} bytes for a bound of {bound} tokens"
     );
     // The live sequence alone past the bound: only its last `bound` tokens stay indexed, and what

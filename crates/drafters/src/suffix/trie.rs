@@ -86,7 +86,7 @@ impl Trie {
     }
 
     /// Nodes in use, the root excluded.
-    pub fn len(&self) -> usize {
+    pub fn nodes_in_use(&self) -> usize {
         self.nodes.len() - 1 - self.free.len()
     }
 
@@ -200,11 +200,6 @@ impl Trie {
         }
     }
 
-    /// Inserts the path spelling `tokens` (at most `DEPTH` of them); returns its last node.
-    pub fn insert_path(&mut self, tokens: impl Iterator<Item = u32>) -> u32 {
-        tokens.fold(ROOT, |at, t| self.extend(at, t))
-    }
-
     /// Removes the path spelling `tokens` (as inserted).
     pub fn remove_path(&mut self, tokens: impl Iterator<Item = u32>, scratch: &mut Vec<u32>) {
         self.path(tokens, scratch);
@@ -236,25 +231,30 @@ impl Trie {
 mod tests {
     use super::*;
 
+    /// One more path spelling `tokens` from the root.
+    fn insert_path(trie: &mut Trie, tokens: &[u32]) {
+        tokens.iter().fold(ROOT, |at, &t| trie.extend(at, t));
+    }
+
     #[test]
     fn counts_follow_inserts_and_removals() {
         let mut trie = Trie::new();
         let mut scratch = Vec::new();
-        trie.insert_path([1, 2, 3].into_iter());
-        trie.insert_path([1, 2, 4].into_iter());
-        trie.insert_path([1, 2, 4].into_iter());
+        insert_path(&mut trie, &[1, 2, 3]);
+        insert_path(&mut trie, &[1, 2, 4]);
+        insert_path(&mut trie, &[1, 2, 4]);
         let a = trie.child(ROOT, 1).unwrap();
         let b = trie.child(a, 2).unwrap();
         assert_eq!((trie.count(a), trie.count(b)), (3, 3));
         let best = trie.most_frequent_child(b).unwrap();
         assert_eq!((trie.token(best), trie.count(best)), (4, 2));
-        assert_eq!(trie.len(), 4);
+        assert_eq!(trie.nodes_in_use(), 4);
         trie.remove_path([1, 2, 4].into_iter(), &mut scratch);
         trie.remove_path([1, 2, 4].into_iter(), &mut scratch);
-        assert_eq!(trie.len(), 3);
+        assert_eq!(trie.nodes_in_use(), 3);
         assert!(trie.child(b, 4).is_none());
         // A tie goes to the most recently created child.
-        trie.insert_path([1, 2, 5].into_iter());
+        insert_path(&mut trie, &[1, 2, 5]);
         assert_eq!(trie.token(trie.most_frequent_child(b).unwrap()), 5);
         let end = trie.shorten_path([1, 2, 5].into_iter(), 1, &mut scratch);
         assert_eq!(end, a);
@@ -262,10 +262,10 @@ mod tests {
         assert_eq!(trie.count(b), 1);
         trie.remove_path([1, 2, 3].into_iter(), &mut scratch);
         trie.remove_path([1].into_iter(), &mut scratch);
-        assert_eq!(trie.len(), 0);
+        assert_eq!(trie.nodes_in_use(), 0);
         // Freed slots are reused.
         let slots = trie.nodes.len();
-        trie.insert_path([7, 8].into_iter());
+        insert_path(&mut trie, &[7, 8]);
         assert_eq!(trie.nodes.len(), slots);
     }
 }
