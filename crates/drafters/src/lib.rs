@@ -27,7 +27,19 @@ pub use mtp::MtpHead;
 pub use ngram::NgramDrafter;
 pub use suffix::SuffixDrafter;
 
-use families::{BackendError, Tap};
+use families::{BackendError, ModelError, Tap};
+
+/// A drafter's `rewind` may only go back: `position` past the `committed` rows is the error.
+pub fn check_rewind(committed: usize, position: usize) -> Result<(), BackendError> {
+    if position > committed {
+        return Err(ModelError::PositionMismatch {
+            expected: committed,
+            got: position,
+        }
+        .into());
+    }
+    Ok(())
+}
 
 /// How the loop turns a drafter's logits into a proposal: argmax at temperature 0, a draw from the shaped
 /// distribution q when sampling (the loop keeps q for the rejection step). A deterministic drafter (one

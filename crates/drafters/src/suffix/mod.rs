@@ -365,13 +365,7 @@ impl Drafter for SuffixDrafter {
     }
 
     fn rewind(&mut self, position: usize) -> Result<(), BackendError> {
-        if position > self.committed {
-            return Err(ModelError::PositionMismatch {
-                expected: self.committed,
-                got: position,
-            }
-            .into());
-        }
+        crate::check_rewind(self.committed, position)?;
         self.committed = position;
         if position < self.live_base {
             self.restart_live(position);
