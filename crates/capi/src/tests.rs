@@ -255,9 +255,11 @@ fn refusals_name_what_is_wrong() {
         let (got, _, message) = open(Path::new("/nonexistent/ts-model"), &[]);
         assert_eq!(got, TsStatus::LoadFailed, "{message}");
         assert!(message.contains("/nonexistent/ts-model"), "{message}");
-        // A named block on a checkpoint without a drafter: refused, not downgraded.
+        // A named block of a drafter the checkpoint lacks: refused, not downgraded (without a drafter
+        // named, `auto` is the suffix drafter, which needs no weights).
         let dense = testdata::fixture("qwen3_realtok");
-        let (got, _, message) = open(&dense, &[("device", "cpu"), ("speculative", "3")]);
+        let options = [("device", "cpu"), ("speculative", "3"), ("drafter", "mtp")];
+        let (got, _, message) = open(&dense, &options);
         assert_eq!(got, TsStatus::Unavailable, "{message}");
         assert!(
             message.contains("speculative") && message.contains("MTP head"),

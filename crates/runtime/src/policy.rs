@@ -11,9 +11,9 @@
 //!   can": the same conditions yield [`SpeculationPlan::Disabled`] with a warning, which the front
 //!   end prints once before running sequentially.
 //! - Detecting a drafter is not enabling it: only `auto` (either flag) picks one by itself. The
-//!   drafter `auto` prefers MTP when the checkpoint has the head (mixed round by round with the suffix
-//!   drafter: `mtp+suffix`, `drafters::MtpOrSuffix`; `--drafter mtp` is MTP alone), else DFlash, else
-//!   the suffix drafter
+//!   drafter `auto` prefers MTP when the checkpoint has the head (with an `auto` block, mixed round by
+//!   round with the suffix drafter: `mtp+suffix`, `drafters::MtpOrSuffix`; a named block or
+//!   `--drafter mtp` is MTP alone), else DFlash, else (with an `auto` block) the suffix drafter
 //!   (`suffix`, which needs no weights, so a checkpoint without drafter weights still speculates, its
 //!   block tuned down to plain steps where copying does not pay); it never picks prompt lookup
 //!   (`ngram`), which serves every checkpoint too, but only when named.
@@ -235,7 +235,7 @@ pub fn resolve(
         Speculation::Auto => None,
         Speculation::Block(n) => Some(n),
     };
-    let chosen = choose_drafter(drafter, availability).and_then(|chosen| {
+    let chosen = choose_drafter(drafter, availability, named_block.is_none()).and_then(|chosen| {
         let (default_block, max_block) = availability.blocks(chosen);
         let block = named_block.unwrap_or(default_block);
         if (1..=max_block).contains(&block) {
@@ -268,10 +268,13 @@ pub fn resolve(
     }
 }
 
-/// The drafter to run, or why there is none.
+/// The drafter to run, or why there is none. `auto_block`: the block is `auto` too, the only case in
+/// which `auto` mixes the suffix drafter into MTP's rounds or falls back to it (a named block measures
+/// the checkpoint's own drafter).
 fn choose_drafter(
     request: DrafterRequest,
     availability: &DrafterAvailability,
+    auto_block: bool,
 ) -> Result<Drafter, String> {
     let named = |drafter: Drafter, missing: &str| {
         if availability.has(drafter) {
@@ -291,9 +294,13 @@ fn choose_drafter(
         ),
         DrafterRequest::Ngram => Ok(Drafter::Ngram),
         DrafterRequest::Suffix => Ok(Drafter::Suffix),
-        DrafterRequest::Auto if availability.mtp => Ok(Drafter::MtpSuffix),
+        DrafterRequest::Auto if availability.mtp && auto_block => Ok(Drafter::MtpSuffix),
+        DrafterRequest::Auto if availability.mtp => Ok(Drafter::Mtp),
         DrafterRequest::Auto if availability.dflash => Ok(Drafter::Dflash),
-        DrafterRequest::Auto => Ok(Drafter::Suffix),
+        DrafterRequest::Auto if auto_block => Ok(Drafter::Suffix),
+        DrafterRequest::Auto => {
+            Err("this checkpoint has no MTP head and no DFlash drafter was found".to_string())
+        }
     }
 }
 
@@ -445,9 +452,11 @@ mod tests {
             resolve(Speculation::Auto, DrafterRequest::Auto, &NONE).unwrap(),
             suffix
         );
-        assert_eq!(
-            resolve(Speculation::Block(2), DrafterRequest::Auto, &NONE).unwrap(),
-            enabled(Drafter::Suffix, 2)
+        // A named block measures the checkpoint's own drafter: none here.
+        let e = refusal(resolve(Speculation::Block(2), DrafterRequest::Auto, &NONE));
+        assert!(
+            e.contains("--speculative 2") && e.contains("no MTP head and no DFlash"),
+            "{e}"
         );
         for availability in [MTP, DFLASH8, BOTH] {
             let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &availability).unwrap();
@@ -477,9 +486,9 @@ mod tests {
         assert_eq!(plan, tuned(Drafter::MtpSuffix, 2, MTP_MAX_BLOCK));
         let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &MTP).unwrap();
         assert_eq!(plan, tuned(Drafter::MtpSuffix, 2, MTP_MAX_BLOCK));
+        // A named block, or MTP named, is MTP alone.
         let plan = resolve(Speculation::Block(3), DrafterRequest::Auto, &MTP).unwrap();
-        assert_eq!(plan, enabled(Drafter::MtpSuffix, 3));
-        // Named, MTP is MTP alone.
+        assert_eq!(plan, enabled(Drafter::Mtp, 3));
         let plan = resolve(Speculation::Auto, DrafterRequest::Mtp, &MTP).unwrap();
         assert_eq!(plan, tuned(Drafter::Mtp, 2, MTP_MAX_BLOCK));
     }

@@ -404,6 +404,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bail!("--draft-cost prices the --acceptance drafter: give --acceptance PROFILE too");
     }
     let mut plans = Vec::new();
+    if let Some(flag) = args.speculative.as_deref().map(str::trim) {
+        if profile.is_none()
+            && flag != "off"
+            && !availability.mtp
+            && !availability.dflash
+            && args.drafter == DrafterRequest::Auto
+        {
+            bail!(
+                "--speculative {flag}: this checkpoint carries no drafter to compare (no MTP head, \
+                 mtp.* tensors; no DFlash drafter, dflash/config.json); name --drafter suffix or ngram"
+            );
+        }
+    }
     if profile.is_none() && args.speculative.as_deref().map(str::trim) != Some("off") {
         for drafter in drafters_to_bench(args.drafter, &availability)? {
             let blocks = speculative_blocks(args.speculative.as_deref(), drafter, &availability)?;
