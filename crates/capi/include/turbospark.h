@@ -85,8 +85,9 @@ void ts_params_init(ts_params *params);
 /* Opens the checkpoint directory `model_dir` (config.json, *.safetensors, tokenizer.json, ...), or a
  * GGUF file (`.gguf`, or the first file of a split `-00001-of-0000N.gguf` set).
  * Options, as key/value strings (n_options may be 0): "device" cpu|cuda|auto (default auto),
- * "speculative" auto|off|N (default auto), "drafter" auto|mtp|dflash|ngram (default auto), "threads" N (this engine's own kernel threads; default
- * one per core).
+ * "speculative" auto|off|N (default auto), "drafter" auto|mtp|dflash|ngram|suffix (default auto), "threads" N (this engine's own kernel threads; default
+ * one per core), "ngram_min" / "ngram_max" N (prompt lookup's n-gram sizes, 1..=64; default 1 and 3),
+ * "suffix_memory" N (the suffix drafter's bound in indexed tokens, 256..=1048576; default 32768).
  * A named speculative block the checkpoint cannot serve is TS_UNAVAILABLE, not a silent downgrade. */
 ts_status ts_engine_open(const char *model_dir, const char *const *keys, const char *const *values,
                          size_t n_options, ts_engine **engine, char **error);

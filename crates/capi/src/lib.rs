@@ -21,8 +21,8 @@ use std::sync::{Mutex, PoisonError};
 
 use ts::runtime::RuntimeError;
 use ts::{
-    CancelFlag, ChatMessage, Device, DrafterRequest, Event, GenerationConfig, GenerationResult,
-    Model, RenderOptions, Session, Shaping, Speculation,
+    CancelFlag, ChatMessage, Device, DrafterOptions, DrafterRequest, Event, GenerationConfig,
+    GenerationResult, Model, RenderOptions, Session, Shaping, Speculation,
 };
 
 /// `ts_status`.
@@ -246,6 +246,8 @@ struct Options {
     speculative: Speculation,
     drafter: DrafterRequest,
     threads: Option<usize>,
+    /// From `ngram_min`, `ngram_max`, `suffix_memory`.
+    drafter_options: DrafterOptions,
 }
 
 unsafe fn options(
@@ -260,7 +262,10 @@ unsafe fn options(
         speculative: Speculation::Auto,
         drafter: DrafterRequest::Auto,
         threads: None,
+        drafter_options: DrafterOptions::default(),
     };
+    // `ngram_min`, `ngram_max`, `suffix_memory` as given, checked together at the end.
+    let mut sizes = [None; 3];
     for i in 0..n {
         let key = utf8(keys[i], &format!("keys[{i}]"))?;
         let value = utf8(values[i], &format!("values[{i}]"))?;
@@ -285,13 +290,37 @@ unsafe fn options(
                 Ok(t) if t > 0 => o.threads = Some(t),
                 _ => return Err(bad("expected a number of threads >= 1".into())),
             },
+            "ngram_min" | "ngram_max" | "suffix_memory" => {
+                let at = ["ngram_min", "ngram_max", "suffix_memory"]
+                    .iter()
+                    .position(|k| *k == key)
+                    .unwrap_or(0);
+                sizes[at] = Some(
+                    value
+                        .parse::<usize>()
+                        .map_err(|_| bad("expected a whole number".into()))?,
+                );
+            }
             _ => {
                 return Err(Failure::invalid(format!(
-                    "unknown option key `{key}` (expected device, speculative, drafter or threads)"
+                    "unknown option key `{key}` (expected device, speculative, drafter, threads, \
+                     ngram_min, ngram_max or suffix_memory)"
                 )))
             }
         }
     }
+    o.drafter_options = DrafterOptions::new(sizes[0], sizes[1], sizes[2]).map_err(|e| match e {
+        // The runtime names the CLI flag; name the option key instead.
+        RuntimeError::InvalidFlag {
+            flag,
+            value,
+            reason,
+        } => Failure::invalid(format!(
+            "invalid value {value:?} for option `{}`: {reason}",
+            flag.trim_start_matches("--").replace('-', "_")
+        )),
+        other => Failure::from(other),
+    })?;
     Ok(o)
 }
 
@@ -335,7 +364,8 @@ pub unsafe extern "C" fn ts_engine_open(
         let mut builder = Model::builder(Path::new(dir))
             .device(o.device)
             .speculation(o.speculative)
-            .drafter(o.drafter);
+            .drafter(o.drafter)
+            .drafter_options(o.drafter_options);
         if let Some(threads) = o.threads {
             builder = builder.threads(threads);
         }

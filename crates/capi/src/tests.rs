@@ -255,9 +255,11 @@ fn refusals_name_what_is_wrong() {
         let (got, _, message) = open(Path::new("/nonexistent/ts-model"), &[]);
         assert_eq!(got, TsStatus::LoadFailed, "{message}");
         assert!(message.contains("/nonexistent/ts-model"), "{message}");
-        // A named block on a checkpoint without a drafter: refused, not downgraded.
+        // A named block of a drafter the checkpoint lacks: refused, not downgraded (without a drafter
+        // named, `auto` is the suffix drafter, which needs no weights).
         let dense = testdata::fixture("qwen3_realtok");
-        let (got, _, message) = open(&dense, &[("device", "cpu"), ("speculative", "3")]);
+        let options = [("device", "cpu"), ("speculative", "3"), ("drafter", "mtp")];
+        let (got, _, message) = open(&dense, &options);
         assert_eq!(got, TsStatus::Unavailable, "{message}");
         assert!(
             message.contains("speculative") && message.contains("MTP head"),
@@ -452,15 +454,40 @@ fn the_drafter_option_selects_prompt_lookup_on_any_checkpoint() {
         ts_engine_free(engine);
         ts_engine_free(sequential);
 
-        let (status, engine, message) =
-            open(&testbed(), &[("device", "cpu"), ("drafter", "ngram")]);
-        assert_eq!(status, TsStatus::Ok, "{message}");
-        let repeated = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n";
-        let engine_ids = generate_ids(engine, repeated, 16);
-        assert_eq!(engine_ids.0, reference(repeated, 16).token_ids);
-        let (proposed, accepted) = engine_ids.1;
-        assert!(accepted > 0, "{accepted} of {proposed} proposals accepted");
-        ts_engine_free(engine);
+        // Both weight-free drafters, with their options.
+        let weight_free: [&[(&str, &str)]; 3] = [
+            &[("drafter", "ngram")],
+            &[("drafter", "ngram"), ("ngram_min", "2"), ("ngram_max", "4")],
+            &[("drafter", "suffix"), ("suffix_memory", "4096")],
+        ];
+        for options in weight_free {
+            let options = [&[("device", "cpu")], options].concat();
+            let (status, engine, message) = open(&testbed(), &options);
+            assert_eq!(status, TsStatus::Ok, "{message}");
+            let describe = take(ts_engine_describe(engine));
+            assert!(describe.contains(options[1].1), "{describe}");
+            let repeated = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n";
+            let engine_ids = generate_ids(engine, repeated, 16);
+            assert_eq!(engine_ids.0, reference(repeated, 16).token_ids);
+            let (proposed, accepted) = engine_ids.1;
+            assert!(
+                accepted > 0,
+                "{options:?}: {accepted} of {proposed} proposals accepted"
+            );
+            ts_engine_free(engine);
+        }
+        // Options out of range are refused naming the option key.
+        let bad: [(&str, &str); 4] = [
+            ("ngram_min", "0"),
+            ("ngram_max", "100"),
+            ("suffix_memory", "8"),
+            ("suffix_memory", "many"),
+        ];
+        for (key, value) in bad {
+            let (got, _, message) = open(&testbed(), &[("drafter", "suffix"), (key, value)]);
+            assert_eq!(got, TsStatus::InvalidArgument, "{key}={value}: {message}");
+            assert!(message.contains(&format!("`{key}`")), "{message}");
+        }
 
         let (got, _, message) = open(&testbed(), &[("drafter", "eagle")]);
         assert_eq!(got, TsStatus::InvalidArgument, "{message}");

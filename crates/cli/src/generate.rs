@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{bail, Context, Result};
 use turbospark::runtime::{
-    CancelFlag, ChatMessage, DrafterRequest, Event, GenerationConfig, GenerationResult,
-    RenderOptions, RuntimeError, Speculation,
+    CancelFlag, ChatMessage, DrafterOptions, DrafterRequest, Event, GenerationConfig,
+    GenerationResult, RenderOptions, RuntimeError, Speculation,
 };
 use turbospark::sampling::Shaping;
 use turbospark::{Model, Session};
@@ -62,9 +62,13 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "auto|off|N", default_value = "auto", value_parser = parse_speculation)]
     pub speculative: Speculation,
     /// Which drafter speculative decoding uses: auto (the checkpoint's MTP head, else its DFlash
-    /// drafter), mtp, dflash, or ngram (prompt lookup: copies from the context, needs no weights).
-    #[arg(long, value_name = "auto|mtp|dflash|ngram", default_value = "auto", value_parser = parse_drafter)]
+    /// drafter, else the suffix drafter), mtp, dflash, ngram (prompt lookup: copies from the context,
+    /// needs no weights), or suffix (the most frequent continuation in this and earlier requests;
+    /// needs no weights).
+    #[arg(long, value_name = "auto|mtp|dflash|ngram|suffix", default_value = "auto", value_parser = parse_drafter)]
     pub drafter: DrafterRequest,
+    #[command(flatten)]
+    pub drafter_options: DrafterOptionArgs,
     /// Print the result line (and speculative statistics) to stderr.
     #[arg(long)]
     pub stats: bool,
@@ -84,6 +88,32 @@ pub fn parse_speculation(value: &str) -> Result<Speculation, String> {
 
 pub fn parse_drafter(value: &str) -> Result<DrafterRequest, String> {
     value.parse().map_err(flag_reason)
+}
+
+/// The weight-free drafters' options, shared by `generate`, `chat`, `serve` and `bench`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct DrafterOptionArgs {
+    /// Prompt lookup (`--drafter ngram`): the shortest n-gram matched, 1..=64 (default 1).
+    #[arg(long, value_name = "N")]
+    pub ngram_min: Option<usize>,
+    /// Prompt lookup: the longest n-gram matched, 1..=64 (default 3, or --ngram-min if larger).
+    #[arg(long, value_name = "N")]
+    pub ngram_max: Option<usize>,
+    /// The suffix drafter's memory: at most N tokens of this and earlier requests indexed, oldest
+    /// evicted first (256..=1048576, default 32768; up to 24 trie nodes of about 100 bytes a token).
+    #[arg(long, value_name = "N")]
+    pub suffix_memory: Option<usize>,
+}
+
+impl DrafterOptionArgs {
+    /// The options, checked: a value out of range is an error naming its flag.
+    pub fn options(&self) -> Result<DrafterOptions> {
+        Ok(DrafterOptions::new(
+            self.ngram_min,
+            self.ngram_max,
+            self.suffix_memory,
+        )?)
+    }
 }
 
 impl SamplingArgs {
@@ -136,7 +166,8 @@ pub struct Loaded {
 pub fn load(model: &ModelArgs, sampling: &SamplingArgs) -> Result<Loaded> {
     let dir = model.model_dir()?;
     let spinner = progress::spinner(format!("loading {}", dir.display()));
-    let opened = crate::open_model(model, &dir, sampling.speculative, sampling.drafter);
+    let options = sampling.drafter_options.options()?;
+    let opened = crate::open_model(model, &dir, sampling.speculative, sampling.drafter, options);
     spinner.finish_and_clear();
     let model = opened?;
     let session = model.session()?;

@@ -32,7 +32,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use turbospark::device::Device;
-use turbospark::{DrafterRequest, Model, Speculation};
+use turbospark::{DrafterOptions, DrafterRequest, Model, Speculation};
 
 /// Where the embedded default model is looked for instead of the repository's `models/testbed`
 /// (a binary installed away from its source tree, or a packaged copy of the testbed).
@@ -111,7 +111,8 @@ pub fn parse_device(value: &str) -> Result<Device, String> {
         })
 }
 
-/// Opens `--model` on `--device` with `--threads`, speculating as `speculation` / `drafter` ask (a
+/// Opens `--model` on `--device` with `--threads`, speculating as `speculation` / `drafter` /
+/// `options` ask (a
 /// GPU that cannot be opened is an error naming `--device`; `auto` falling back to the CPU although a
 /// driver is present prints one `note:` line).
 pub fn open_model(
@@ -119,11 +120,13 @@ pub fn open_model(
     dir: &Path,
     speculation: Speculation,
     drafter: DrafterRequest,
+    options: DrafterOptions,
 ) -> Result<Model> {
     let mut builder = Model::builder(dir)
         .device(args.device)
         .speculation(speculation)
-        .drafter(drafter);
+        .drafter(drafter)
+        .drafter_options(options);
     if let Some(threads) = args.threads {
         if threads == 0 {
             bail!("invalid value 0 for --threads: at least one thread is needed");

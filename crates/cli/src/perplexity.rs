@@ -185,6 +185,7 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         &dir,
         turbospark::Speculation::Off,
         turbospark::DrafterRequest::Auto,
+        turbospark::DrafterOptions::default(),
     );
     spinner.finish_and_clear();
     let model = opened?;

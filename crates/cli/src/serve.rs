@@ -39,12 +39,23 @@ pub struct ServeArgs {
     #[arg(long, value_name = "auto|off|N", default_value = "auto", value_parser = crate::generate::parse_speculation)]
     pub speculative: Speculation,
     /// Which drafter speculative decoding uses: auto (the checkpoint's MTP head, else its DFlash
-    /// drafter), mtp, dflash, or ngram (prompt lookup: copies from the context, needs no weights).
-    #[arg(long, value_name = "auto|mtp|dflash|ngram", default_value = "auto", value_parser = crate::generate::parse_drafter)]
+    /// drafter, else the suffix drafter), mtp, dflash, ngram (prompt lookup: copies from the context,
+    /// needs no weights), or suffix (the most frequent continuation in this and earlier requests of the same API key;
+    /// needs no weights).
+    #[arg(long, value_name = "auto|mtp|dflash|ngram|suffix", default_value = "auto", value_parser = crate::generate::parse_drafter)]
     pub drafter: DrafterRequest,
-    /// Require `Authorization: Bearer KEY` on the /v1 routes.
-    #[arg(long, value_name = "KEY", env = "TURBOSPARK_API_KEY")]
-    pub api_key: Option<String>,
+    #[command(flatten)]
+    pub drafter_options: crate::generate::DrafterOptionArgs,
+    /// Require `Authorization: Bearer KEY` on the /v1 routes; several keys, comma-separated (or the
+    /// flag repeated), are several clients: the suffix drafter shares what it learns from one
+    /// request only with later requests of the same key (with no key, with none).
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "TURBOSPARK_API_KEY",
+        value_delimiter = ','
+    )]
+    pub api_key: Vec<String>,
     /// No per-request log lines on stderr.
     #[arg(long)]
     pub quiet: bool,
@@ -69,6 +80,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             .map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned()),
     };
     let (device, speculative, drafter) = (args.model.device, args.speculative, args.drafter);
+    let drafter_options = args.drafter_options.options()?;
+    if args.api_key.iter().any(|k| k.is_empty()) {
+        bail!("invalid value for --api-key: a key is empty");
+    }
     let threads = args.model.threads;
     // Requests at once: the flag, else 8 (a model that does not batch, on the GPU, serves one at a
     // time whatever is asked: server::spawn).
@@ -81,6 +96,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 .device(device)
                 .speculation(speculative)
                 .drafter(drafter)
+                .drafter_options(drafter_options)
                 .batching(parallel > 1);
             if let Some(threads) = threads {
                 builder = builder.threads(threads);
@@ -148,7 +164,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         server::serve(
             listener,
             queue,
-            args.api_key.as_deref(),
+            args.api_key.clone(),
             shutdown,
             Duration::from_secs(5),
         )

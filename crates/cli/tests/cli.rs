@@ -283,11 +283,23 @@ fn named_speculation_without_a_head_is_refused() {
 }
 
 #[test]
-fn auto_speculation_without_a_head_warns_once_and_runs() {
+fn auto_speculation_without_a_head_runs_the_suffix_drafter() {
     let model = fixture("qwen3_realtok");
-    let o = run(&["generate", "--model", &model, "--max-tokens", "4", "hi"]);
+    let o = run(&[
+        "generate",
+        "--model",
+        &model,
+        "--max-tokens",
+        "4",
+        "--stats",
+        "hi",
+    ]);
     expect_success(&o);
-    assert_eq!(stderr(&o).matches("warning:").count(), 1, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        !err.contains("warning:") && err.contains("stats (suffix, block 8 (auto"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -596,13 +596,7 @@ impl Drafter for DflashDrafter {
     }
 
     fn rewind(&mut self, position: usize) -> Result<(), BackendError> {
-        if position > self.committed {
-            return Err(ModelError::PositionMismatch {
-                expected: self.committed,
-                got: position,
-            }
-            .into());
-        }
+        crate::check_rewind(self.committed, position)?;
         let row = self.heads.kv_heads * self.heads.head_dim;
         for ctx in &mut self.context {
             ctx.k.truncate(position * row);

@@ -5,7 +5,8 @@
 //! `observe` with *verified* rows; anything `propose` writes past that is speculative and is discarded by
 //! the next `observe` (the drafter rewinds to its committed position first).
 //!
-//! [`NgramDrafter`] (prompt lookup) needs no weights and no taps: it copies from the committed tokens.
+//! [`NgramDrafter`] (prompt lookup) and [`SuffixDrafter`] (SuffixDecoding's suffix structure, over the
+//! current sequence and earlier requests') need no weights and no taps: they copy from committed tokens.
 //!
 //! The drafters here run on the host whatever device the target runs on: they read the target only
 //! through `families::TargetHead` (embedding rows, LM head; the CPU engine itself or a `HostHead` copy)
@@ -15,14 +16,30 @@
 //! only on the target's logits, so where the drafter runs cannot change what is generated.
 
 pub mod dflash;
+pub mod mixed;
 pub mod mtp;
 pub mod ngram;
+pub mod suffix;
 
 pub use dflash::DflashDrafter;
+pub use mixed::MtpOrSuffix;
 pub use mtp::MtpHead;
 pub use ngram::NgramDrafter;
+pub use suffix::SuffixDrafter;
 
-use families::{BackendError, Tap};
+use families::{BackendError, ModelError, Tap};
+
+/// A drafter's `rewind` may only go back: `position` past the `committed` rows is the error.
+pub fn check_rewind(committed: usize, position: usize) -> Result<(), BackendError> {
+    if position > committed {
+        return Err(ModelError::PositionMismatch {
+            expected: committed,
+            got: position,
+        }
+        .into());
+    }
+    Ok(())
+}
 
 /// How the loop turns a drafter's logits into a proposal: argmax at temperature 0, a draw from the shaped
 /// distribution q when sampling (the loop keeps q for the rejection step). A deterministic drafter (one
@@ -48,6 +65,15 @@ pub trait Drafter {
     fn taps(&self) -> Vec<Tap>;
     /// Forget the sequence.
     fn reset(&mut self);
+    /// Which drafter made the last proposal (its name, unless it combines several: `MtpOrSuffix`),
+    /// for the statistics per drafter.
+    fn proposer(&self) -> &'static str {
+        self.name()
+    }
+    /// Forget what is remembered of earlier sequences (a drafter that learns across requests, such as
+    /// [`SuffixDrafter`]), and do not remember the current one once it is rewound or reset: the next
+    /// request comes from someone who must not learn, from how fast it runs, what earlier ones held.
+    fn forget_earlier_requests(&mut self) {}
     /// Number of target rows observed so far (the drafter's committed position).
     fn position(&self) -> usize;
     /// Rewinds the committed context to `position` rows (prefix reuse after a shorter match).

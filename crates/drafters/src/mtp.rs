@@ -176,13 +176,7 @@ impl Drafter for MtpHead {
     }
 
     fn rewind(&mut self, position: usize) -> Result<(), BackendError> {
-        if position > self.committed {
-            return Err(ModelError::PositionMismatch {
-                expected: self.committed,
-                got: position,
-            }
-            .into());
-        }
+        crate::check_rewind(self.committed, position)?;
         self.state.rewind(position);
         self.committed = position;
         // The cached first draft belonged to the old last row; the next observe recomputes it.

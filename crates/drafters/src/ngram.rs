@@ -183,13 +183,7 @@ impl Drafter for NgramDrafter {
     }
 
     fn rewind(&mut self, position: usize) -> Result<(), BackendError> {
-        if position > self.committed {
-            return Err(ModelError::PositionMismatch {
-                expected: self.committed,
-                got: position,
-            }
-            .into());
-        }
+        crate::check_rewind(self.committed, position)?;
         self.committed = position;
         if self.tokens.len() > position {
             self.tokens.truncate(position);

@@ -191,6 +191,18 @@ pub struct SpecStats {
     pub verify_seconds: f64,
     /// Time removing the rejected rows from the target's state (tape replay, snapshot, cursor).
     pub rollback_seconds: f64,
+    /// Rounds per drafter that proposed, in order of first use (one entry, unless the drafter mixes
+    /// several: `auto`'s `mtp+suffix`).
+    pub by_drafter: Vec<DrafterRounds>,
+}
+
+/// One drafter's share of a run's rounds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DrafterRounds {
+    pub drafter: &'static str,
+    pub rounds: usize,
+    pub proposed: usize,
+    pub accepted: usize,
 }
 
 impl SpecStats {
@@ -212,6 +224,24 @@ impl SpecStats {
             self.rounds_by_block.push(0);
         }
         self.rounds_by_block[0] += 1;
+    }
+
+    /// Counts a round's proposals and accepted ones to `drafter` (`Drafter::proposer`).
+    pub fn record_drafter(&mut self, drafter: &'static str, proposed: usize, accepted: usize) {
+        let at = match self.by_drafter.iter().position(|d| d.drafter == drafter) {
+            Some(at) => at,
+            None => {
+                self.by_drafter.push(DrafterRounds {
+                    drafter,
+                    ..DrafterRounds::default()
+                });
+                self.by_drafter.len() - 1
+            }
+        };
+        let d = &mut self.by_drafter[at];
+        d.rounds += 1;
+        d.proposed += proposed;
+        d.accepted += accepted.min(proposed);
     }
 
     pub fn record_round(
@@ -306,6 +336,21 @@ impl fmt::Display for SpecStats {
                 .filter(|(_, &n)| n > 0);
             for (i, (b, n)) in used.enumerate() {
                 write!(f, "{}{b}:{n}", if i == 0 { "" } else { " " })?;
+            }
+            write!(f, "]")?;
+        }
+        if self.by_drafter.len() > 1 {
+            write!(f, " by-drafter=[")?;
+            for (i, d) in self.by_drafter.iter().enumerate() {
+                write!(
+                    f,
+                    "{}{}: rounds={} accepted={}/{}",
+                    if i == 0 { "" } else { ", " },
+                    d.drafter,
+                    d.rounds,
+                    d.accepted,
+                    d.proposed
+                )?;
             }
             write!(f, "]")?;
         }
@@ -418,6 +463,29 @@ mod tests {
         );
         assert!(line.contains("per-position=[0.67 0.50 1.00]"), "{line}");
         assert!(line.contains("rollbacks=2"), "{line}");
+        assert!(!line.contains("by-drafter"), "one drafter: {line}");
+    }
+
+    #[test]
+    fn spec_stats_split_rounds_by_drafter() {
+        let mut stats = SpecStats::new(4);
+        stats.record_drafter("mtp", 2, 1);
+        stats.record_drafter("suffix", 4, 4);
+        stats.record_drafter("mtp", 2, 3);
+        let d = &stats.by_drafter;
+        assert_eq!(
+            (d[0].drafter, d[0].rounds, d[0].proposed, d[0].accepted),
+            ("mtp", 2, 4, 3)
+        );
+        assert_eq!(
+            (d[1].drafter, d[1].rounds, d[1].proposed, d[1].accepted),
+            ("suffix", 1, 4, 4)
+        );
+        let line = stats.to_string();
+        assert!(
+            line.contains("by-drafter=[mtp: rounds=2 accepted=3/4, suffix: rounds=1 accepted=4/4]"),
+            "{line}"
+        );
     }
 
     #[test]

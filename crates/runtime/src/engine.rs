@@ -4,8 +4,8 @@
 //!
 //! The drafters with weights run on the target's device (`Model::mtp_drafter`, `Model::dflash_drafter`:
 //! the host drafter for a CPU target, the GPU one next to a GPU target; a drafter the GPU cannot run is
-//! an error, not a silent move to the host). Prompt lookup (`ngram`) reads only committed token ids, on
-//! the host, for any target. Where a drafter runs never changes what is generated: acceptance depends
+//! an error, not a silent move to the host). Prompt lookup (`ngram`) and the suffix drafter (`suffix`)
+//! read only committed token ids, on the host, for any target, built with [`Engine::drafter_options`]. Where a drafter runs never changes what is generated: acceptance depends
 //! only on the target's logits.
 
 use std::path::Path;
@@ -14,6 +14,7 @@ use device::{BoxedDrafter, Device, Model, ModelState};
 use model_io::Checkpoint;
 
 use crate::chat::ChatTemplate;
+use crate::drafter_options::DrafterOptions;
 use crate::error::RuntimeError;
 use crate::generate::Speculative;
 use crate::policy::{
@@ -41,25 +42,27 @@ pub fn availability(ck: &Checkpoint) -> DrafterAvailability {
     }
 }
 
-/// Loads `drafter` for `model`, on the model's device.
+/// Loads `drafter` for `model`, on the model's device (a weight-free one built with `options`).
 pub fn load_drafter(
     model: &Model,
     ck: &Checkpoint,
     drafter: Drafter,
+    options: &DrafterOptions,
 ) -> Result<BoxedDrafter, RuntimeError> {
+    let mtp = || match model.mtp_drafter(ck)? {
+        Some(head) => Ok(head),
+        None => Err(RuntimeError::SpeculationUnavailable {
+            request: "--drafter mtp".into(),
+            reason: "this checkpoint carries no MTP head (mtp.* tensors)".into(),
+        }),
+    };
     Ok(match drafter {
-        Drafter::Mtp => match model.mtp_drafter(ck)? {
-            Some(head) => head,
-            None => {
-                return Err(RuntimeError::SpeculationUnavailable {
-                    request: "--drafter mtp".into(),
-                    reason: "this checkpoint carries no MTP head (mtp.* tensors)".into(),
-                })
-            }
-        },
+        Drafter::Mtp => mtp()?,
+        Drafter::MtpSuffix => Box::new(drafters::MtpOrSuffix::new(mtp()?, options.suffix())),
         Drafter::Dflash => model.dflash_drafter(ck)?,
         // No weights and no taps: the same host drafter whatever the target's device.
-        Drafter::Ngram => Box::new(drafters::NgramDrafter::new()),
+        Drafter::Ngram => options.ngram(),
+        Drafter::Suffix => Box::new(options.suffix()),
     })
 }
 
@@ -82,6 +85,9 @@ pub struct Engine {
     pub tokenizer: tokenizers::Tokenizer,
     pub eos: Vec<u32>,
     pub chat: Option<ChatTemplate>,
+    /// How the weight-free drafters of the sessions opened from here are built (the front end's
+    /// `--ngram-min`, `--ngram-max`, `--suffix-memory`; defaults until it sets them).
+    pub drafter_options: DrafterOptions,
 }
 
 impl Engine {
@@ -127,6 +133,7 @@ impl Engine {
             tokenizer,
             eos,
             chat,
+            drafter_options: DrafterOptions::default(),
         })
     }
 
@@ -242,9 +249,12 @@ impl Engine {
     pub fn session(&self, plan: &SpeculationPlan) -> Result<Session<ModelState>, RuntimeError> {
         let session = Session::open(&self.model)?;
         Ok(match plan {
-            SpeculationPlan::Enabled { drafter, .. } => {
-                session.with_drafter(load_drafter(&self.model, &self.checkpoint, *drafter)?)
-            }
+            SpeculationPlan::Enabled { drafter, .. } => session.with_drafter(load_drafter(
+                &self.model,
+                &self.checkpoint,
+                *drafter,
+                &self.drafter_options,
+            )?),
             SpeculationPlan::Disabled { .. } => session,
         })
     }

@@ -7,6 +7,7 @@
 //!   rules in a fixed precedence, stop-string withholding, UTF-8-safe deltas, cancellation.
 //! - [`detok`]: [`Detokenizer`] and the incremental decoder behind the deltas.
 //! - [`policy`]: whether and how a run speculates, from the request and what the checkpoint has.
+//! - [`drafter_options`]: the weight-free drafters' options (n-gram sizes, the suffix drafter's bound).
 //! - [`tuner`]: the block of an `auto` run, tuned on measured throughput.
 //! - [`batch`]: [`BatchHub`], continuous batching of generations on several threads at the model seam.
 //! - [`chat`]: Hugging Face chat templates rendered as transformers renders them.
@@ -19,6 +20,7 @@ pub mod batch;
 pub mod chat;
 pub mod config;
 pub mod detok;
+pub mod drafter_options;
 pub mod engine;
 pub mod error;
 pub mod generate;
@@ -30,8 +32,9 @@ pub mod tuner;
 
 pub use batch::{BatchHub, BatchStats, Batched};
 pub use chat::{ChatMessage, ChatTemplate, RenderOptions};
-pub use config::{check_admission, GenerationConfig, GenerationResult, SpecStats};
+pub use config::{check_admission, DrafterRounds, GenerationConfig, GenerationResult, SpecStats};
 pub use detok::{ByteDetokenizer, Detokenizer, IncrementalDecoder};
+pub use drafter_options::DrafterOptions;
 pub use engine::{availability, load_drafter, Engine, Prepared};
 pub use error::RuntimeError;
 pub use generate::{generate, Acceptance, Request, Rollback, Speculative, PREFILL_CHUNK};

@@ -1,5 +1,5 @@
 //! Whether a run speculates, with which drafter and how many proposals per round: a pure decision
-//! from the request (`--speculative auto|off|N`, `--drafter auto|mtp|dflash|ngram`), what the
+//! from the request (`--speculative auto|off|N`, `--drafter auto|mtp|dflash|ngram|suffix`), what the
 //! checkpoint carries ([`DrafterAvailability`]). Pure so every branch is tested without a model;
 //! the CLI, the server and the C API all call [`resolve`], so they cannot disagree.
 //!
@@ -11,8 +11,12 @@
 //!   can": the same conditions yield [`SpeculationPlan::Disabled`] with a warning, which the front
 //!   end prints once before running sequentially.
 //! - Detecting a drafter is not enabling it: only `auto` (either flag) picks one by itself. The
-//!   drafter `auto` prefers MTP when the checkpoint has the head, else DFlash; it never picks prompt
-//!   lookup (`ngram`), which needs no weights and so serves every checkpoint, but only when named.
+//!   drafter `auto` prefers MTP when the checkpoint has the head (with an `auto` block, mixed round by
+//!   round with the suffix drafter: `mtp+suffix`, `drafters::MtpOrSuffix`; a named block or
+//!   `--drafter mtp` is MTP alone), else DFlash, else (with an `auto` block) the suffix drafter
+//!   (`suffix`, which needs no weights, so a checkpoint without drafter weights still speculates, its
+//!   block tuned down to plain steps where copying does not pay); it never picks prompt lookup
+//!   (`ngram`), which serves every checkpoint too, but only when named.
 //!   A named drafter is never swapped for another.
 //! - Sampled requests are served by every drafter: a deterministic proposal is a point-mass q, and
 //!   rejection sampling against it is exact (DESIGN.md §3). There is no temperature refusal here.
@@ -48,6 +52,14 @@ pub const NGRAM_DEFAULT_BLOCK: usize = 4;
 /// Largest prompt-lookup block: the exactness cap the other drafters share (a copied run of more than
 /// 16 tokens is proposed over several rounds).
 pub const NGRAM_MAX_BLOCK: usize = 16;
+
+/// Proposals per round for the suffix drafter under `auto`: a round's ceiling, since the drafter itself
+/// proposes only as far as its match supports (at most twice the matched length), so a weak match
+/// costs few verify rows whatever the block.
+pub const SUFFIX_DEFAULT_BLOCK: usize = 8;
+
+/// Largest suffix-drafter block: the exactness cap the other drafters share.
+pub const SUFFIX_MAX_BLOCK: usize = 16;
 
 /// `--speculative`: whether and how far a run drafts ahead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -97,13 +109,16 @@ impl fmt::Display for Speculation {
 /// `--drafter`: which drafter [`Speculation`] drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DrafterRequest {
-    /// Whichever the checkpoint carries, MTP first.
+    /// Whichever the checkpoint carries, MTP first, then DFlash; the suffix drafter without either.
     #[default]
     Auto,
     Mtp,
     Dflash,
     /// Prompt lookup: copies what followed an earlier occurrence of the history's last n-gram.
     Ngram,
+    /// The suffix drafter: the most frequent continuation of the history's suffix, in this and
+    /// earlier requests.
+    Suffix,
 }
 
 impl FromStr for DrafterRequest {
@@ -115,10 +130,11 @@ impl FromStr for DrafterRequest {
             "mtp" => Ok(DrafterRequest::Mtp),
             "dflash" => Ok(DrafterRequest::Dflash),
             "ngram" => Ok(DrafterRequest::Ngram),
+            "suffix" => Ok(DrafterRequest::Suffix),
             _ => Err(RuntimeError::InvalidFlag {
                 flag: "--drafter",
                 value: value.to_string(),
-                reason: "expected `auto`, `mtp`, `dflash` or `ngram`".to_string(),
+                reason: "expected `auto`, `mtp`, `dflash`, `ngram` or `suffix`".to_string(),
             }),
         }
     }
@@ -139,6 +155,11 @@ pub enum Drafter {
     Dflash,
     /// Prompt lookup (`drafters::NgramDrafter`): no weights, any checkpoint.
     Ngram,
+    /// The suffix drafter (`drafters::SuffixDrafter`): no weights, any checkpoint.
+    Suffix,
+    /// `auto` with an MTP head (`drafters::MtpOrSuffix`): each round the MTP head's proposal or the
+    /// suffix drafter's, whichever is expected to commit more.
+    MtpSuffix,
 }
 
 impl fmt::Display for Drafter {
@@ -147,6 +168,8 @@ impl fmt::Display for Drafter {
             Drafter::Mtp => write!(f, "mtp"),
             Drafter::Dflash => write!(f, "dflash"),
             Drafter::Ngram => write!(f, "ngram"),
+            Drafter::Suffix => write!(f, "suffix"),
+            Drafter::MtpSuffix => write!(f, "mtp+suffix"),
         }
     }
 }
@@ -166,21 +189,22 @@ pub struct DrafterAvailability {
 impl DrafterAvailability {
     fn has(&self, drafter: Drafter) -> bool {
         match drafter {
-            Drafter::Mtp => self.mtp,
+            Drafter::Mtp | Drafter::MtpSuffix => self.mtp,
             Drafter::Dflash => self.dflash,
-            Drafter::Ngram => true,
+            Drafter::Ngram | Drafter::Suffix => true,
         }
     }
 
     /// `(default block under auto, largest allowed block)` for `drafter`.
     fn blocks(&self, drafter: Drafter) -> (usize, usize) {
         match drafter {
-            Drafter::Mtp => (MTP_DEFAULT_BLOCK, MTP_MAX_BLOCK),
+            Drafter::Mtp | Drafter::MtpSuffix => (MTP_DEFAULT_BLOCK, MTP_MAX_BLOCK),
             Drafter::Dflash => {
                 let max = self.dflash_max_block.unwrap_or(DFLASH_DEFAULT_MAX_BLOCK);
                 (max, max)
             }
             Drafter::Ngram => (NGRAM_DEFAULT_BLOCK, NGRAM_MAX_BLOCK),
+            Drafter::Suffix => (SUFFIX_DEFAULT_BLOCK, SUFFIX_MAX_BLOCK),
         }
     }
 }
@@ -211,7 +235,7 @@ pub fn resolve(
         Speculation::Auto => None,
         Speculation::Block(n) => Some(n),
     };
-    let chosen = choose_drafter(drafter, availability).and_then(|chosen| {
+    let chosen = choose_drafter(drafter, availability, named_block.is_none()).and_then(|chosen| {
         let (default_block, max_block) = availability.blocks(chosen);
         let block = named_block.unwrap_or(default_block);
         if (1..=max_block).contains(&block) {
@@ -244,10 +268,13 @@ pub fn resolve(
     }
 }
 
-/// The drafter to run, or why there is none.
+/// The drafter to run, or why there is none. `auto_block`: the block is `auto` too, the only case in
+/// which `auto` mixes the suffix drafter into MTP's rounds or falls back to it (a named block measures
+/// the checkpoint's own drafter).
 fn choose_drafter(
     request: DrafterRequest,
     availability: &DrafterAvailability,
+    auto_block: bool,
 ) -> Result<Drafter, String> {
     let named = |drafter: Drafter, missing: &str| {
         if availability.has(drafter) {
@@ -266,8 +293,11 @@ fn choose_drafter(
             "no DFlash drafter was found for this model",
         ),
         DrafterRequest::Ngram => Ok(Drafter::Ngram),
+        DrafterRequest::Suffix => Ok(Drafter::Suffix),
+        DrafterRequest::Auto if availability.mtp && auto_block => Ok(Drafter::MtpSuffix),
         DrafterRequest::Auto if availability.mtp => Ok(Drafter::Mtp),
         DrafterRequest::Auto if availability.dflash => Ok(Drafter::Dflash),
+        DrafterRequest::Auto if auto_block => Ok(Drafter::Suffix),
         DrafterRequest::Auto => {
             Err("this checkpoint has no MTP head and no DFlash drafter was found".to_string())
         }
@@ -280,6 +310,7 @@ fn request_name(request: DrafterRequest) -> &'static str {
         DrafterRequest::Mtp => "mtp",
         DrafterRequest::Dflash => "dflash",
         DrafterRequest::Ngram => "ngram",
+        DrafterRequest::Suffix => "suffix",
     }
 }
 
@@ -361,12 +392,13 @@ mod tests {
         );
         let err = "eagle".parse::<DrafterRequest>().unwrap_err().to_string();
         assert!(err.contains("--drafter") && err.contains("eagle"), "{err}");
-        assert!(err.contains("ngram"), "{err}");
+        assert!(err.contains("ngram") && err.contains("suffix"), "{err}");
         for request in [
             DrafterRequest::Auto,
             DrafterRequest::Mtp,
             DrafterRequest::Dflash,
             DrafterRequest::Ngram,
+            DrafterRequest::Suffix,
         ] {
             assert_eq!(
                 request.to_string().parse::<DrafterRequest>().unwrap(),
@@ -376,37 +408,62 @@ mod tests {
     }
 
     #[test]
-    fn ngram_serves_every_checkpoint_but_only_when_named() {
-        // No weights needed: a dense checkpoint without drafters speculates with it.
-        for availability in [NONE, MTP, DFLASH8, BOTH] {
-            let plan = resolve(Speculation::Auto, DrafterRequest::Ngram, &availability).unwrap();
+    fn weight_free_drafters_serve_every_checkpoint_but_only_when_named() {
+        let arms = [
+            (
+                DrafterRequest::Ngram,
+                Drafter::Ngram,
+                NGRAM_DEFAULT_BLOCK,
+                NGRAM_MAX_BLOCK,
+            ),
+            (
+                DrafterRequest::Suffix,
+                Drafter::Suffix,
+                SUFFIX_DEFAULT_BLOCK,
+                SUFFIX_MAX_BLOCK,
+            ),
+        ];
+        for (request, drafter, default_block, max_block) in arms {
+            // No weights needed: a dense checkpoint without drafters speculates with it.
+            for availability in [NONE, MTP, DFLASH8, BOTH] {
+                let plan = resolve(Speculation::Auto, request, &availability).unwrap();
+                assert_eq!(plan, tuned(drafter, default_block, max_block));
+                let plan = resolve(Speculation::Block(5), request, &availability);
+                assert_eq!(plan.unwrap(), enabled(drafter, 5));
+            }
+            // Its block range is the exactness cap.
             assert_eq!(
-                plan,
-                tuned(Drafter::Ngram, NGRAM_DEFAULT_BLOCK, NGRAM_MAX_BLOCK)
+                resolve(Speculation::Block(16), request, &NONE).unwrap(),
+                enabled(drafter, 16)
             );
-            let plan = resolve(Speculation::Block(5), DrafterRequest::Ngram, &availability);
-            assert_eq!(plan.unwrap(), enabled(Drafter::Ngram, 5));
+            let e = refusal(resolve(Speculation::Block(17), request, &NONE));
+            assert!(
+                e.contains(&format!("--speculative 17 (drafter {drafter})"))
+                    && e.contains(&format!(
+                        "outside the {drafter} drafter's allowed range 1..=16"
+                    )),
+                "{e}"
+            );
         }
-        // `auto` never picks it by itself (nor swaps a named drafter for it).
-        let w = warning(resolve(Speculation::Auto, DrafterRequest::Auto, &NONE).unwrap());
-        assert!(w.contains("no MTP head and no DFlash"), "{w}");
-        let w = warning(resolve(Speculation::Auto, DrafterRequest::Mtp, &NONE).unwrap());
-        assert!(w.contains("no MTP head"), "{w}");
-        // Its block range is the exactness cap.
+        // `auto` picks the suffix drafter only for a checkpoint without drafter weights, never prompt
+        // lookup, and never swaps a named drafter for either.
+        let suffix = tuned(Drafter::Suffix, SUFFIX_DEFAULT_BLOCK, SUFFIX_MAX_BLOCK);
         assert_eq!(
-            resolve(Speculation::Block(16), DrafterRequest::Ngram, &NONE).unwrap(),
-            enabled(Drafter::Ngram, 16)
+            resolve(Speculation::Auto, DrafterRequest::Auto, &NONE).unwrap(),
+            suffix
         );
-        let e = refusal(resolve(
-            Speculation::Block(17),
-            DrafterRequest::Ngram,
-            &NONE,
-        ));
+        // A named block measures the checkpoint's own drafter: none here.
+        let e = refusal(resolve(Speculation::Block(2), DrafterRequest::Auto, &NONE));
         assert!(
-            e.contains("--speculative 17 (drafter ngram)")
-                && e.contains("outside the ngram drafter's allowed range 1..=16"),
+            e.contains("--speculative 2") && e.contains("no MTP head and no DFlash"),
             "{e}"
         );
+        for availability in [MTP, DFLASH8, BOTH] {
+            let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &availability).unwrap();
+            assert_ne!(plan, suffix);
+        }
+        let w = warning(resolve(Speculation::Auto, DrafterRequest::Mtp, &NONE).unwrap());
+        assert!(w.contains("no MTP head"), "{w}");
     }
 
     #[test]
@@ -416,6 +473,7 @@ mod tests {
             DrafterRequest::Mtp,
             DrafterRequest::Dflash,
             DrafterRequest::Ngram,
+            DrafterRequest::Suffix,
         ] {
             let plan = resolve(Speculation::Off, request, &BOTH).unwrap();
             assert_eq!(plan, SpeculationPlan::Disabled { warning: None });
@@ -423,10 +481,15 @@ mod tests {
     }
 
     #[test]
-    fn auto_prefers_mtp_at_its_measured_block() {
+    fn auto_prefers_mtp_mixed_with_the_suffix_drafter_at_its_measured_block() {
         let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &BOTH).unwrap();
-        assert_eq!(plan, tuned(Drafter::Mtp, 2, MTP_MAX_BLOCK));
+        assert_eq!(plan, tuned(Drafter::MtpSuffix, 2, MTP_MAX_BLOCK));
         let plan = resolve(Speculation::Auto, DrafterRequest::Auto, &MTP).unwrap();
+        assert_eq!(plan, tuned(Drafter::MtpSuffix, 2, MTP_MAX_BLOCK));
+        // A named block, or MTP named, is MTP alone.
+        let plan = resolve(Speculation::Block(3), DrafterRequest::Auto, &MTP).unwrap();
+        assert_eq!(plan, enabled(Drafter::Mtp, 3));
+        let plan = resolve(Speculation::Auto, DrafterRequest::Mtp, &MTP).unwrap();
         assert_eq!(plan, tuned(Drafter::Mtp, 2, MTP_MAX_BLOCK));
     }
 
@@ -454,8 +517,6 @@ mod tests {
 
     #[test]
     fn auto_with_nothing_servable_warns_and_disables() {
-        let w = warning(resolve(Speculation::Auto, DrafterRequest::Auto, &NONE).unwrap());
-        assert!(w.contains("no MTP head and no DFlash"), "{w}");
         let w = warning(resolve(Speculation::Auto, DrafterRequest::Mtp, &DFLASH8).unwrap());
         assert!(w.contains("no MTP head"), "{w}");
         let w = warning(resolve(Speculation::Auto, DrafterRequest::Dflash, &MTP).unwrap());
@@ -470,11 +531,6 @@ mod tests {
 
     #[test]
     fn a_named_block_that_cannot_be_served_is_an_error_naming_the_reason() {
-        let e = refusal(resolve(Speculation::Block(2), DrafterRequest::Auto, &NONE));
-        assert!(
-            e.contains("--speculative 2") && e.contains("no MTP head and no DFlash"),
-            "{e}"
-        );
         let e = refusal(resolve(
             Speculation::Block(2),
             DrafterRequest::Mtp,

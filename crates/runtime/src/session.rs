@@ -116,6 +116,14 @@ impl<S: BackendState> Session<S> {
         Ok(())
     }
 
+    /// Makes the drafter forget earlier requests (`Drafter::forget_earlier_requests`): the server
+    /// calls it before a request from another API key, or before every request when it has none.
+    pub fn forget_earlier_requests(&mut self) {
+        if let Some(d) = &mut self.drafter {
+            d.forget_earlier_requests();
+        }
+    }
+
     /// Keeps a copy of the current state as the fork point (hybrids only; attention-only states rewind).
     pub(crate) fn save_checkpoint(&mut self) -> Result<(), RuntimeError> {
         if self.state.is_recurrent() {

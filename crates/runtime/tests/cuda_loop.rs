@@ -612,9 +612,9 @@ fn testbed_drafters_run_on_the_device_taps() {
             );
         }
     }
-    // `auto`: MTP (on the device) with its block tuned as the run goes, block 0 (plain steps) among
-    // the choices; the stream stays sequential's, and the session's second generation continues the
-    // first one's tuner.
+    // `auto`: MTP (on the device, mixed with the suffix drafter) with its block tuned as the run goes,
+    // block 0 (plain steps) among the choices; the stream stays sequential's, and the session's second
+    // generation continues the first one's tuner.
     let plan = engine
         .plan(Speculation::Auto, DrafterRequest::Auto)
         .unwrap();
@@ -627,7 +627,8 @@ fn testbed_drafters_run_on_the_device_taps() {
         panic!("auto on the testbed: {plan:?}");
     };
     let mut session = engine.session(&plan).unwrap();
-    assert_eq!(session.drafter_name(), Some("mtp (cuda)"));
+    // `auto` mixes the device's MTP head with the suffix drafter round by round.
+    assert_eq!(session.drafter_name(), Some("mtp+suffix"));
     let mut rounds = 0;
     for turn in 0..2 {
         let cfg = GenerationConfig::greedy(48);

@@ -2,13 +2,14 @@
 //! leaves behind is bit-identical, for both rollback kinds, over prompts × blocks 1..8 × stop strings × max
 //! tokens × drafter error rates — every branch of a round: all accepted, first rejected, stop token inside an
 //! accepted run, stop string across the bonus token, max tokens mid-round, cancellation mid-round. The
-//! same cases run with prompt lookup (`drafters::NgramDrafter`, no taps, rounds without a match are plain
-//! steps), fixed and tuned blocks, on prompts that repeat themselves so that it is accepted.
+//! same cases run with the weight-free drafters, prompt lookup (`drafters::NgramDrafter`) and the suffix
+//! drafter (`drafters::SuffixDrafter`): no taps, rounds without a match are plain steps, fixed and tuned
+//! blocks, on prompts that repeat themselves so that they are accepted.
 
 mod common;
 
 use common::{detok, fixture, prompt, Oracle};
-use drafters::{Drafter, NgramDrafter};
+use drafters::{Drafter, MtpHead, MtpOrSuffix, NgramDrafter, SuffixDrafter};
 use runtime::{
     generate, CancelFlag, Event, GenerationConfig, Request, Rollback, Session, Speculative,
 };
@@ -185,10 +186,16 @@ fn variants(base: &Case, seq: &runtime::GenerationResult) -> Vec<Case> {
     ]
 }
 
-/// Prompt lookup over the same cases: fixed blocks 1..8 with both rollbacks, and tuned blocks, on
-/// prompts that repeat a phrase (so the drafter finds matches in the prompt and in the output) and on
-/// one that does not. Its proposals must be accepted somewhere, and rejected somewhere.
-fn check_ngram(name: &str) {
+/// A weight-free drafter (`make`) over the same cases: fixed blocks 1..8 with both rollbacks, and
+/// tuned blocks, on prompts that repeat a phrase (so the drafter finds matches in the prompt and in the
+/// output) and on one that does not. Its proposals must be accepted somewhere, and rejected somewhere.
+/// Returns the drafters that proposed (`Drafter::proposer`: two for `auto`'s mix).
+fn check_weight_free(
+    name: &str,
+    make: &dyn Fn() -> Box<dyn Drafter + Send>,
+) -> std::collections::BTreeSet<&'static str> {
+    let drafter_name = make().name();
+    let mut proposers = std::collections::BTreeSet::new();
     let (_, model) = fixture(name);
     let (mut proposed, mut accepted, mut rejected_rounds, mut cases) = (0, 0, 0, 0);
     for salt in 0..3u32 {
@@ -218,11 +225,11 @@ fn check_ngram(name: &str) {
                 })
                 .collect();
             specs.push(Speculative::tuned(4, 16));
+            specs.push(Speculative::new(16));
             for spec in specs {
-                let drafter = Box::new(NgramDrafter::new());
-                let (got, state, stream) = run_with(&model, case, Some((spec, drafter)));
+                let (got, state, stream) = run_with(&model, case, Some((spec, make())));
                 let label = format!(
-                    "{name} ngram salt {salt} {spec:?} max {} stop {:?} eos {:?} cancel {:?}",
+                    "{name} {drafter_name} salt {salt} {spec:?} max {} stop {:?} eos {:?} cancel {:?}",
                     case.max_tokens, case.stop, case.eos, case.cancel_after
                 );
                 assert_eq!(got.token_ids, want.token_ids, "{label}");
@@ -237,21 +244,31 @@ fn check_ngram(name: &str) {
                 proposed += s.proposed;
                 accepted += s.accepted;
                 rejected_rounds += s.rollbacks;
+                proposers.extend(s.by_drafter.iter().map(|d| d.drafter));
                 cases += 1;
             }
         }
     }
-    println!("{name}: {cases} ngram cases, {accepted}/{proposed} proposals accepted, {rejected_rounds} rounds rolled back");
+    println!("{name}: {cases} {drafter_name} cases, {accepted}/{proposed} proposals accepted, {rejected_rounds} rounds rolled back");
     assert!(
         accepted > 0 && rejected_rounds > 0,
-        "{name}: ngram proposals: {accepted} of {proposed} accepted, {rejected_rounds} rounds rolled back"
+        "{name}: {drafter_name} proposals: {accepted} of {proposed} accepted, {rejected_rounds} rounds rolled back"
     );
+    proposers
 }
 
-/// A session speculating with prompt lookup keeps its drafter's position with the state (the loop
-/// has it observe the committed rows although it asks for no taps), so a next turn that extends the
-/// conversation reuses the covered prefix, and both turns keep the greedy stream.
-fn ngram_session_reuses_its_prefix(name: &str) {
+fn ngram() -> Box<dyn Drafter + Send> {
+    Box::new(NgramDrafter::new())
+}
+
+fn suffix() -> Box<dyn Drafter + Send> {
+    Box::new(SuffixDrafter::new())
+}
+
+/// A session speculating with a weight-free drafter keeps its drafter's position with the state (the
+/// loop has it observe the committed rows although it asks for no taps), so a next turn that extends
+/// the conversation reuses the covered prefix, and both turns keep the greedy stream.
+fn session_reuses_its_prefix(name: &str, make: &dyn Fn() -> Box<dyn Drafter + Send>) {
     let (_, model) = fixture(name);
     let d = detok(model.vocab as u32);
     let phrase = prompt(&model, 6, 9);
@@ -268,7 +285,7 @@ fn ngram_session_reuses_its_prefix(name: &str) {
         };
         generate(&*model, session, &req, &mut |_| {}).unwrap()
     };
-    let mut session = Session::new(&model).with_drafter(Box::new(NgramDrafter::new()));
+    let mut session = Session::new(&model).with_drafter(make());
     let first = generate_from(&mut session, &p, Some(Speculative::new(3)));
     let turn = [&p[..], &first.token_ids, &phrase[..3]].concat();
     let second = generate_from(&mut session, &turn, Some(Speculative::new(3)));
@@ -294,18 +311,98 @@ fn ngram_session_reuses_its_prefix(name: &str) {
 
 #[test]
 fn an_ngram_session_reuses_its_prefix() {
-    ngram_session_reuses_its_prefix("qwen3");
-    ngram_session_reuses_its_prefix("qwen3_5");
+    session_reuses_its_prefix("qwen3", &ngram);
+    session_reuses_its_prefix("qwen3_5", &ngram);
+}
+
+#[test]
+fn a_suffix_session_reuses_its_prefix() {
+    session_reuses_its_prefix("qwen3", &suffix);
+    session_reuses_its_prefix("qwen3_5", &suffix);
 }
 
 #[test]
 fn greedy_ngram_equals_sequential_hybrid() {
-    check_ngram("qwen3_5");
+    check_weight_free("qwen3_5", &ngram);
 }
 
 #[test]
 fn greedy_ngram_equals_sequential_dense() {
-    check_ngram("qwen3");
+    check_weight_free("qwen3", &ngram);
+}
+
+#[test]
+fn greedy_suffix_equals_sequential_hybrid() {
+    check_weight_free("qwen3_5", &suffix);
+}
+
+#[test]
+fn greedy_suffix_equals_sequential_dense() {
+    check_weight_free("qwen3", &suffix);
+}
+
+/// `auto`'s per-round mix of the MTP head and the suffix drafter (`MtpOrSuffix`) over the same cases:
+/// the stream stays sequential's, and both drafters have proposals judged.
+#[test]
+fn greedy_mtp_suffix_mix_equals_sequential_hybrid() {
+    let (ck, model) = fixture("qwen3_5");
+    let head: families::SharedHead = model.clone();
+    let mix = || -> Box<dyn Drafter + Send> {
+        let mtp = MtpHead::load(&ck, head.clone()).unwrap().unwrap();
+        Box::new(MtpOrSuffix::new(Box::new(mtp), SuffixDrafter::new()))
+    };
+    let proposers = check_weight_free("qwen3_5", &mix);
+    assert!(
+        proposers.contains("mtp") && proposers.contains("suffix"),
+        "{proposers:?}"
+    );
+}
+
+/// The suffix drafter remembers a session's earlier request: asked the same prompt again after the
+/// session forgot the sequence (nothing reused, the prompt prefilled afresh), it proposes the earlier
+/// output, which the greedy stream repeats, so nearly every proposal is accepted; told to forget
+/// earlier requests first, it has only the prompt to copy from.
+fn suffix_session_remembers_earlier_requests(name: &str) {
+    let (_, model) = fixture(name);
+    let d = detok(model.vocab as u32);
+    let generate_from = |session: &mut Session, prompt: &[u32], speculative| {
+        let cfg = GenerationConfig::greedy(24);
+        let req = Request {
+            prompt,
+            config: &cfg,
+            eos: &[],
+            detok: &d,
+            speculative,
+            cancel: CancelFlag::new(),
+        };
+        generate(&*model, session, &req, &mut |_| {}).unwrap()
+    };
+    let p = prompt(&model, 8, 21);
+    let want = generate_from(&mut Session::new(&model), &p, None).token_ids;
+    let accepted = |forget: bool| {
+        let spec = Some(Speculative::new(8));
+        let mut session = Session::new(&model).with_drafter(suffix());
+        assert_eq!(generate_from(&mut session, &p, spec).token_ids, want);
+        if forget {
+            session.forget_earlier_requests();
+        }
+        session.reset_all().unwrap();
+        let again = generate_from(&mut session, &p, spec);
+        assert_eq!(again.reused_tokens, 0, "{name}: the sequence was forgotten");
+        assert_eq!(again.token_ids, want, "{name} forget {forget}");
+        again.spec.unwrap().accepted
+    };
+    let (remembered, forgotten) = (accepted(false), accepted(true));
+    assert!(
+        remembered >= want.len() - 4 && forgotten < remembered / 2,
+        "{name}: {remembered} proposals accepted with memory, {forgotten} without"
+    );
+}
+
+#[test]
+fn a_suffix_session_remembers_earlier_requests_until_told_to_forget() {
+    suffix_session_remembers_earlier_requests("qwen3");
+    suffix_session_remembers_earlier_requests("qwen3_5");
 }
 
 /// The text's characters from..to (stop strings cut on character, not byte, boundaries).

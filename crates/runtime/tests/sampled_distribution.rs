@@ -1,11 +1,12 @@
 //! Sampled speculative decoding is exact in distribution: the joint law of the first three generated tokens,
 //! with temperature, top-k, top-p and a repetition penalty on, equals the sequential sampler's law — computed
 //! exactly here by enumerating every continuation through the model. Chi-square over 20k seeds per arm at
-//! p = 0.01, for the MTP head (a sampled q), a deterministic drafter (point-mass q) and prompt lookup
-//! (`NgramDrafter`: point-mass q, proposing only where the history repeats; on a prompt built for it to
-//! copy from, sampled without the repetition penalty, which would discourage every copy). A deliberately wrong
-//! acceptance rule (redraw from p on rejection) must fail the same test, with the oracle's proposals and
-//! with prompt lookup's (so its arm is known to judge proposals).
+//! p = 0.01, for the MTP head (a sampled q), a deterministic drafter (point-mass q) and the weight-free
+//! drafters (`NgramDrafter`, `SuffixDrafter`: point-mass q, proposing only where the history repeats or,
+//! for the suffix drafter, what the earlier seeds' runs in the session sampled most; on a prompt built for
+//! them to copy from, sampled without the repetition penalty, which would discourage every copy). A
+//! deliberately wrong acceptance rule (redraw from p on rejection) must fail the same test, with the
+//! oracle's proposals and with each weight-free drafter's (so its arm is known to judge proposals).
 //!
 //! The gate runs on the CPU engine and on the CUDA backend (the host emulation of its operations in CI; the
 //! real GPU with `TURBOSPARK_TEST_GPU=1`, tools/device/README.md says how), there with the GPU MTP head: the law is
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use common::{detok, fixture, Oracle};
 use cuda_backend::{CudaDevice, CudaModel, LoadOptions};
 use device::Model;
-use drafters::{Drafter, NgramDrafter};
+use drafters::{Drafter, MtpOrSuffix, NgramDrafter, SuffixDrafter};
 use families::{Backend, Wanted};
 use runtime::{generate, Acceptance, CancelFlag, GenerationConfig, Request, Session, Speculative};
 use sampling::{History, ShapedDistribution, Shaping};
@@ -277,33 +278,56 @@ fn check_arms<B: Backend>(model: &B, mtp: &dyn Fn() -> Box<dyn Drafter + Send>, 
     );
 }
 
-/// Prompt lookup on `model`, on a prompt it copies from (`lookup_prompt`), sampled without the
-/// repetition penalty (which discourages every copy): exact, proposing in many runs, and the wrong rule
-/// with its proposals rejected (so the arm is known to judge them).
-fn check_ngram_arms<B: Backend>(model: &B, device: &str) {
+/// The weight-free drafters on `model` (prompt lookup; the suffix drafter, which also proposes the
+/// most frequent continuation among the session's earlier runs, the earlier seeds' samples), on a
+/// prompt they copy from (`lookup_prompt`), sampled without the repetition penalty (which discourages
+/// every copy): exact, proposing in many runs, and the wrong rule with their proposals rejected (so
+/// each arm is known to judge them).
+/// Builds a fresh drafter for an arm.
+type MakeDrafter<'a> = dyn Fn() -> Box<dyn Drafter + Send> + 'a;
+
+/// With `mtp`, also `auto`'s per-round mix of it and the suffix drafter (`MtpOrSuffix`: sampled q in
+/// the MTP head's rounds, point masses in the suffix drafter's).
+fn check_weight_free_arms<B: Backend>(
+    model: &B,
+    mtp: Option<&dyn Fn() -> Box<dyn Drafter + Send>>,
+    device: &str,
+) {
     let shaping = Shaping {
         repetition_penalty: 1.0,
         ..shaping()
     };
     let prompt = lookup_prompt(model, &[17, 201, 5, 77, 310, 42, 9, 128], &shaping);
     let law = Law::new(model, prompt, shaping);
-    let ngram = || Some(Box::new(NgramDrafter::new()) as Box<dyn Drafter + Send>);
-    let label = format!("{device} ngram block 2");
-    let (stat, crit, proposed) = law.arm(model, &label, ngram(), Some(Speculative::new(2)));
-    assert!(
-        stat <= crit,
-        "{label} vs exact law: chi2 {stat:.1} > {crit:.1}"
-    );
-    assert!(
-        proposed > SEEDS as usize / 4,
-        "{label}: {proposed} proposals"
-    );
-    let label = format!("{device} wrong rule, ngram");
-    let (stat, crit, _) = law.arm(model, &label, ngram(), Some(wrong_rule()));
-    assert!(
-        stat > crit,
-        "{label}: the wrong rule passed: chi2 {stat:.1} <= {crit:.1}"
-    );
+    let ngram = || Box::new(NgramDrafter::new()) as Box<dyn Drafter + Send>;
+    let suffix = || Box::new(SuffixDrafter::new()) as Box<dyn Drafter + Send>;
+    let mix = |mtp: &dyn Fn() -> Box<dyn Drafter + Send>| {
+        Box::new(MtpOrSuffix::new(mtp(), SuffixDrafter::new())) as Box<dyn Drafter + Send>
+    };
+    let mut drafters: Vec<(&str, Box<MakeDrafter<'_>>)> =
+        vec![("ngram", Box::new(ngram)), ("suffix", Box::new(suffix))];
+    if let Some(mtp) = mtp {
+        drafters.push(("mtp+suffix", Box::new(move || mix(mtp))));
+    }
+    for (name, make) in drafters {
+        let label = format!("{device} {name} block 2");
+        let (stat, crit, proposed) =
+            law.arm(model, &label, Some(make()), Some(Speculative::new(2)));
+        assert!(
+            stat <= crit,
+            "{label} vs exact law: chi2 {stat:.1} > {crit:.1}"
+        );
+        assert!(
+            proposed > SEEDS as usize / 4,
+            "{label}: {proposed} proposals"
+        );
+        let label = format!("{device} wrong rule, {name}");
+        let (stat, crit, _) = law.arm(model, &label, Some(make()), Some(wrong_rule()));
+        assert!(
+            stat > crit,
+            "{label}: the wrong rule passed: chi2 {stat:.1} <= {crit:.1}"
+        );
+    }
 }
 
 #[test]
@@ -312,7 +336,7 @@ fn sampled_speculative_matches_sequential_distribution() {
     let model = Model::Cpu(model);
     let mtp = || model.mtp_drafter(&ck).unwrap().unwrap();
     check_arms(&model, &mtp, "cpu");
-    check_ngram_arms(&model, "cpu");
+    check_weight_free_arms(&model, Some(&mtp), "cpu");
 }
 
 /// A draft head over the first half of the vocabulary: its q is the shaped distribution over those ids
@@ -350,5 +374,5 @@ fn sampled_speculative_matches_sequential_distribution_on_the_cuda_backend() {
         "cuda"
     };
     check_arms(&model, &mtp, device);
-    check_ngram_arms(&model, device);
+    check_weight_free_arms(&model, None, device);
 }

@@ -42,7 +42,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        server::serve(listener, queue, None, shutdown, Duration::from_secs(5)).await
+        server::serve(
+            listener,
+            queue,
+            Vec::new(),
+            shutdown,
+            Duration::from_secs(5),
+        )
+        .await
     })?;
     Ok(())
 }

@@ -109,13 +109,14 @@ fn speculation_for(
             ),
         ));
     };
-    // The session's drafter ("mtp", "dflash (cuda)", ...) as a request the policy understands.
-    let drafter: DrafterRequest = name
-        .split(' ')
-        .next()
-        .unwrap_or(name)
-        .parse()
-        .map_err(|e: RuntimeError| ApiError::internal(e.to_string()))?;
+    // The session's drafter ("mtp", "dflash (cuda)", ...) as a request the policy understands; `auto`'s
+    // per-round mix ("mtp+suffix") is what `auto` asks for.
+    let drafter: DrafterRequest = match name.split(' ').next().unwrap_or(name) {
+        "mtp+suffix" => DrafterRequest::Auto,
+        single => single
+            .parse()
+            .map_err(|e: RuntimeError| ApiError::internal(e.to_string()))?,
+    };
     match engine.plan(Speculation::Block(block), drafter) {
         Ok(SpeculationPlan::Enabled { block, .. }) => Ok(Some(Speculative::new(block))),
         Ok(SpeculationPlan::Disabled { warning }) => Err(ApiError::param(
@@ -163,6 +164,7 @@ pub(crate) fn run_job(
         speculation,
         echo,
         n,
+        client: _,
         events: tx,
         cancel,
     } = job;

@@ -37,10 +37,17 @@ use serde_json::json;
 pub use error::ApiError;
 pub use worker::{spawn, Metrics, ModelInfo, Queue, WorkerOptions};
 
-/// The routes over a running worker. With `api_key`, every route but `/health` and `/metrics` answers
-/// 401 unless the request carries `Authorization: Bearer <api_key>` (the scheme in any case, as RFC 7235
-/// says). A known path with another method is a 405 with a JSON error, like every other refusal.
-pub fn router(queue: Queue, api_key: Option<&str>) -> Router {
+/// Which of the server's API keys a request carried (its index in the list given to [`router`]): the
+/// client it comes from. The suffix drafter's memory of earlier requests is shared only between
+/// requests of one client; a server without keys treats every request as a stranger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Client(pub usize);
+
+/// The routes over a running worker. With `api_keys`, every route but `/health` and `/metrics`
+/// answers 401 unless the request carries `Authorization: Bearer <one of them>` (the scheme in any
+/// case, as RFC 7235 says); the key found becomes the request's [`Client`]. A known path with another
+/// method is a 405 with a JSON error, like every other refusal.
+pub fn router(queue: Queue, api_keys: &[String]) -> Router {
     let mut v1 = Router::new()
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
@@ -48,24 +55,35 @@ pub fn router(queue: Queue, api_key: Option<&str>) -> Router {
         .route("/v1/models/{id}", get(openai::model))
         .route("/tokenize", post(openai::tokenize))
         .route("/detokenize", post(openai::detokenize));
-    if let Some(key) = api_key {
-        let key: Arc<str> = Arc::from(key);
-        v1 = v1.layer(middleware::from_fn(move |request: Request, next: Next| {
-            let key = key.clone();
-            async move {
-                let given = request
-                    .headers()
-                    .get(header::AUTHORIZATION)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.split_once(' '))
-                    .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-                    .map(|(_, token)| token.trim_start());
-                match given {
-                    Some(g) if same(g.as_bytes(), key.as_bytes()) => next.run(request).await,
-                    _ => ApiError::unauthorized().into_response(),
+    if !api_keys.is_empty() {
+        let keys: Arc<[String]> = Arc::from(api_keys);
+        v1 = v1.layer(middleware::from_fn(
+            move |mut request: Request, next: Next| {
+                let keys = keys.clone();
+                async move {
+                    let given = request
+                        .headers()
+                        .get(header::AUTHORIZATION)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.split_once(' '))
+                        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                        .map(|(_, token)| token.trim_start());
+                    // Every key is compared (in time that depends only on the lengths).
+                    let found = given.and_then(|g| {
+                        keys.iter().enumerate().fold(None, |hit, (i, k)| {
+                            hit.or(same(g.as_bytes(), k.as_bytes()).then_some(i))
+                        })
+                    });
+                    match found {
+                        Some(i) => {
+                            request.extensions_mut().insert(Client(i));
+                            next.run(request).await
+                        }
+                        None => ApiError::unauthorized().into_response(),
+                    }
                 }
-            }
-        }));
+            },
+        ));
     }
     v1.route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route(
@@ -103,13 +121,13 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub async fn serve(
     listener: tokio::net::TcpListener,
     queue: Queue,
-    api_key: Option<&str>,
+    api_keys: Vec<String>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> std::io::Result<()> {
     serve_with(
         listener,
-        router(queue, api_key),
+        router(queue, &api_keys),
         shutdown,
         grace,
         HEADER_READ_TIMEOUT,

@@ -20,7 +20,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use futures_util::stream;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -30,6 +30,7 @@ use crate::error::ApiError;
 use crate::logprobs::{self, Rendered};
 use crate::request::{parse, Endpoint};
 use crate::worker::{Job, Msg, Queue};
+use crate::Client;
 
 /// Sets the request's cancel flag when dropped: the handler's future or its stream went away, so
 /// the client did.
@@ -197,25 +198,32 @@ fn timings(r: &GenerationResult) -> Value {
 
 pub async fn completions(
     State(queue): State<Queue>,
+    client: Option<Extension<Client>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    run(queue, Endpoint::Completions, body).await
+    run(queue, Endpoint::Completions, client.map(|c| c.0), body).await
 }
 
 pub async fn chat_completions(
     State(queue): State<Queue>,
+    client: Option<Extension<Client>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    run(queue, Endpoint::Chat, body).await
+    run(queue, Endpoint::Chat, client.map(|c| c.0), body).await
 }
 
 pub async fn models(State(queue): State<Queue>) -> Json<Value> {
     Json(json!({"object": "list", "data": [model_object(&queue.info)]}))
 }
 
-async fn run(queue: Queue, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -> Response {
+async fn run(
+    queue: Queue,
+    endpoint: Endpoint,
+    client: Option<Client>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     queue.metrics.requests.fetch_add(1, Ordering::Relaxed);
-    match admit(&queue, endpoint, body).await {
+    match admit(&queue, endpoint, client, body).await {
         Ok(response) => response,
         Err(e) => {
             if e.status.is_client_error() || e.status.as_u16() == 503 {
@@ -229,6 +237,7 @@ async fn run(queue: Queue, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
 async fn admit(
     queue: &Queue,
     endpoint: Endpoint,
+    client: Option<Client>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let parsed = parse(endpoint, &read_body(body)?, &queue.info)?;
@@ -248,6 +257,7 @@ async fn admit(
         speculation: parsed.speculation,
         echo: parsed.echo,
         n: parsed.n,
+        client,
         events: tx,
         cancel,
     })?;

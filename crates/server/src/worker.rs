@@ -15,7 +15,10 @@
 //!
 //! Prefix reuse: a worker runs its jobs on its session, so a request that extends the previous one on
 //! that worker (the next chat turn) prefills only what is new (`Session`'s reuse rules); with several
-//! workers a turn may land on another worker and prefill again.
+//! workers a turn may land on another worker and prefill again. A drafter that learns across requests
+//! (the suffix drafter) is told to forget them before a request from another API key than the previous
+//! one's on its worker, and before every request of a server without keys: how fast a request runs must
+//! not tell a client whether someone else's text continues its prompt.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
@@ -61,6 +64,9 @@ pub struct Job {
     pub echo: bool,
     /// Choices to generate (`n`), one after another; choice i samples with seed + i.
     pub n: usize,
+    /// The API key the request carried (`None`: the server has none). A drafter's memory of earlier
+    /// requests serves only the next requests of the same client.
+    pub client: Option<crate::Client>,
     pub events: tmpsc::Sender<Msg>,
     pub cancel: CancelFlag,
 }
@@ -265,6 +271,7 @@ impl ServeJobs {
     /// Takes jobs until the queue closes, running each on `session`.
     fn run(&self, mut session: Session) {
         let engine = self.model.engine();
+        let mut last_client = None;
         loop {
             let job = {
                 let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
@@ -272,6 +279,11 @@ impl ServeJobs {
             };
             let Ok(job) = job else { return };
             self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+            // Memory of earlier requests stays within one client (keyless: within none).
+            if job.client.is_none() || job.client != last_client {
+                session.runtime_session().forget_earlier_requests();
+            }
+            last_client = job.client;
             let events = job.events.clone();
             // A bug that panics fails its request, not the server: the next one starts afresh.
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

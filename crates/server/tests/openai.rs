@@ -266,7 +266,7 @@ async fn a_client_that_hangs_up_cancels_its_generation() {
     let request = Request::post("/v1/completions")
         .body(Body::from(body.to_string()))
         .unwrap();
-    let response = server::router(q.clone(), None)
+    let response = server::router(q.clone(), &[])
         .oneshot(request)
         .await
         .unwrap();
@@ -295,7 +295,7 @@ async fn a_full_queue_answers_503() {
     let q = start(1);
     let long = json!({"prompt": PROMPT, "temperature": 0, "ignore_eos": true, "stream": true});
     // Request 1 runs (its stream is open once the worker admitted it), request 2 waits in the queue.
-    let running = server::router(q.clone(), None)
+    let running = server::router(q.clone(), &[])
         .oneshot(
             Request::post("/v1/completions")
                 .body(Body::from(long.to_string()))
@@ -304,7 +304,7 @@ async fn a_full_queue_answers_503() {
         .await
         .unwrap();
     assert_eq!(running.status(), StatusCode::OK);
-    let router = server::router(q.clone(), None);
+    let router = server::router(q.clone(), &[]);
     let waiting = tokio::spawn(async move {
         let request = Request::post("/v1/completions")
             .body(Body::from(
@@ -345,7 +345,7 @@ async fn serves_over_tcp() {
     let served = tokio::spawn(server::serve(
         listener,
         q,
-        Some("sekrit"),
+        vec!["sekrit".to_string()],
         async move {
             let _ = stop_rx.await;
         },
@@ -411,7 +411,7 @@ async fn openai_conventions_negative_seeds_default_max_tokens_405_and_keys() {
     assert_eq!(v["usage"]["completion_tokens"], 256, "{}", v["usage"]);
     // A known route with another method: a JSON error, 405.
     let request = Request::get("/v1/completions").body(Body::empty()).unwrap();
-    let response = server::router(q.clone(), None)
+    let response = server::router(q.clone(), &[])
         .oneshot(request)
         .await
         .unwrap();
@@ -429,7 +429,7 @@ async fn openai_conventions_negative_seeds_default_max_tokens_405_and_keys() {
             r = r.header("authorization", a);
         }
         let request = r.body(Body::from(body.to_string())).unwrap();
-        server::router(q.clone(), Some("sekrit")).oneshot(request)
+        server::router(q.clone(), &["sekrit".to_string()]).oneshot(request)
     };
     let tokenize = json!({"prompt": "hi"}).to_string();
     for (auth, want) in [
@@ -544,7 +544,7 @@ async fn tokenize_detokenize_and_the_model_object() {
     let request = Request::get("/v1/models/gpt-4")
         .body(Body::empty())
         .unwrap();
-    let response = server::router(q.clone(), None)
+    let response = server::router(q.clone(), &[])
         .oneshot(request)
         .await
         .unwrap();

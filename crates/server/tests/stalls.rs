@@ -32,7 +32,7 @@ async fn a_stalled_reader_is_cancelled_and_the_others_are_served() {
                 .to_string(),
         ))
         .unwrap();
-    let stalled = server::router(q.clone(), None)
+    let stalled = server::router(q.clone(), &[])
         .oneshot(request)
         .await
         .unwrap();
@@ -73,7 +73,7 @@ async fn a_client_that_never_finishes_its_headers_is_disconnected() {
     let header_timeout = Duration::from_millis(300);
     let served = tokio::spawn(server::serve_with(
         listener,
-        server::router(q, None),
+        server::router(q, &[]),
         async move {
             let _ = stop_rx.await;
         },

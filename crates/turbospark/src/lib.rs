@@ -46,8 +46,8 @@ pub use device::Device;
 pub use error::Error;
 pub use model::{Model, ModelBuilder};
 pub use runtime::{
-    CancelFlag, ChatMessage, DrafterRequest, Event, GenerationConfig, GenerationResult,
-    RenderOptions, SpecStats, Speculation, StopReason, TokenLogprob,
+    CancelFlag, ChatMessage, DrafterOptions, DrafterRequest, Event, GenerationConfig,
+    GenerationResult, RenderOptions, SpecStats, Speculation, StopReason, TokenLogprob,
 };
 pub use sampling::Shaping;
 pub use session::Session;

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use device::{Device, ModelState};
-use runtime::{DrafterRequest, Engine, Speculation};
+use runtime::{DrafterOptions, DrafterRequest, Engine, Speculation};
 
 use crate::error::Error;
 use crate::session::Session;
@@ -23,6 +23,7 @@ pub struct ModelBuilder {
     device: Device,
     speculation: Speculation,
     drafter: DrafterRequest,
+    drafter_options: DrafterOptions,
     threads: Option<usize>,
     batching: bool,
 }
@@ -44,7 +45,7 @@ impl ModelBuilder {
     }
 
     /// Which drafter speculating sessions use (default [`DrafterRequest::Auto`]: MTP when the
-    /// checkpoint has a head, else DFlash).
+    /// checkpoint has a head, else DFlash, else the suffix drafter).
     pub fn drafter(mut self, drafter: DrafterRequest) -> Self {
         self.drafter = drafter;
         self
@@ -57,6 +58,13 @@ impl ModelBuilder {
     /// the pool, as one thread would use the model (the drafter too).
     pub fn batching(mut self, batching: bool) -> Self {
         self.batching = batching;
+        self
+    }
+
+    /// How the weight-free drafters are built (n-gram sizes, the suffix drafter's memory bound;
+    /// default [`DrafterOptions::default`]).
+    pub fn drafter_options(mut self, options: DrafterOptions) -> Self {
+        self.drafter_options = options;
         self
     }
 
@@ -82,9 +90,10 @@ impl ModelBuilder {
             .thread_name(|i| format!("turbospark-{i}"))
             .build()
             .map_err(|source| Error::ThreadPool { threads, source })?;
-        let engine = pool.install(|| {
+        let mut engine = pool.install(|| {
             Engine::open_checked(&self.dir, self.device, self.speculation, self.drafter)
         })?;
+        engine.drafter_options = self.drafter_options;
         let batching = self.batching && matches!(engine.model, device::Model::Cpu(_));
         Ok(Model {
             inner: Arc::new(Inner {
@@ -124,6 +133,7 @@ impl Model {
             device: Device::Auto,
             speculation: Speculation::Auto,
             drafter: DrafterRequest::Auto,
+            drafter_options: DrafterOptions::default(),
             threads: None,
             batching: false,
         }

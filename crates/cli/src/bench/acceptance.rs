@@ -284,8 +284,10 @@ fn charged(
         DraftCost::Mtp => DrafterKind::Mtp,
         DraftCost::Dflash => DrafterKind::Dflash,
     };
-    let drafter = turbospark::runtime::load_drafter(&bench.model, &bench.checkpoint, kind)
-        .context("--draft-cost")?;
+    let options = turbospark::runtime::DrafterOptions::default();
+    let drafter =
+        turbospark::runtime::load_drafter(&bench.model, &bench.checkpoint, kind, &options)
+            .context("--draft-cost")?;
     Ok(Some(drafter))
 }
 

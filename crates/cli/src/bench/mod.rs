@@ -6,7 +6,8 @@
 //!    `--prompt-tokens` random ids (seeded), from an empty session; prefill tok/s = prompt tokens /
 //!    prefill seconds, decode tok/s = committed tokens / decode seconds, each the median of `--runs`.
 //!    No stop token can end a run early (the EOS list is empty), so every run does the same work.
-//! 2. Speculative (when the checkpoint has a drafter, `--drafter ngram` names prompt lookup, or
+//! 2. Speculative (when the checkpoint has a drafter, `--drafter ngram|suffix` names one that needs no
+//!    weights, or
 //!    `--speculative` names blocks): with the largest thread count, sequential vs each drafter's
 //!    greedy decoding from the same prompt (`--prompt` text, or
 //!    a built-in text when the checkpoint has a tokenizer, else the random ids), per block (and `auto`,
@@ -87,13 +88,16 @@ pub struct BenchArgs {
     pub runs: usize,
     /// Blocks to compare with sequential decoding, comma-separated, `auto` among them for the tuned
     /// block, or `off` (default per drafter: MTP 1,2,3,4,auto; DFlash 1,2,4,8 and its trained maximum,
-    /// auto; ngram 2,4,8,auto).
+    /// auto; ngram 2,4,8,auto; suffix 4,8,16,auto).
     #[arg(long, value_name = "N,..,auto|off")]
     pub speculative: Option<String>,
-    /// Drafters to compare: auto (every one the checkpoint carries), mtp, dflash, or ngram (prompt
-    /// lookup: no weights, any checkpoint; only when named).
-    #[arg(long, value_name = "auto|mtp|dflash|ngram", default_value = "auto", value_parser = crate::generate::parse_drafter)]
+    /// Drafters to compare: auto (every one the checkpoint carries), mtp, dflash, ngram (prompt
+    /// lookup) or suffix (the suffix drafter; both need no weights and serve any checkpoint, only
+    /// when named).
+    #[arg(long, value_name = "auto|mtp|dflash|ngram|suffix", default_value = "auto", value_parser = crate::generate::parse_drafter)]
     pub drafter: DrafterRequest,
+    #[command(flatten)]
+    pub drafter_options: crate::generate::DrafterOptionArgs,
     /// Prompt text for the speculative comparison (needs the checkpoint's tokenizer).
     #[arg(long, value_name = "TEXT")]
     pub prompt: Option<String>,
@@ -169,9 +173,10 @@ fn speculative_blocks(
     let (_, max) = auto_blocks(drafter, availability)?;
     let Some(flag) = flag else {
         let mut blocks: Vec<Option<usize>> = match drafter {
-            Drafter::Mtp => vec![Some(1), Some(2), Some(3), Some(4)],
+            Drafter::Mtp | Drafter::MtpSuffix => vec![Some(1), Some(2), Some(3), Some(4)],
             Drafter::Dflash => [1, 2, 4, 8, max].iter().map(|&b| Some(b)).collect(),
             Drafter::Ngram => vec![Some(2), Some(4), Some(8)],
+            Drafter::Suffix => vec![Some(4), Some(8), Some(16)],
         };
         blocks.retain(|b| b.is_some_and(|b| b <= max));
         blocks.dedup();
@@ -204,6 +209,9 @@ fn request_for(drafter: Drafter) -> DrafterRequest {
         Drafter::Mtp => DrafterRequest::Mtp,
         Drafter::Dflash => DrafterRequest::Dflash,
         Drafter::Ngram => DrafterRequest::Ngram,
+        Drafter::Suffix => DrafterRequest::Suffix,
+        // What `auto` runs on a checkpoint with an MTP head.
+        Drafter::MtpSuffix => DrafterRequest::Auto,
     }
 }
 
@@ -217,19 +225,22 @@ fn auto_blocks(drafter: Drafter, availability: &DrafterAvailability) -> Result<(
     }
 }
 
-/// The drafters `--drafter` asks to compare: `auto`, every one the checkpoint carries (prompt lookup,
-/// which any checkpoint serves, only when named).
+/// The drafters `--drafter` asks to compare: `auto`, every one the checkpoint carries (and, with an MTP
+/// head, `auto`'s per-round mix of MTP and the suffix drafter), or the suffix drafter when it carries
+/// none (prompt lookup, which any checkpoint serves, only when named).
 fn drafters_to_bench(
     request: DrafterRequest,
     availability: &DrafterAvailability,
 ) -> Result<Vec<Drafter>> {
     Ok(match request {
-        DrafterRequest::Auto => [Drafter::Mtp, Drafter::Dflash]
+        // Without drafter weights, `auto` is the suffix drafter (policy.rs).
+        DrafterRequest::Auto if !availability.mtp && !availability.dflash => vec![Drafter::Suffix],
+        DrafterRequest::Auto => [Drafter::Mtp, Drafter::Dflash, Drafter::MtpSuffix]
             .into_iter()
             .filter(|&d| match d {
-                Drafter::Mtp => availability.mtp,
+                Drafter::Mtp | Drafter::MtpSuffix => availability.mtp,
                 Drafter::Dflash => availability.dflash,
-                Drafter::Ngram => false,
+                Drafter::Ngram | Drafter::Suffix => false,
             })
             .collect(),
         named => match turbospark::runtime::resolve(Speculation::Auto, named, availability)? {
@@ -267,6 +278,9 @@ impl Bench {
         prompt: &[u32],
         speculative: Option<Speculative>,
     ) -> Result<GenerationResult> {
+        // Each run is a request alone: a drafter that remembers earlier requests (suffix) would
+        // otherwise copy the previous run's output of the same prompt.
+        session.forget_earlier_requests();
         session.reset_all()?;
         let request = Request {
             prompt,
@@ -331,6 +345,8 @@ fn check_args(args: &BenchArgs, context: usize) -> Result<()> {
 }
 
 pub fn run(args: &BenchArgs) -> Result<()> {
+    // Checked before anything loads (the drafters are built per table).
+    args.drafter_options.options()?;
     if args.dflash && args.shape.is_none() {
         bail!("--dflash writes a drafter for a --shape checkpoint; with --model the checkpoint's own is used");
     }
@@ -393,11 +409,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             && flag != "off"
             && !availability.mtp
             && !availability.dflash
-            && args.drafter != DrafterRequest::Ngram
+            && args.drafter == DrafterRequest::Auto
         {
             bail!(
                 "--speculative {flag}: this checkpoint carries no drafter to compare (no MTP head, \
-                 mtp.* tensors; no DFlash drafter, dflash/config.json)"
+                 mtp.* tensors; no DFlash drafter, dflash/config.json); name --drafter suffix or ngram"
             );
         }
     }
@@ -603,7 +619,9 @@ fn speculative(
         );
         for (drafter, blocks, (auto_start, auto_most)) in plans {
             // The drafter where the engine runs it: on the target's device.
-            let loaded = turbospark::runtime::load_drafter(&bench.model, &bench.checkpoint, *drafter)?;
+            let options = args.drafter_options.options()?;
+            let loaded =
+                turbospark::runtime::load_drafter(&bench.model, &bench.checkpoint, *drafter, &options)?;
             let name = loaded.name();
             let mut session = Session::open(&bench.model)?.with_drafter(loaded);
             // `auto` as the engine plans it: tuned up to what the device verifies exactly.
@@ -746,23 +764,23 @@ mod tests {
         let auto = DrafterRequest::Auto;
         assert_eq!(
             drafters_to_bench(auto, &both).unwrap(),
-            vec![Drafter::Mtp, Drafter::Dflash]
+            vec![Drafter::Mtp, Drafter::Dflash, Drafter::MtpSuffix]
         );
         assert_eq!(
             drafters_to_bench(auto, &mtp_only).unwrap(),
-            vec![Drafter::Mtp]
+            vec![Drafter::Mtp, Drafter::MtpSuffix]
         );
         let missing = format!(
             "{:#}",
             drafters_to_bench(DrafterRequest::Dflash, &mtp_only).unwrap_err()
         );
         assert!(missing.contains("dflash"), "{missing}");
-        // Prompt lookup: any checkpoint, only when named, blocks up to the exactness cap.
+        // Prompt lookup: any checkpoint, only when named, blocks up to the exactness cap; `auto`
+        // without drafter weights is the suffix drafter.
         let none = DrafterAvailability::default();
-        assert!(drafters_to_bench(auto, &none).unwrap().is_empty());
         assert_eq!(
-            drafters_to_bench(auto, &both).unwrap(),
-            vec![Drafter::Mtp, Drafter::Dflash]
+            drafters_to_bench(auto, &none).unwrap(),
+            vec![Drafter::Suffix]
         );
         assert_eq!(
             drafters_to_bench(DrafterRequest::Ngram, &none).unwrap(),

@@ -266,6 +266,9 @@ pub fn generate<B: Backend>(
                     judgement.accepted,
                     rolled_back,
                 );
+                if let Some(d) = &session.drafter {
+                    s.record_drafter(d.proposer(), proposals.len(), judgement.accepted);
+                }
                 // The drafter's cost is its proposal and its observe of the verified rows.
                 s.draft_seconds += drafted.seconds + observe_start.elapsed().as_secs_f64();
                 s.verify_seconds += verified.seconds;

@@ -118,7 +118,7 @@ pub async fn post_raw(q: &server::Queue, path: &str, body: String) -> (StatusCod
         .header("content-type", "application/json")
         .body(Body::from(body))
         .unwrap();
-    let response = server::router(q.clone(), None)
+    let response = server::router(q.clone(), &[])
         .oneshot(request)
         .await
         .unwrap();
@@ -129,7 +129,7 @@ pub async fn post_raw(q: &server::Queue, path: &str, body: String) -> (StatusCod
 
 pub async fn get(q: &server::Queue, path: &str) -> String {
     let request = Request::get(path).body(Body::empty()).unwrap();
-    let response = server::router(q.clone(), None)
+    let response = server::router(q.clone(), &[])
         .oneshot(request)
         .await
         .unwrap();
