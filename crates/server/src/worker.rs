@@ -118,13 +118,16 @@ pub struct Metrics {
     pub generated_tokens: AtomicU64,
     pub spec_proposed: AtomicU64,
     pub spec_accepted: AtomicU64,
+    /// Shared forward steps of a batching model (`--parallel`), and the sequences they ran.
+    pub batch_steps: AtomicU64,
+    pub batch_sequences: AtomicU64,
 }
 
 impl Metrics {
     pub fn render(&self, info: &ModelInfo) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let model = info.name.replace(['\\', '"', '\n'], "_");
-        let rows: [(&str, &str, &str, u64); 11] = [
+        let rows: [(&str, &str, &str, u64); 13] = [
             (
                 "requests_total",
                 "counter",
@@ -190,6 +193,18 @@ impl Metrics {
                 "counter",
                 "draft tokens accepted",
                 get(&self.spec_accepted),
+            ),
+            (
+                "batch_steps_total",
+                "counter",
+                "forward steps shared by the requests generating at once",
+                get(&self.batch_steps),
+            ),
+            (
+                "batch_sequences_total",
+                "counter",
+                "sequences those steps ran (divided by the steps: the mean batch)",
+                get(&self.batch_sequences),
             ),
         ];
         let mut out = String::new();
@@ -296,6 +311,13 @@ impl ServeJobs {
                     job,
                 )
             }));
+            if let Some(stats) = self.model.batch_stats() {
+                self.metrics
+                    .batch_steps
+                    .store(stats.steps, Ordering::Relaxed);
+                let sequences = &self.metrics.batch_sequences;
+                sequences.store(stats.sequences, Ordering::Relaxed);
+            }
             if run.is_err() {
                 self.metrics.failed.fetch_add(1, Ordering::Relaxed);
                 let _ = session.runtime_session().reset_all();

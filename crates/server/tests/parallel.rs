@@ -68,6 +68,20 @@ async fn concurrent_requests_each_get_their_answer_alone() {
         stats.largest > 1 && stats.sequences > stats.steps,
         "the requests did not share steps: {stats:?}"
     );
+    // /metrics reports them (as of the last finished request).
+    let metrics = common::get(&q, "/metrics").await;
+    let value = |name: &str| -> u64 {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("turbospark_{name}{{")))
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let (steps, sequences) = (value("batch_steps_total"), value("batch_sequences_total"));
+    assert!(
+        steps > 0 && sequences > steps,
+        "{steps} steps, {sequences} sequences"
+    );
     // Seeded sampled requests: the same draws together as alone (one worker, one at a time).
     let sampled = |seed: u64| json!({"prompt": PROMPTS[3], "max_tokens": 20, "temperature": 0.9, "seed": seed});
     let together = futures_util::future::join_all((0..4).map(|i| text(&q, sampled(i % 2)))).await;
