@@ -13,6 +13,11 @@
 //!   else row-major) for n = 1..17 rows (decode and verify blocks) on the testbed's matrix shapes and a
 //!   ~0.8B model's, 2 threads: ms a call, GFLOP/s, and the cost of n rows in one-row calls.
 //!
+//! - `quant`: quantized linear layers (`QuantMatrix`, integer dot products against 8-bit inputs) against
+//!   the bf16 layer the model holds otherwise, on a stack of 128 [4096, 1024] matrices (a ~0.5B model's
+//!   weights, larger than the caches, so n = 1 is memory-bound as a real decode step): ms a sweep, weight
+//!   GB/s and GMAC/s for n = 1, 4, 8, 17 and 64 rows, 2 threads.
+//!
 //! Each figure is the best of repeated runs over ~0.4 s, which filters out noise from other processes.
 //!
 //! On the 2-core AVX2 development machine (Xeon, 260 MiB L3, so the 64 MiB weight is L3-resident), quiet:
@@ -85,6 +90,9 @@ fn main() {
     }
     if wanted("verify") {
         bench_verify();
+    }
+    if wanted("quant") {
+        bench_quant();
     }
     if wanted("roofs") {
         roofs::print();
@@ -372,5 +380,82 @@ mod roofs {
 mod roofs {
     pub fn print() {
         println!("\nroofs: measured on x86_64 only");
+    }
+}
+
+fn bench_quant() {
+    use kernels::{linear_quant, QuantFormat, QuantMatrix};
+    let (k, m, layers) = (1024usize, 4096usize, 128usize);
+    let pool = pool(2);
+    println!(
+        "\nquantized linear ({}), {layers} x [{m}, {k}], 2 threads: ms a sweep, weight GB/s, GMAC/s",
+        kernels::quant_simd_path()
+    );
+    println!(
+        "{:>6} {:>5} {:>9} {:>8} {:>8}",
+        "format", "n", "ms", "GB/s", "GMAC/s"
+    );
+    let bf16: Vec<half::bf16> = values(m * k, 3)
+        .iter()
+        .map(|&v| half::bf16::from_f32(v * 0.05))
+        .collect();
+    let bf16_stack: Vec<Bf16Matrix> = (0..layers)
+        .map(|_| Bf16Matrix::new(bf16.clone(), m, k))
+        .collect();
+    let formats = [
+        QuantFormat::Q8_0,
+        QuantFormat::Q6K,
+        QuantFormat::Q4K,
+        QuantFormat::Q4_0,
+    ];
+    let stacks: Vec<(QuantFormat, Vec<QuantMatrix>)> = formats
+        .iter()
+        .map(|&f| {
+            // Random bytes with the scale fields small and finite: speed does not depend on the values.
+            let mut data: Vec<u8> = values(m * f.row_bytes(k), 5)
+                .iter()
+                .map(|v| (v * 127.0) as i8 as u8)
+                .collect();
+            let scale = half::f16::from_f32(0.01).to_le_bytes();
+            for block in data.chunks_exact_mut(f.block_bytes()) {
+                let at = if f == QuantFormat::Q6K { 208 } else { 0 };
+                block[at..at + 2].copy_from_slice(&scale);
+                if matches!(f, QuantFormat::Q4K | QuantFormat::Q5K) {
+                    block[2..4].copy_from_slice(&scale);
+                }
+            }
+            let one = QuantMatrix::new(f, data, m, k).expect("bench matrix");
+            (f, vec![one; layers])
+        })
+        .collect();
+    for n in [1usize, 4, 8, 17, 64] {
+        let x = values(n * k, 7);
+        let mut out = vec![0f32; n * m];
+        let row = |name: &str, bytes: usize, secs: f64| {
+            println!(
+                "{name:>6} {n:>5} {:>9.3} {:>8.1} {:>8.1}",
+                secs * 1e3,
+                bytes as f64 / secs / 1e9,
+                (n * k * m * layers) as f64 / secs / 1e9
+            );
+        };
+        let secs = pool.install(|| {
+            time_best(|| {
+                for w in &bf16_stack {
+                    linear_bf16_matrix(black_box(&x), w, n, &mut out);
+                }
+            })
+        });
+        row("bf16", m * k * 2 * layers, secs);
+        for (f, stack) in &stacks {
+            let secs = pool.install(|| {
+                time_best(|| {
+                    for w in stack {
+                        linear_quant(black_box(&x), w, n, &mut out);
+                    }
+                })
+            });
+            row(f.name(), stack[0].bytes() * layers, secs);
+        }
     }
 }

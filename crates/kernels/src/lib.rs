@@ -20,6 +20,7 @@ mod linear;
 #[cfg(target_arch = "x86_64")]
 mod matvec_avx512;
 mod norm;
+mod quant;
 mod rope;
 mod simd;
 
@@ -39,5 +40,10 @@ pub use linear::{
 #[doc(hidden)]
 pub use linear::{linear_gemm, linear_matvec};
 pub use norm::{l2_normalize_rows, rms_norm, rms_norm_inplace};
+#[doc(hidden)]
+pub use quant::linear_quant_portable;
+pub use quant::{
+    dequantize_row, linear_quant, linear_quant_rows, quant_simd_path, QuantFormat, QuantMatrix,
+};
 pub use rope::{rope, rope_inv_freq, rope_with_inv_freq};
 pub use simd::simd_path;

@@ -7,6 +7,7 @@ mod elementwise;
 mod gdn;
 mod linear;
 mod norm;
+mod quant;
 mod rope;
 
 use crate::simd::Isa;
