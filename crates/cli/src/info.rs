@@ -92,8 +92,8 @@ pub fn layer_pattern(kinds: &[LayerKind]) -> String {
 }
 
 /// Each stored ggml type's share of a GGUF model's tensor bytes, largest first, e.g.
-/// "Q4_K 61.0% (98 tensors), Q6_K 25.3% (1), F32 0.4% (161)". The weights are widened to f32/bf16 at
-/// load (the "weights dtype" line) until the quantized kernels land.
+/// "Q4_K 61.0% (98 tensors), Q6_K 25.3% (1), F32 0.4% (161)". On the CPU, weight matrices of the
+/// `QUANTIZED_TYPES` stay in their blocks; other tensors are widened to f32 (bf16 kept) at load.
 fn gguf_type_shares(tensors: &turbospark::model_io::TensorStore) -> String {
     let mut by_type: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     for name in tensors.names() {
@@ -118,6 +118,18 @@ fn gguf_type_shares(tensors: &turbospark::model_io::TensorStore) -> String {
     parts.join(", ")
 }
 
+/// Stored bytes of the weight matrices one decoded token reads: every 2-D tensor but the embeddings
+/// (a lookup reads one row) and the MTP head, plus the embeddings once as a tied LM head.
+fn decode_bytes(checkpoint: &Checkpoint) -> usize {
+    let tensors = &checkpoint.tensors;
+    tensors
+        .names()
+        .filter(|n| !n.starts_with("mtp.") && tensors.shape(n).is_ok_and(|s| s.len() >= 2))
+        .filter(|n| !n.ends_with("embed_tokens.weight") || checkpoint.config.tie_word_embeddings)
+        .map(|n| tensors.stored_bytes(n).unwrap_or(0))
+        .sum()
+}
+
 /// The whole report, one `key: value` line per fact.
 pub fn describe(checkpoint: &Checkpoint) -> String {
     let c = &checkpoint.config;
@@ -131,6 +143,20 @@ pub fn describe(checkpoint: &Checkpoint) -> String {
         if name.starts_with("mtp.") {
             mtp_params += tensors.numel(name).unwrap_or(0);
         }
+    }
+    let quantized = tensors
+        .names()
+        .filter(|n| {
+            tensors
+                .stored_dtype_name(n)
+                .is_ok_and(|t| turbospark::model_io::QUANTIZED_TYPES.contains(&t.as_str()))
+        })
+        .count();
+    if quantized > 0 {
+        // Quantized tensors report f32 (what `load_f32` widens them to); the CPU keeps their blocks.
+        *dtypes.entry("f32").or_default() -= quantized.min(dtypes.get("f32").copied().unwrap_or(0));
+        dtypes.retain(|_, n| *n > 0);
+        dtypes.insert("ggml blocks", quantized);
     }
     let dtype = match dtypes.len() {
         0 => "none (no tensors)".to_string(),
@@ -163,6 +189,14 @@ pub fn describe(checkpoint: &Checkpoint) -> String {
     if tensors.is_gguf() {
         line("GGUF types", gguf_type_shares(tensors));
     }
+    line(
+        "weights/token",
+        format!(
+            "{:.1} MB stored (the matrices a CPU decode step reads: all but the embeddings' lookup and the MTP head{})",
+            decode_bytes(checkpoint) as f64 / 1e6,
+            if c.moe.is_some() { "; every MoE expert counted" } else { "" }
+        ),
+    );
     line("context", format!("{} tokens", c.max_position_embeddings));
     line(
         "layers",

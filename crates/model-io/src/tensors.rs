@@ -14,7 +14,8 @@
 //! GGUF models ([`TensorStore::from_gguf`]) fill the same map: each entry is a GGUF tensor under the
 //! Hugging Face name it was converted from, with the inverse of the converter's changes
 //! (`gguf::convert`), dequantized to f32 on `load_f32` (and once, kept, on `raw`); F32/BF16/F16
-//! tensors without a transform are handed out as stored.
+//! tensors without a transform are handed out as stored, and quantized weight matrices as their ggml
+//! blocks with the converter's row and column orders undone on whole rows ([`TensorStore::quantized`]).
 //!
 //! Invariant: every stored entry's byte range lies inside its shard's mmap, so `raw`/`load_f32`
 //! slice without panicking.
@@ -28,7 +29,7 @@ use memmap2::Mmap;
 use safetensors::Dtype;
 use serde::Deserialize;
 
-use crate::gguf::convert::Transform;
+use crate::gguf::convert::{self, Transform};
 use crate::gguf::names::{map_tensor, Layout};
 use crate::gguf::{types, GgmlType, GgufSet};
 use crate::LoadError;
@@ -62,6 +63,26 @@ impl DType {
 
 /// Same limit as the reference loader: a bigger header is a corrupt length, not a real header.
 const MAX_HEADER_BYTES: usize = 100_000_000;
+
+/// The ggml block types whose weight matrices the CPU kernels run without dequantizing
+/// (`kernels::QuantFormat`).
+pub const QUANTIZED_TYPES: [&str; 8] = [
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+];
+
+/// A weight matrix [rows, cols] in its ggml blocks ([`TensorStore::quantized`]).
+#[derive(Debug, Clone)]
+pub struct QuantizedTensor {
+    /// ggml's type name ("Q4_K", ...).
+    pub ggml_type: &'static str,
+    pub rows: usize,
+    pub cols: usize,
+    /// `rows` rows of blocks, in Hugging Face row order.
+    pub data: Vec<u8>,
+    /// When the columns are stored in another order (value heads tiled by the converter): the input
+    /// element each stored column multiplies, `x_stored[c] = x[input_order[c]]`.
+    pub input_order: Option<Vec<usize>>,
+}
 
 /// How a tensor is stored.
 #[derive(Debug)]
@@ -381,6 +402,66 @@ impl TensorStore {
             )));
         }
         Ok(values)
+    }
+
+    /// A GGUF weight matrix `name` of shape [rows, cols] stored in a ggml block type kept quantized
+    /// (`QUANTIZED_TYPES`): its block rows in Hugging Face row order; None for any other tensor (then
+    /// `load_f32` / `raw` serve it). An error names the tensor when its shape is not `expected`.
+    pub fn quantized(
+        &self,
+        name: &str,
+        expected: [usize; 2],
+    ) -> Result<Option<QuantizedTensor>, LoadError> {
+        let entry = self.entry(name)?;
+        let Stored::Gguf {
+            ggml_type,
+            transforms,
+            ..
+        } = &entry.stored
+        else {
+            return Ok(None);
+        };
+        if !QUANTIZED_TYPES.contains(&ggml_type.name()) {
+            return Ok(None);
+        }
+        if entry.shape != expected {
+            return Err(LoadError::ShapeMismatch {
+                path: self.shard_path(entry).to_path_buf(),
+                tensor: name.to_string(),
+                expected: expected.to_vec(),
+                found: entry.shape.clone(),
+            });
+        }
+        let bad = |reason: String| LoadError::Gguf {
+            path: self.shard_path(entry).to_path_buf(),
+            reason: format!("tensor `{name}`: {reason}"),
+        };
+        let [rows, cols] = expected;
+        let bytes = self.bytes(entry)?;
+        let row_bytes = cols / ggml_type.block_len() * ggml_type.block_bytes();
+        if cols % ggml_type.block_len() != 0 || row_bytes == 0 || bytes.len() % row_bytes != 0 {
+            return Err(bad(format!(
+                "{} rows of {cols} values do not divide into {}-value blocks",
+                ggml_type.name(),
+                ggml_type.block_len()
+            )));
+        }
+        let stored_rows = bytes.len() / row_bytes;
+        let Some(order) = convert::block_order(transforms, stored_rows, rows, cols).map_err(bad)?
+        else {
+            return Ok(None);
+        };
+        let mut data = Vec::with_capacity(rows * row_bytes);
+        for &r in &order.rows {
+            data.extend_from_slice(&bytes[r * row_bytes..(r + 1) * row_bytes]);
+        }
+        Ok(Some(QuantizedTensor {
+            ggml_type: ggml_type.name(),
+            rows,
+            cols,
+            data,
+            input_order: order.columns,
+        }))
     }
 
     /// The stored bytes (little-endian) with dtype and shape, for uploading without conversion.

@@ -5,6 +5,8 @@ pub mod attention;
 pub mod ffn;
 pub mod gdn;
 
+use std::borrow::Cow;
+
 use model_io::{DType, LoadError, TensorStore};
 
 /// RMSNorm over rows of `weight.len()`; zero-centred norms scale by `(1 + w)` (Qwen3.5 / Qwen3-Next).
@@ -48,11 +50,17 @@ pub struct Linear {
 }
 
 /// A weight matrix as the CPU keeps it: bf16 when the checkpoint stores bf16 (half the bytes a decode step
-/// streams, laid out for AMX tiles where the CPU has them: `kernels::Bf16Matrix`), f32 otherwise.
+/// streams, laid out for AMX tiles where the CPU has them: `kernels::Bf16Matrix`), in its ggml blocks when
+/// a GGUF file stores it quantized (`kernels::QuantMatrix`), f32 otherwise.
 #[derive(Clone, Debug)]
 pub enum Weights {
     F32(Vec<f32>),
     Bf16(kernels::Bf16Matrix),
+    Quant {
+        w: kernels::QuantMatrix,
+        /// `x_stored[c] = x[input_order[c]]` when the file stores the columns in another order.
+        input_order: Option<Vec<usize>>,
+    },
 }
 
 impl Linear {
@@ -63,6 +71,21 @@ impl Linear {
         in_dim: usize,
     ) -> Result<Self, LoadError> {
         let full = t.full_name(name);
+        if let Some(q) = t.store.quantized(&full, [out_dim, in_dim])? {
+            let format = kernels::QuantFormat::from_name(q.ggml_type)
+                .expect("TensorStore::quantized hands out the kernels' formats only");
+            let w = kernels::QuantMatrix::new(format, q.data, out_dim, in_dim).map_err(|reason| {
+                LoadError::Gguf {
+                    path: t.store.path_of(&full).map(|p| p.to_path_buf()).unwrap_or_default(),
+                    reason: format!("tensor `{full}`: {reason}"),
+                }
+            })?;
+            let w = Weights::Quant {
+                w,
+                input_order: q.input_order,
+            };
+            return Ok(Linear { w, out_dim, in_dim });
+        }
         let w = match t.store.dtype(&full)? {
             DType::BF16 => {
                 let (_, shape, bytes) = t.store.raw(&full)?;
@@ -83,14 +106,19 @@ impl Linear {
 
     /// The LM head of a checkpoint that ties it to the embeddings `name`: a bf16 copy when they are stored
     /// bf16 (the embedding lookup keeps its f32 rows; the head then streams half the bytes a token, with
-    /// the f32 widening's bits), else None (the head reads the f32 embeddings).
+    /// the f32 widening's bits), the ggml blocks when a GGUF stores them quantized, else None (the head
+    /// reads the f32 embeddings).
     pub fn tied_head(
         t: &Tensors<'_>,
         name: &str,
         out_dim: usize,
         in_dim: usize,
     ) -> Result<Option<Self>, LoadError> {
-        match t.store.dtype(&t.full_name(name))? {
+        let full = t.full_name(name);
+        if t.store.quantized(&full, [out_dim, in_dim])?.is_some() {
+            return Ok(Some(Self::load(t, name, out_dim, in_dim)?));
+        }
+        match t.store.dtype(&full)? {
             DType::BF16 => Ok(Some(Self::load(t, name, out_dim, in_dim)?)),
             _ => Ok(None),
         }
@@ -111,6 +139,10 @@ impl Linear {
         match &self.w {
             Weights::F32(w) => kernels::linear(x, w, n, k, m, &mut out),
             Weights::Bf16(w) => kernels::linear_bf16_matrix(x, w, n, &mut out),
+            Weights::Quant { w, input_order } => {
+                let x = reorder(x, n, k, input_order.as_deref());
+                kernels::linear_quant(&x, w, n, &mut out)
+            }
         }
         out
     }
@@ -121,6 +153,7 @@ impl Linear {
         match &self.w {
             Weights::F32(_) => kernels::MATVEC_MAX_ROWS,
             Weights::Bf16(w) => w.batch_invariant_rows(),
+            Weights::Quant { .. } => usize::MAX,
         }
     }
 
@@ -141,6 +174,10 @@ impl Linear {
         match &self.w {
             Weights::F32(w) => kernels::linear(x, &w[..rows * k], n, k, rows, &mut out),
             Weights::Bf16(w) => kernels::linear_bf16_matrix_rows(x, w, n, rows, &mut out),
+            Weights::Quant { w, input_order } => {
+                let x = reorder(x, n, k, input_order.as_deref());
+                kernels::linear_quant_rows(&x, w, n, rows, &mut out)
+            }
         }
         out
     }
@@ -149,8 +186,21 @@ impl Linear {
         match &self.w {
             Weights::F32(w) => w.len(),
             Weights::Bf16(w) => w.rows() * w.cols(),
+            Weights::Quant { w, .. } => w.rows() * w.cols(),
         }
     }
+}
+
+/// `x` [n, k] with its columns in the stored order (`x_stored[c] = x[order[c]]`), or `x` itself.
+fn reorder<'a>(x: &'a [f32], n: usize, k: usize, order: Option<&[usize]>) -> Cow<'a, [f32]> {
+    let Some(order) = order else {
+        return Cow::Borrowed(&x[..n * k]);
+    };
+    let mut out = Vec::with_capacity(n * k);
+    for row in x[..n * k].chunks_exact(k) {
+        out.extend(order.iter().map(|&c| row[c]));
+    }
+    Cow::Owned(out)
 }
 
 /// Runs `f` (rows [n, k] -> [n, m] row-major) over several sequences' rows, `seg[i]` rows each,

@@ -157,6 +157,70 @@ fn ungroup(
     Ok(())
 }
 
+/// Where a quantized matrix's Hugging Face rows and input columns sit in the stored tensor: `rows[r]` is
+/// the stored row of row r; `columns`, when the columns were reordered, the input element of each stored
+/// column (`x_stored[c] = x[columns[c]]`).
+#[derive(Debug, PartialEq)]
+pub struct BlockOrder {
+    pub rows: Vec<usize>,
+    pub columns: Option<Vec<usize>>,
+}
+
+/// The inverse `transforms` of a [rows, cols] matrix stored as `stored_rows` rows, as whole-row moves
+/// and an input permutation (the blocks themselves are never split); None when a transform changes
+/// values (`MinusOne`, `LogOfNegated`: never a weight matrix's).
+pub fn block_order(
+    transforms: &[Transform],
+    stored_rows: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<Option<BlockOrder>, String> {
+    // Each transform applied to the index vectors gives, per Hugging Face position, the stored one.
+    let mut row_of: Vec<f32> = (0..stored_rows).map(|r| r as f32).collect();
+    let mut col_of: Option<Vec<f32>> = None;
+    if stored_rows >= 1 << 24 || cols >= 1 << 24 {
+        return Err(format!("{stored_rows} x {cols} is too large to reorder"));
+    }
+    for t in transforms {
+        match t {
+            Transform::MinusOne | Transform::LogOfNegated => return Ok(None),
+            Transform::TakeGroupRows { .. } => t.apply(&mut row_of, &[rows, 1])?,
+            Transform::UngroupValueHeads {
+                axis: HeadAxis::Rows { .. },
+                ..
+            } => {
+                let shape = [row_of.len(), 1];
+                t.apply(&mut row_of, &shape)?
+            }
+            Transform::UngroupValueHeads {
+                axis: HeadAxis::Columns,
+                ..
+            } => {
+                let cols_now = col_of.get_or_insert_with(|| (0..cols).map(|c| c as f32).collect());
+                t.apply(cols_now, &[1, cols])?;
+            }
+        }
+    }
+    if row_of.len() != rows {
+        return Err(format!(
+            "{stored_rows} stored rows give {} rows, the shape has {rows}",
+            row_of.len()
+        ));
+    }
+    let columns = col_of.map(|stored_of_hf| {
+        // stored_of_hf[h] is the stored column holding Hugging Face column h.
+        let mut input_of_stored = vec![0usize; cols];
+        for (h, &c) in stored_of_hf.iter().enumerate() {
+            input_of_stored[c as usize] = h;
+        }
+        input_of_stored
+    });
+    Ok(Some(BlockOrder {
+        rows: row_of.iter().map(|&r| r as usize).collect(),
+        columns,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,6 +236,48 @@ mod tests {
             }
         }
         out
+    }
+
+    /// Reordering whole rows and the inputs gives the product of the dequantized, transformed matrix.
+    #[test]
+    fn block_order_matches_the_value_transforms() {
+        let (hk, r, d) = (2, 2, 2);
+        let n = hk * r * d; // 8
+        // A [n, n] matrix stored tiled along rows (from row 0) and along columns.
+        let stored: Vec<f32> = (0..n * n).map(|i| (i * 7 % 23) as f32).collect();
+        let rows_t = Transform::UngroupValueHeads {
+            axis: HeadAxis::Rows { start: 0 },
+            key_heads: hk,
+            values_per_key: r,
+            head_dim: d,
+        };
+        let cols_t = Transform::UngroupValueHeads {
+            axis: HeadAxis::Columns,
+            key_heads: hk,
+            values_per_key: r,
+            head_dim: d,
+        };
+        let mut hf = stored.clone();
+        rows_t.apply(&mut hf, &[n, n]).unwrap();
+        cols_t.apply(&mut hf, &[n, n]).unwrap();
+        let order = block_order(&[rows_t, cols_t], n, n, n).unwrap().unwrap();
+        let x: Vec<f32> = (0..n).map(|i| 1.0 + i as f32).collect();
+        let input = order.columns.as_ref().unwrap();
+        for row in 0..n {
+            let want: f32 = (0..n).map(|c| hf[row * n + c] * x[c]).sum();
+            let s = order.rows[row];
+            let got: f32 = (0..n).map(|c| stored[s * n + c] * x[input[c]]).sum();
+            assert_eq!(got, want, "row {row}");
+        }
+        let take = Transform::TakeGroupRows {
+            groups: 2,
+            group_rows: 3,
+            start: 1,
+            len: 2,
+        };
+        let order = block_order(&[take], 6, 4, 5).unwrap().unwrap();
+        assert_eq!(order.rows, [1, 2, 4, 5]);
+        assert_eq!(block_order(&[Transform::MinusOne], 1, 1, 1).unwrap(), None);
     }
 
     #[test]
