@@ -45,5 +45,6 @@ pub use quant::linear_quant_portable;
 pub use quant::{
     dequantize_row, linear_quant, linear_quant_rows, quant_simd_path, QuantFormat, QuantMatrix,
 };
+pub use quant::{quantize_matrix, quantize_row};
 pub use rope::{rope, rope_inv_freq, rope_with_inv_freq};
 pub use simd::simd_path;

@@ -93,14 +93,25 @@ pub fn tiny_qwen35_moe() -> PathBuf {
 /// llama-quantize`) at `TURBOSPARK_LLAMA_QUANTIZE`, run on `input` into the test cache as `name`
 /// with llama.cpp's `ftype` (e.g. `Q4_K_M`).
 pub fn quantized(input: &Path, name: &str, ftype: &str) -> PathBuf {
+    quantized_with(input, name, &[], ftype)
+}
+
+/// [`quantized`] with llama-quantize's `flags` before the paths (e.g. `["--pure"]`: every tensor in
+/// `ftype`'s type where its rows divide into the type's blocks, instead of the ftype's mixture).
+pub fn quantized_with(input: &Path, name: &str, flags: &[&str], ftype: &str) -> PathBuf {
     let out = crate::cache_dir().join("gguf").join(name);
     if out.is_file() {
         return out;
     }
     let quantize = var("TURBOSPARK_LLAMA_QUANTIZE");
     let tmp = out.with_extension("partial");
-    let args = [input.as_os_str(), tmp.as_os_str(), ftype.as_ref()];
-    run_tool(&quantize, &args, &format!("llama-quantize {ftype}"));
+    let mut args: Vec<&std::ffi::OsStr> = flags.iter().map(std::ffi::OsStr::new).collect();
+    args.extend([input.as_os_str(), tmp.as_os_str(), ftype.as_ref()]);
+    run_tool(
+        &quantize,
+        &args,
+        &format!("llama-quantize {flags:?} {ftype}"),
+    );
     std::fs::rename(&tmp, &out).unwrap_or_else(|e| panic!("testdata: {}: {e}", out.display()));
     out
 }

@@ -17,6 +17,7 @@
 //! AVX-512 path and the portable one give the same bits (tests/quant.rs).
 
 mod formats;
+mod quantize;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -25,6 +26,7 @@ use rayon::prelude::*;
 
 use formats::{decode_step, Step, LANES, STEP};
 pub use formats::{dequantize_row, QuantFormat};
+pub use quantize::{quantize_matrix, quantize_row};
 
 /// A quantized weight matrix [m, k]: `m` rows of [`QuantFormat::row_bytes`]`(k)` bytes, in ggml's layout.
 #[derive(Clone, Debug)]

@@ -8,6 +8,7 @@ mod gdn;
 mod linear;
 mod norm;
 mod quant;
+mod quantize;
 mod rope;
 
 use crate::simd::Isa;
