@@ -248,6 +248,7 @@ struct Options {
     threads: Option<usize>,
     /// From `ngram_min`, `ngram_max`, `suffix_memory`.
     drafter_options: DrafterOptions,
+    quantize: Option<ts::model_io::Quantize>,
 }
 
 unsafe fn options(
@@ -263,6 +264,7 @@ unsafe fn options(
         drafter: DrafterRequest::Auto,
         threads: None,
         drafter_options: DrafterOptions::default(),
+        quantize: None,
     };
     // `ngram_min`, `ngram_max`, `suffix_memory` as given, checked together at the end.
     let mut sizes = [None; 3];
@@ -286,6 +288,7 @@ unsafe fn options(
             }
             "speculative" => o.speculative = value.parse().map_err(|e| bad(flag_reason(e)))?,
             "drafter" => o.drafter = value.parse().map_err(|e| bad(flag_reason(e)))?,
+            "quantize" => o.quantize = Some(value.parse().map_err(bad)?),
             "threads" => match value.parse::<usize>() {
                 Ok(t) if t > 0 => o.threads = Some(t),
                 _ => return Err(bad("expected a number of threads >= 1".into())),
@@ -304,7 +307,7 @@ unsafe fn options(
             _ => {
                 return Err(Failure::invalid(format!(
                     "unknown option key `{key}` (expected device, speculative, drafter, threads, \
-                     ngram_min, ngram_max or suffix_memory)"
+                     quantize, ngram_min, ngram_max or suffix_memory)"
                 )))
             }
         }
@@ -365,7 +368,8 @@ pub unsafe extern "C" fn ts_engine_open(
             .device(o.device)
             .speculation(o.speculative)
             .drafter(o.drafter)
-            .drafter_options(o.drafter_options);
+            .drafter_options(o.drafter_options)
+            .quantize(o.quantize);
         if let Some(threads) = o.threads {
             builder = builder.threads(threads);
         }

@@ -497,3 +497,40 @@ fn the_drafter_option_selects_prompt_lookup_on_any_checkpoint() {
         );
     }
 }
+
+/// The `quantize` option runs the checkpoint on the quantized kernels: with MTP speculation it gives
+/// what the same quantized model gives sequentially; a value it does not know is TS_INVALID_ARGUMENT
+/// naming the key.
+#[test]
+fn the_quantize_option_speculates_exactly() {
+    unsafe {
+        let generate_text = |engine: *mut TsEngine| {
+            let prompt = cstr("The history of the");
+            let mut result = std::mem::zeroed::<TsResult>();
+            let mut error = ptr::null_mut();
+            let status = ts_generate(
+                engine,
+                prompt.as_ptr(),
+                &params(32),
+                None,
+                ptr::null_mut(),
+                &mut result,
+                &mut error,
+            );
+            assert_eq!(status, TsStatus::Ok);
+            finish(&mut result).1
+        };
+        let (status, plain, message) =
+            open(&testbed(), &[("quantize", "q4_k"), ("speculative", "off")]);
+        assert_eq!(status, TsStatus::Ok, "{message}");
+        let (status, spec, message) =
+            open(&testbed(), &[("quantize", "q4_k"), ("speculative", "3")]);
+        assert_eq!(status, TsStatus::Ok, "{message}");
+        assert_eq!(generate_text(spec), generate_text(plain));
+        ts_engine_free(spec);
+        ts_engine_free(plain);
+        let (status, _, message) = open(&testbed(), &[("quantize", "q2_k")]);
+        assert_eq!(status, TsStatus::InvalidArgument);
+        assert!(message.contains("`quantize`"), "{message}");
+    }
+}

@@ -100,6 +100,16 @@ pub struct ModelArgs {
     /// driver is present, else the CPU). `cuda-emulated` runs the CUDA backend on the CPU (slow; tests).
     #[arg(long, value_name = "cpu|cuda|auto", default_value = "auto", value_parser = parse_device)]
     pub device: Device,
+    /// Quantize a bf16/f32 checkpoint's weight matrices at load and run them on the CPU's quantized
+    /// kernels: q8_0 (8.5 bits a weight), or q4_k (llama.cpp's Q4_K_M mix: Q4_K, LM head Q6_K).
+    /// Default: as stored (a GGUF file's quantized blocks run as they are).
+    #[arg(long, value_name = "q8_0|q4_k", value_parser = parse_quantize)]
+    pub quantize: Option<turbospark::model_io::Quantize>,
+}
+
+/// clap's parser for `--quantize`.
+pub fn parse_quantize(value: &str) -> Result<turbospark::model_io::Quantize, String> {
+    value.parse()
 }
 
 /// clap's parser for `--device` (the reason without the flag: clap names it).
@@ -126,7 +136,8 @@ pub fn open_model(
         .device(args.device)
         .speculation(speculation)
         .drafter(drafter)
-        .drafter_options(options);
+        .drafter_options(options)
+        .quantize(args.quantize);
     if let Some(threads) = args.threads {
         if threads == 0 {
             bail!("invalid value 0 for --threads: at least one thread is needed");

@@ -90,6 +90,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let parallel = args.parallel.map_or(8, |n| n as usize);
     let spinner = crate::progress::spinner(format!("loading {}", dir.display()));
     let load_dir = dir.clone();
+    let quantize = args.model.quantize;
     let queue = server::spawn(
         move || {
             let mut builder = turbospark::Model::builder(&load_dir)
@@ -97,6 +98,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 .speculation(speculative)
                 .drafter(drafter)
                 .drafter_options(drafter_options)
+                .quantize(quantize)
                 .batching(parallel > 1);
             if let Some(threads) = threads {
                 builder = builder.threads(threads);

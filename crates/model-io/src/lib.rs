@@ -22,7 +22,7 @@ pub use checkpoint::Checkpoint;
 pub use config::{Family, LayerKind, LinearAttentionConfig, ModelConfig, MoeConfig};
 pub use error::LoadError;
 pub use generation::GenerationDefaults;
-pub use tensors::{DType, QuantizedTensor, TensorStore, QUANTIZED_TYPES};
+pub use tensors::{DType, Quantize, QuantizedTensor, TensorStore, QUANTIZED_TYPES};
 
 /// Re-exported so users of [`Checkpoint::tokenizer`] need not pin the same version themselves.
 pub use tokenizers;

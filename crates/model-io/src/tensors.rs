@@ -121,6 +121,40 @@ pub struct TensorStore {
     dir: PathBuf,
     shards: Vec<Shard>,
     entries: HashMap<String, Entry>,
+    /// Quantize the weight matrices at load (`--quantize`); the model's loader reads it.
+    quantize: Option<Quantize>,
+}
+
+/// A request to quantize a bf16/f32 checkpoint's weight matrices at load, into the block formats of the
+/// CPU's quantized kernels (`--quantize`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Quantize {
+    /// Every weight matrix Q8_0 (8.5 bits a weight).
+    Q8_0,
+    /// llama.cpp's Q4_K_M mix: Q4_K matrices (4.5 bits), the LM head Q6_K; rows that do not divide into
+    /// 256-blocks fall back as llama.cpp's quantizer does (Q4_K to Q5_0, Q6_K to Q8_0).
+    Q4K,
+}
+
+impl Quantize {
+    /// The `--quantize` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Quantize::Q8_0 => "q8_0",
+            Quantize::Q4K => "q4_k",
+        }
+    }
+}
+
+impl std::str::FromStr for Quantize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "q8_0" => Ok(Quantize::Q8_0),
+            "q4_k" | "q4_k_m" => Ok(Quantize::Q4K),
+            _ => Err(format!("expected q8_0 or q4_k (got {s:?})")),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -150,6 +184,7 @@ impl TensorStore {
     /// Opens the given safetensors files as one store (`dir` names the checkpoint in errors).
     pub fn open_files(dir: &Path, files: &[PathBuf]) -> Result<Self, LoadError> {
         let mut store = TensorStore {
+            quantize: None,
             dir: dir.to_path_buf(),
             shards: Vec::new(),
             entries: HashMap::new(),
@@ -339,6 +374,36 @@ impl TensorStore {
         Ok(bytes)
     }
 
+    /// Asks the model's loader to quantize this checkpoint's weight matrices (`--quantize`). An error
+    /// names a tensor when the checkpoint is already quantized (a GGUF's ggml blocks).
+    pub fn set_quantize(&mut self, quantize: Option<Quantize>) -> Result<(), LoadError> {
+        if let Some(q) = quantize {
+            let stored = self.names().find_map(|name| {
+                let ty = self.stored_dtype_name(name).ok()?;
+                QUANTIZED_TYPES
+                    .contains(&ty.as_str())
+                    .then(|| (name.to_string(), ty))
+            });
+            if let Some((name, ty)) = stored {
+                return Err(LoadError::Unsupported {
+                    path: self.dir.clone(),
+                    field: "--quantize".into(),
+                    reason: format!(
+                        "{} asked for a checkpoint already quantized (tensor `{name}` is {ty}): run it as stored",
+                        q.name()
+                    ),
+                });
+            }
+        }
+        self.quantize = quantize;
+        Ok(())
+    }
+
+    /// The quantization asked for at load ([`TensorStore::set_quantize`]).
+    pub fn quantize(&self) -> Option<Quantize> {
+        self.quantize
+    }
+
     /// Whether the tensors come from a GGUF file.
     pub fn is_gguf(&self) -> bool {
         self.entries
@@ -493,6 +558,7 @@ impl TensorStore {
     pub(crate) fn from_gguf(set: GgufSet, layout: &Layout) -> Result<Self, LoadError> {
         let dir = set.path().to_path_buf();
         let mut store = TensorStore {
+            quantize: None,
             dir,
             shards: Vec::new(),
             entries: HashMap::new(),

@@ -26,6 +26,7 @@ pub struct ModelBuilder {
     drafter_options: DrafterOptions,
     threads: Option<usize>,
     batching: bool,
+    quantize: Option<model_io::Quantize>,
 }
 
 impl ModelBuilder {
@@ -68,6 +69,15 @@ impl ModelBuilder {
         self
     }
 
+    /// Quantize a bf16/f32 checkpoint's weight matrices at load (default None: as stored), into the
+    /// block formats the CPU's quantized kernels run ([`model_io::Quantize`]); the model then runs on
+    /// the CPU (`Device::Auto` resolves to it; a GPU device is an error), as does a checkpoint that is
+    /// already quantized.
+    pub fn quantize(mut self, quantize: Option<model_io::Quantize>) -> Self {
+        self.quantize = quantize;
+        self
+    }
+
     /// Kernel threads of this model's pool (default: rayon's, i.e. `RAYON_NUM_THREADS` or one per
     /// core). Must be at least 1.
     pub fn threads(mut self, threads: usize) -> Self {
@@ -91,7 +101,13 @@ impl ModelBuilder {
             .build()
             .map_err(|source| Error::ThreadPool { threads, source })?;
         let mut engine = pool.install(|| {
-            Engine::open_checked(&self.dir, self.device, self.speculation, self.drafter)
+            Engine::open_with(
+                &self.dir,
+                self.device,
+                self.speculation,
+                self.drafter,
+                self.quantize,
+            )
         })?;
         engine.drafter_options = self.drafter_options;
         let batching = self.batching && matches!(engine.model, device::Model::Cpu(_));
@@ -136,6 +152,7 @@ impl Model {
             drafter_options: DrafterOptions::default(),
             threads: None,
             batching: false,
+            quantize: None,
         }
     }
 

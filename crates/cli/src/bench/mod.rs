@@ -64,6 +64,10 @@ pub struct BenchArgs {
     /// Checkpoint directory. Default: $TURBOSPARK_MODEL, else the embedded testbed. Ignored with --shape.
     #[arg(long, value_name = "DIR", env = "TURBOSPARK_MODEL")]
     pub model: Option<PathBuf>,
+    /// Quantize the weight matrices at load (q8_0 or q4_k, as the model commands' --quantize); the
+    /// model then runs on the CPU.
+    #[arg(long, value_name = "q8_0|q4_k", value_parser = crate::parse_quantize)]
+    pub quantize: Option<turbospark::model_io::Quantize>,
     /// Benchmark a random checkpoint of this synth shape (written to a temporary directory).
     #[arg(long, value_name = "NAME")]
     pub shape: Option<String>,
@@ -381,11 +385,20 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
     let spinner = progress::spinner(format!("loading {label}"));
     let loaded = (|| -> Result<(Checkpoint, turbospark::device::Loaded)> {
-        let checkpoint = Checkpoint::open(&dir).context("cannot load the model")?;
-        let loaded = Model::load(&checkpoint, args.device).map_err(|e| {
+        let mut checkpoint = Checkpoint::open(&dir).context("cannot load the model")?;
+        let device = match args.quantize {
+            Some(_) if matches!(args.device, Device::Auto | Device::Cpu) => Device::Cpu,
+            Some(_) => anyhow::bail!("--quantize runs on the CPU: pass --device cpu"),
+            None => args.device,
+        };
+        checkpoint
+            .tensors
+            .set_quantize(args.quantize)
+            .context("cannot load the model")?;
+        let loaded = Model::load(&checkpoint, device).map_err(|e| {
             let unavailable =
                 matches!(&e, BackendError::Device(d) if turbospark::device::is_unavailable(d.as_ref()));
-            crate::load_error(e, args.device, unavailable)
+            crate::load_error(e, device, unavailable)
         })?;
         Ok((checkpoint, loaded))
     })();

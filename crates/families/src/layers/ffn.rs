@@ -173,6 +173,8 @@ impl Moe {
     }
 }
 
+// Dense layers are the common case: their MLP sits inline (one allocation per model, not per layer).
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Ffn {
     Dense(Mlp),

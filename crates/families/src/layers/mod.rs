@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod ffn;
 pub mod gdn;
+mod quantize;
 
 use std::borrow::Cow;
 
@@ -72,19 +73,33 @@ impl Linear {
     ) -> Result<Self, LoadError> {
         let full = t.full_name(name);
         if let Some(q) = t.store.quantized(&full, [out_dim, in_dim])? {
+            let bad = |reason: String| LoadError::Gguf {
+                path: t
+                    .store
+                    .path_of(&full)
+                    .map(|p| p.to_path_buf())
+                    .unwrap_or_default(),
+                reason: format!("tensor `{full}`: {reason}"),
+            };
             let format = kernels::QuantFormat::from_name(q.ggml_type)
-                .expect("TensorStore::quantized hands out the kernels' formats only");
-            let w = kernels::QuantMatrix::new(format, q.data, out_dim, in_dim).map_err(|reason| {
-                LoadError::Gguf {
-                    path: t.store.path_of(&full).map(|p| p.to_path_buf()).unwrap_or_default(),
-                    reason: format!("tensor `{full}`: {reason}"),
-                }
-            })?;
+                .ok_or_else(|| bad(format!("no CPU kernel for {}", q.ggml_type)))?;
+            let w = kernels::QuantMatrix::new(format, q.data, out_dim, in_dim).map_err(bad)?;
             let w = Weights::Quant {
                 w,
                 input_order: q.input_order,
             };
             return Ok(Linear { w, out_dim, in_dim });
+        }
+        if let Some(quantize) = t.store.quantize() {
+            if let Some(format) = quantize::format_for(quantize, &full, out_dim, in_dim) {
+                let w = t.get(name, &[out_dim, in_dim])?;
+                let w = kernels::quantize_matrix(format, &w, out_dim, in_dim);
+                let w = Weights::Quant {
+                    w,
+                    input_order: None,
+                };
+                return Ok(Linear { w, out_dim, in_dim });
+            }
         }
         let w = match t.store.dtype(&full)? {
             DType::BF16 => {
@@ -115,7 +130,7 @@ impl Linear {
         in_dim: usize,
     ) -> Result<Option<Self>, LoadError> {
         let full = t.full_name(name);
-        if t.store.quantized(&full, [out_dim, in_dim])?.is_some() {
+        if t.store.quantize().is_some() || t.store.quantized(&full, [out_dim, in_dim])?.is_some() {
             return Ok(Some(Self::load(t, name, out_dim, in_dim)?));
         }
         match t.store.dtype(&full)? {
