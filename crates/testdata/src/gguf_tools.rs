@@ -47,7 +47,7 @@ pub fn convert_to_gguf(model_dir: &Path, out: &Path, args: &[&str]) -> PathBuf {
     let llama_cpp = var("TURBOSPARK_LLAMA_CPP");
     let python = var("TURBOSPARK_GGUF_PYTHON");
     let script = fixture_script();
-    let tmp = out.with_extension("partial");
+    let tmp = partial(out);
     let mut all = vec![
         script.as_os_str(),
         llama_cpp.as_os_str(),
@@ -104,7 +104,7 @@ pub fn quantized_with(input: &Path, name: &str, flags: &[&str], ftype: &str) -> 
         return out;
     }
     let quantize = var("TURBOSPARK_LLAMA_QUANTIZE");
-    let tmp = out.with_extension("partial");
+    let tmp = partial(&out);
     let mut args: Vec<&std::ffi::OsStr> = flags.iter().map(std::ffi::OsStr::new).collect();
     args.extend([input.as_os_str(), tmp.as_os_str(), ftype.as_ref()]);
     run_tool(
@@ -157,4 +157,12 @@ with open(sys.argv[2], "wb") as out:
         out.push((name, values));
     }
     out
+}
+
+/// A temporary name beside `out`, unique to this process and call: tests running at once may convert
+/// the same model, and each renames its own finished file over `out` (atomic; the contents agree).
+fn partial(out: &Path) -> PathBuf {
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    out.with_extension(format!("partial-{}-{n}", std::process::id()))
 }
