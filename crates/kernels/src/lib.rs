@@ -40,11 +40,11 @@ pub use linear::{
 #[doc(hidden)]
 pub use linear::{linear_gemm, linear_matvec};
 pub use norm::{l2_normalize_rows, rms_norm, rms_norm_inplace};
-#[doc(hidden)]
-pub use quant::linear_quant_portable;
 pub use quant::{
     dequantize_row, linear_quant, linear_quant_rows, quant_simd_path, QuantFormat, QuantMatrix,
 };
 pub use quant::{quantize_matrix, quantize_row};
+#[doc(hidden)]
+pub use quant::{linear_quant_path, linear_quant_portable, quant_simd_paths};
 pub use rope::{rope, rope_inv_freq, rope_with_inv_freq};
 pub use simd::simd_path;

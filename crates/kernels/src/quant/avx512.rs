@@ -1,24 +1,18 @@
 //! The AVX-512 VNNI quantized dot products: the portable path's sequence of operations (quant/mod.rs),
-//! 16 lanes at a time. `vpdpbusd` multiplies unsigned by signed bytes, so the weights are decoded into
-//! signed integers `u - o` and the inputs taken as `q + 128` (a sign-bit flip), the excess removed by
-//! starting each sum at `-128 · Σ (u - o)` (computed once per weight step): the integer is the portable
-//! path's `Σ q · (u - o)` exactly. Micro-tiles of R weight rows x G inputs keep R·G accumulators in
-//! registers: each decoded weight step serves G inputs, each loaded input step R rows.
+//! 16 lanes at a time. `vpdpbusd` multiplies the unsigned weights `u` by the signed inputs `q`, starting
+//! from the input's `init = -o · Σq` per lane: the integer is the portable path's `Σ (u - o) · q` exactly.
+//! A chunk's scales are decoded once into one vector (`v`: 32-element blocks' f16 scales by a gather,
+//! k-quant 6-bit scales and mins by llama.cpp's word masks) and each step's lane scales picked from it by
+//! one permute. Micro-tiles of R weight rows x G inputs keep R·G accumulators in registers: each decoded
+//! weight step serves G inputs, each loaded input step R rows.
 //!
 //! Invariant: each operation is the IEEE operation the portable path performs on the same lane (the
 //! integer sum is exact; cvt, mul, fma and the reduction tree round the same), so both give the same bits.
 
 use std::arch::x86_64::*;
 
-use super::formats::{scale_min_k4, QuantFormat, LANES, STEP};
-use super::{QuantMatrix, QuantizedRows, ROUND};
-
-/// The f16 at `bytes[at..at + 2]` as f32 (F16C: exact, as the portable conversion).
-#[inline(always)]
-unsafe fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    let h = u16::from_le_bytes([bytes[at], bytes[at + 1]]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
-}
+use super::formats::{scales_mins_k4, QuantFormat, CHUNK_STEPS, STEP};
+use super::{Out, QuantMatrix, QuantizedRows, ROUND};
 
 /// AVX-512 F/BW/VL for the vectors and masks, VNNI for `vpdpbusd`, F16C for the block scales.
 pub(crate) fn available() -> bool {
@@ -29,400 +23,476 @@ pub(crate) fn available() -> bool {
         && std::arch::is_x86_feature_detected!("f16c")
 }
 
-/// [`super::quantize_block`] with the same IEEE operations (max is exact in any order).
+/// [`super::quantize_row`] with the same IEEE operations (max is exact in any order, sums are exact).
 ///
 /// # Safety
-/// AVX-512 F/BW/VL must be available; `xb` and `q` hold 32 values.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn quantize_block(xb: &[f32], q: &mut [i8]) -> f32 {
-    assert!(xb.len() == 32 && q.len() == 32, "quantize_block: 32 values");
-    let (a, b) = (
-        _mm512_loadu_ps(xb.as_ptr()),
-        _mm512_loadu_ps(xb.as_ptr().add(16)),
+/// AVX-512 F/BW/VL/VNNI must be available.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::needless_range_loop)] // b indexes x, q, dx, init and dxs
+pub(crate) unsafe fn quantize_row(
+    x: &[f32],
+    o: i32,
+    q: &mut [i8],
+    dx: &mut [f32],
+    init: &mut [i32],
+    dxs: &mut [f32],
+) {
+    let blocks = x.len() / 32;
+    assert!(
+        x.len() == 32 * blocks && q.len() >= 32 * blocks && dx.len() >= 8 * blocks,
+        "quantize_row: shapes"
     );
-    let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-    let d = amax / 127.0;
-    let id = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+    assert!(
+        init.len() >= 8 * blocks && dxs.len() >= blocks,
+        "quantize_row: shapes"
+    );
     let round = _mm512_set1_ps(ROUND);
-    for (half, v) in [a, b].into_iter().enumerate() {
-        let r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v, id), round), round);
-        let bytes = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r));
-        _mm_storeu_si128(q.as_mut_ptr().add(16 * half) as *mut __m128i, bytes);
+    for b in 0..blocks {
+        let (xp, qp) = (x.as_ptr().add(32 * b), q.as_mut_ptr().add(32 * b));
+        let (lo, hi) = (_mm512_loadu_ps(xp), _mm512_loadu_ps(xp.add(16)));
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        let d = amax / 127.0;
+        let id = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        let mut ints = [_mm_setzero_si128(); 2];
+        for (half, v) in [lo, hi].into_iter().enumerate() {
+            let r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v, id), round), round);
+            ints[half] = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r));
+        }
+        let qv = _mm256_set_m128i(ints[1], ints[0]);
+        _mm256_storeu_si256(qp as *mut __m256i, qv);
+        _mm256_storeu_ps(dx.as_mut_ptr().add(8 * b), _mm256_set1_ps(d));
+        let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), qv);
+        let initv = _mm256_mullo_epi32(sums, _mm256_set1_epi32(-o));
+        _mm256_storeu_si256(init.as_mut_ptr().add(8 * b) as *mut __m256i, initv);
+        let s4 = _mm_add_epi32(
+            _mm256_castsi256_si128(sums),
+            _mm256_extracti128_si256::<1>(sums),
+        );
+        let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+        let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2));
+        dxs[b] = d * _mm_cvtsi128_si32(s1) as f32;
     }
-    d
 }
 
-/// One decoded step: unsigned weights, lane scales, lane minimum terms.
-type Decoded = (__m512i, __m512, __m512);
-
-/// Decodes step `s` of a row (the formats.rs layouts, vectorized).
-trait Decode {
-    const HAS_MIN: bool;
-    /// # Safety
-    /// `row` holds the whole row of `k` elements; AVX-512 F/BW/VL are available.
-    unsafe fn decode(row: &[u8], k: usize, s: usize) -> Decoded;
-}
-
-#[inline(always)]
-unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
-}
-
-/// Lanes 0..8 = x, 8..16 = y.
-#[inline(always)]
-unsafe fn halves(x: f32, y: f32) -> __m512 {
-    _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(x), _mm512_set1_ps(y))
-}
-
-/// 16 packed nibbles -> 32 bytes [low nibbles, high nibbles].
-#[inline(always)]
-unsafe fn nibbles16(p: *const u8) -> __m256i {
-    let x = _mm_loadu_si128(p as *const __m128i);
-    let m = _mm_set1_epi8(0x0F);
-    _mm256_set_m128i(
-        _mm_and_si128(_mm_srli_epi16::<4>(x), m),
-        _mm_and_si128(x, m),
-    )
-}
-
-/// 32 packed nibbles -> 64 bytes [low nibbles, high nibbles].
-#[inline(always)]
-unsafe fn nibbles32(p: *const u8) -> (__m256i, __m256i) {
-    let x = _mm256_loadu_si256(p as *const __m256i);
-    let m = _mm256_set1_epi8(0x0F);
-    (
-        _mm256_and_si256(x, m),
-        _mm256_and_si256(_mm256_srli_epi16::<4>(x), m),
-    )
-}
-
-/// A 32-element-block format: `block(ptr) -> (u[32], a, b)`.
-trait Block32 {
+/// A weight format's vectorized decoding (formats.rs: `decode_chunk`, `decode_step`).
+trait Format {
+    /// Whether the format has an offset `o` (the inputs' `init`).
+    const OFFSET: bool;
+    /// Whether the format has a minimum (the chunk's `v[8..16]`, against the inputs' `dxs`).
+    const MIN: bool;
+    /// 32-element blocks (else a 256-element super-block per chunk).
+    const SMALL: bool;
+    /// Q6_K's 16 scales a chunk (else 8, two a step).
+    const SIXTEEN: bool = false;
+    /// Bytes a block.
     const BYTES: usize;
-    const HAS_MIN: bool;
-    unsafe fn block(p: *const u8, blk: &[u8]) -> (__m256i, f32, f32);
+    /// `v` of chunk `ch` of a row of `k` elements at `row`.
+    unsafe fn scales(row: *const u8, k: usize, ch: usize) -> __m512;
+    /// `u` of step `s`; `half`: only its first 32-element block lies in the row (the upper 32 bytes are
+    /// then any value: the inputs are 0 there).
+    unsafe fn weights(row: *const u8, s: usize, half: bool) -> __m512i;
 }
 
-impl<T: Block32> Decode for T {
-    const HAS_MIN: bool = T::HAS_MIN;
-    #[inline(always)]
-    unsafe fn decode(row: &[u8], k: usize, s: usize) -> Decoded {
-        let first = 2 * s;
-        let p = row.as_ptr().add(first * T::BYTES);
-        let (u0, a0, b0) = T::block(p, &row[first * T::BYTES..]);
-        let (u1, a1, b1) = if first + 1 < k / 32 {
-            T::block(p.add(T::BYTES), &row[(first + 1) * T::BYTES..])
-        } else {
-            (_mm256_setzero_si256(), 0.0, 0.0)
-        };
-        (join(u0, u1), halves(a0, a1), halves(b0, b1))
+/// The gather offsets of eight consecutive blocks.
+#[inline(always)]
+unsafe fn block_offsets<F: Format>() -> __m256i {
+    let b = F::BYTES as i32;
+    _mm256_setr_epi32(0, b, 2 * b, 3 * b, 4 * b, 5 * b, 6 * b, 7 * b)
+}
+
+/// The chunk scales of a 32-element-block format: the f16 `d` (and `m`) at the start of each block.
+#[inline(always)]
+unsafe fn small_scales<F: Format>(row: *const u8, k: usize, ch: usize) -> __m512 {
+    let first = 8 * ch;
+    let blocks = (k / 32 - first).min(8);
+    let mask = (((1u32 << blocks) - 1) & 0xFF) as __mmask8;
+    let words = _mm256_mmask_i32gather_epi32::<1>(
+        _mm256_setzero_si256(),
+        mask,
+        block_offsets::<F>(),
+        row.add(first * F::BYTES) as *const i32,
+    );
+    if F::MIN {
+        // [d0, m0, d1, m1, ...] -> [d0..d8, m0..m8]
+        let dm = _mm512_cvtph_ps(words);
+        let idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+        _mm512_permutexvar_ps(idx, dm)
+    } else {
+        _mm512_zextps256_ps512(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(words)))
     }
+}
+
+/// 16 packed nibbles at `p` and `p2` -> 64 bytes [low, high nibbles of p; low, high nibbles of p2].
+#[inline(always)]
+unsafe fn nibbles2x16(p: *const u8, p2: *const u8) -> __m512i {
+    let x = _mm512_broadcast_i32x4(_mm_loadu_si128(p as *const __m128i));
+    let x = _mm512_mask_broadcast_i32x4(x, 0xFF00, _mm_loadu_si128(p2 as *const __m128i));
+    let four = 0x0004_0004_0004_0004;
+    let shift = _mm512_setr_epi64(0, 0, four, four, 0, 0, four, four);
+    _mm512_and_si512(_mm512_srlv_epi16(x, shift), _mm512_set1_epi8(0x0F))
+}
+
+/// 32 packed nibbles at `p` -> 64 bytes [low nibbles, high nibbles].
+#[inline(always)]
+unsafe fn nibbles32(p: *const u8) -> __m512i {
+    let x = _mm512_broadcast_i64x4(_mm256_loadu_si256(p as *const __m256i));
+    let shift = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF_0000, 4);
+    _mm512_and_si512(_mm512_srlv_epi16(x, shift), _mm512_set1_epi8(0x0F))
 }
 
 struct Q8_0;
-impl Block32 for Q8_0 {
+impl Format for Q8_0 {
+    const OFFSET: bool = true;
+    const MIN: bool = false;
+    const SMALL: bool = true;
     const BYTES: usize = 34;
-    const HAS_MIN: bool = false;
     #[inline(always)]
-    unsafe fn block(p: *const u8, blk: &[u8]) -> (__m256i, f32, f32) {
-        (
-            _mm256_loadu_si256(p.add(2) as *const __m256i),
-            f16_at(blk, 0),
-            0.0,
-        )
+    unsafe fn scales(row: *const u8, k: usize, ch: usize) -> __m512 {
+        small_scales::<Self>(row, k, ch)
+    }
+    #[inline(always)]
+    unsafe fn weights(row: *const u8, s: usize, half: bool) -> __m512i {
+        let p = row.add(2 * s * Self::BYTES + 2);
+        let lo = _mm512_zextsi256_si512(_mm256_loadu_si256(p as *const __m256i));
+        let w = if half {
+            lo
+        } else {
+            let hi = _mm256_loadu_si256(p.add(Self::BYTES) as *const __m256i);
+            _mm512_inserti64x4::<1>(lo, hi)
+        };
+        _mm512_xor_si512(w, _mm512_set1_epi8(0x80u8 as i8))
     }
 }
 
-struct Q4_0;
-impl Block32 for Q4_0 {
-    const BYTES: usize = 18;
-    const HAS_MIN: bool = false;
+/// Q4_0 (qs at byte 2) and Q4_1 (at 4).
+struct Q4<const AT: usize, const MIN: bool>;
+impl<const AT: usize, const MIN: bool> Format for Q4<AT, MIN> {
+    const OFFSET: bool = !MIN;
+    const MIN: bool = MIN;
+    const SMALL: bool = true;
+    const BYTES: usize = AT + 16;
     #[inline(always)]
-    unsafe fn block(p: *const u8, blk: &[u8]) -> (__m256i, f32, f32) {
-        let u = nibbles16(p.add(2));
-        (_mm256_sub_epi8(u, _mm256_set1_epi8(8)), f16_at(blk, 0), 0.0)
+    unsafe fn scales(row: *const u8, k: usize, ch: usize) -> __m512 {
+        small_scales::<Self>(row, k, ch)
+    }
+    #[inline(always)]
+    unsafe fn weights(row: *const u8, s: usize, half: bool) -> __m512i {
+        let p = row.add(2 * s * Self::BYTES + AT);
+        nibbles2x16(p, if half { p } else { p.add(Self::BYTES) })
     }
 }
 
-struct Q4_1;
-impl Block32 for Q4_1 {
-    const BYTES: usize = 20;
-    const HAS_MIN: bool = true;
+/// Q5_0 (qh at byte 2) and Q5_1 (at 4): nibbles with the fifth bit of element j at bit j of `qh`.
+struct Q5<const AT: usize, const MIN: bool>;
+impl<const AT: usize, const MIN: bool> Format for Q5<AT, MIN> {
+    const OFFSET: bool = !MIN;
+    const MIN: bool = MIN;
+    const SMALL: bool = true;
+    const BYTES: usize = AT + 20;
     #[inline(always)]
-    unsafe fn block(p: *const u8, blk: &[u8]) -> (__m256i, f32, f32) {
-        (nibbles16(p.add(4)), f16_at(blk, 0), f16_at(blk, 2))
+    unsafe fn scales(row: *const u8, k: usize, ch: usize) -> __m512 {
+        small_scales::<Self>(row, k, ch)
+    }
+    #[inline(always)]
+    unsafe fn weights(row: *const u8, s: usize, half: bool) -> __m512i {
+        let p = row.add(2 * s * Self::BYTES + AT);
+        let p2 = if half { p } else { p.add(Self::BYTES) };
+        let u = nibbles2x16(p.add(4), p2.add(4));
+        let qh0 = (p as *const u32).read_unaligned() as u64;
+        let qh1 = if half {
+            0
+        } else {
+            (p2 as *const u32).read_unaligned() as u64
+        };
+        _mm512_mask_add_epi8(u, qh0 | qh1 << 32, u, _mm512_set1_epi8(0x10))
     }
 }
 
-/// Q5_0 / Q5_1: nibbles with the fifth bit of element j at bit j of the u32 `qh`.
+/// A Q4_K / Q5_K super-block's scales: `[d · sc_j, -dmin · m_j]`.
 #[inline(always)]
-unsafe fn five_bits(p_qh: *const u8) -> __m256i {
-    let qh = (p_qh as *const u32).read_unaligned();
-    let v = nibbles16(p_qh.add(4));
-    _mm256_or_si256(v, _mm256_maskz_mov_epi8(qh, _mm256_set1_epi8(0x10)))
-}
-
-struct Q5_0;
-impl Block32 for Q5_0 {
-    const BYTES: usize = 22;
-    const HAS_MIN: bool = false;
-    #[inline(always)]
-    unsafe fn block(p: *const u8, blk: &[u8]) -> (__m256i, f32, f32) {
-        let u = five_bits(p.add(2));
-        (
-            _mm256_sub_epi8(u, _mm256_set1_epi8(16)),
-            f16_at(blk, 0),
-            0.0,
-        )
-    }
-}
-
-struct Q5_1;
-impl Block32 for Q5_1 {
-    const BYTES: usize = 24;
-    const HAS_MIN: bool = true;
-    #[inline(always)]
-    unsafe fn block(p: *const u8, blk: &[u8]) -> (__m256i, f32, f32) {
-        (five_bits(p.add(4)), f16_at(blk, 0), f16_at(blk, 2))
-    }
-}
-
-/// Q4_K / Q5_K step `c` of a super-block: a, b of sub-blocks 2c and 2c+1.
-#[inline(always)]
-unsafe fn k4_scales(blk: &[u8], c: usize) -> (__m512, __m512) {
-    let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
-    let scales = &blk[4..16];
-    let (s0, m0) = scale_min_k4(2 * c, scales);
-    let (s1, m1) = scale_min_k4(2 * c + 1, scales);
-    (
-        halves(d * s0 as f32, d * s1 as f32),
-        halves(-(dmin * m0 as f32), -(dmin * m1 as f32)),
-    )
+unsafe fn k4_scales(blk: *const u8) -> __m512 {
+    let sm = scales_mins_k4(&*(blk.add(4) as *const [u8; 12]));
+    let ints = _mm512_cvtepu8_epi32(_mm_loadu_si128(sm.as_ptr() as *const __m128i));
+    let dm = (blk as *const u32).read_unaligned() ^ 0x8000_0000; // [d, -dmin] as f16
+    let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(dm as i32));
+    let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    let dm = _mm512_permutexvar_ps(idx, _mm512_zextps128_ps512(dm));
+    _mm512_mul_ps(dm, _mm512_cvtepi32_ps(ints))
 }
 
 struct Q4K;
-impl Decode for Q4K {
-    const HAS_MIN: bool = true;
+impl Format for Q4K {
+    const OFFSET: bool = false;
+    const MIN: bool = true;
+    const SMALL: bool = false;
+    const BYTES: usize = 144;
     #[inline(always)]
-    unsafe fn decode(row: &[u8], _k: usize, s: usize) -> Decoded {
+    unsafe fn scales(row: *const u8, _k: usize, ch: usize) -> __m512 {
+        k4_scales(row.add(ch * Self::BYTES))
+    }
+    #[inline(always)]
+    unsafe fn weights(row: *const u8, s: usize, _half: bool) -> __m512i {
         let (sb, c) = (s / 4, s % 4);
-        let blk = &row[sb * 144..sb * 144 + 144];
-        let (lo, hi) = nibbles32(blk.as_ptr().add(16 + 32 * c));
-        let (a, b) = k4_scales(blk, c);
-        (join(lo, hi), a, b)
+        nibbles32(row.add(sb * Self::BYTES + 16 + 32 * c))
     }
 }
 
 struct Q5K;
-impl Decode for Q5K {
-    const HAS_MIN: bool = true;
+impl Format for Q5K {
+    const OFFSET: bool = false;
+    const MIN: bool = true;
+    const SMALL: bool = false;
+    const BYTES: usize = 176;
     #[inline(always)]
-    unsafe fn decode(row: &[u8], _k: usize, s: usize) -> Decoded {
+    unsafe fn scales(row: *const u8, _k: usize, ch: usize) -> __m512 {
+        k4_scales(row.add(ch * Self::BYTES))
+    }
+    #[inline(always)]
+    unsafe fn weights(row: *const u8, s: usize, _half: bool) -> __m512i {
         let (sb, c) = (s / 4, s % 4);
-        let blk = &row[sb * 176..sb * 176 + 176];
-        let (lo, hi) = nibbles32(blk.as_ptr().add(48 + 32 * c));
-        let qh = _mm256_loadu_si256(blk.as_ptr().add(16) as *const __m256i);
-        let bit = _mm256_set1_epi8(0x10);
-        let m_lo = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((1u8 << (2 * c)) as i8));
-        let m_hi = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((1u8 << (2 * c + 1)) as i8));
-        let lo = _mm256_or_si256(lo, _mm256_maskz_mov_epi8(m_lo, bit));
-        let hi = _mm256_or_si256(hi, _mm256_maskz_mov_epi8(m_hi, bit));
-        let (a, b) = k4_scales(blk, c);
-        (join(lo, hi), a, b)
+        let blk = row.add(sb * Self::BYTES);
+        let u = nibbles32(blk.add(48 + 32 * c));
+        let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.add(16) as *const __m256i));
+        // bit 2c of qh[l] is bit 4 of element l, bit 2c + 1 that of element l + 32.
+        let sel = _mm512_mask_set1_epi8(
+            _mm512_set1_epi8((1u8 << (2 * c)) as i8),
+            0xFFFF_FFFF_0000_0000,
+            (1u8 << (2 * c + 1)) as i8,
+        );
+        let bits = _mm512_test_epi8_mask(qh, sel);
+        _mm512_mask_add_epi8(u, bits, u, _mm512_set1_epi8(0x10))
     }
 }
 
 struct Q6K;
-impl Decode for Q6K {
-    const HAS_MIN: bool = false;
+impl Format for Q6K {
+    const OFFSET: bool = true;
+    const MIN: bool = false;
+    const SMALL: bool = false;
+    const SIXTEEN: bool = true;
+    const BYTES: usize = 210;
     #[inline(always)]
-    unsafe fn decode(row: &[u8], _k: usize, s: usize) -> Decoded {
+    unsafe fn scales(row: *const u8, _k: usize, ch: usize) -> __m512 {
+        let blk = row.add(ch * Self::BYTES);
+        let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(192) as *const __m128i));
+        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(
+            (blk.add(208) as *const u16).read_unaligned() as i32,
+        ));
+        _mm512_mul_ps(_mm512_broadcastss_ps(d), _mm512_cvtepi32_ps(sc))
+    }
+    #[inline(always)]
+    unsafe fn weights(row: *const u8, s: usize, _half: bool) -> __m512i {
         let (sb, c) = (s / 4, s % 4);
-        let blk = &row[sb * 210..sb * 210 + 210];
-        let h = c / 2;
-        let p = blk.as_ptr();
-        let x0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
-        let x1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
-        let vh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
-        let m4 = _mm256_set1_epi8(0x0F);
-        let (q0, q1) = if c % 2 == 1 {
-            (
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(x0), m4),
-                    _mm256_and_si256(vh, _mm256_set1_epi8(0x30)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(x1), m4),
-                    _mm256_srli_epi16::<2>(_mm256_and_si256(vh, _mm256_set1_epi8(0xC0u8 as i8))),
-                ),
-            )
+        let (h, odd) = (c / 2, c % 2 == 1);
+        let blk = row.add(sb * Self::BYTES);
+        let ql = _mm512_loadu_si512(blk.add(64 * h) as *const _);
+        let qh =
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.add(128 + 32 * h) as *const __m256i));
+        // Element l: nibble of ql[l] | bits (shift, shift+1) of qh[l] at 4; element l + 32: nibble of
+        // ql[l + 32] | bits (shift+2, shift+3) of qh[l] at 4 (shift = 0, or 4 for an odd step).
+        let (lo, hi) = if odd {
+            let lo = _mm512_srli_epi16::<4>(ql);
+            let by = _mm512_mask_set1_epi16(_mm512_setzero_si512(), 0xFFFF_0000, 2);
+            (lo, _mm512_srlv_epi16(qh, by))
         } else {
-            (
-                _mm256_or_si256(
-                    _mm256_and_si256(x0, m4),
-                    _mm256_slli_epi16::<4>(_mm256_and_si256(vh, _mm256_set1_epi8(0x03))),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(x1, m4),
-                    _mm256_slli_epi16::<2>(_mm256_and_si256(vh, _mm256_set1_epi8(0x0C))),
-                ),
-            )
+            let by = _mm512_mask_set1_epi16(_mm512_set1_epi16(4), 0xFFFF_0000, 2);
+            (ql, _mm512_sllv_epi16(qh, by))
         };
-        let sc4 = (p.add(192 + 4 * c) as *const i32).read_unaligned();
-        let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_cvtsi32_si128(sc4)));
-        let a = _mm512_mul_ps(_mm512_set1_ps(f16_at(blk, 208)), sc);
-        let spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-        (
-            _mm512_sub_epi8(join(q0, q1), _mm512_set1_epi8(32)),
-            _mm512_permutexvar_ps(spread, a),
-            _mm512_setzero_ps(),
-        )
+        let lo = _mm512_and_si512(lo, _mm512_set1_epi8(0x0F));
+        // lo | (hi & 0x30)
+        _mm512_ternarylogic_epi32::<0xF8>(lo, hi, _mm512_set1_epi8(0x30))
     }
 }
 
-/// res[r, i] = w[first + r] · x[i] for `rows` weight rows from `first` ([rows, n], row stride n).
+/// The lane scales of step `c` of a chunk: `v[2c + l / 8]` (Q6_K: `v[4c + l / 4]`).
+#[inline(always)]
+unsafe fn lane_scales<F: Format>(v: __m512, c: usize) -> __m512 {
+    let l = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    let idx = if F::SIXTEEN {
+        let l4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        _mm512_add_epi32(l4, _mm512_set1_epi32(4 * c as i32))
+    } else {
+        _mm512_add_epi32(l, _mm512_set1_epi32(2 * c as i32))
+    };
+    _mm512_permutexvar_ps(idx, v)
+}
+
+/// out[i, j] = w[j] · x[i] for the `rows` weight rows j from `first`.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL/VNNI and F16C must be available ([`available`]); `w` holds rows `first..first + rows`
-/// and `xq` holds n = `res.len() / rows` rows.
+/// AVX-512 F/BW/VL/VNNI and F16C must be available ([`available`]); `out` has room for these rows and
+/// `xq.n` inputs, and no other thread accesses their elements.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,f16c")]
 pub(crate) unsafe fn dot_block(
     w: &QuantMatrix,
     first: usize,
     rows: usize,
     xq: &QuantizedRows,
-    res: &mut [f32],
+    out: Out,
 ) {
-    let n = res.len() / rows.max(1);
+    let (k, kp, n) = (w.cols(), xq.kp, xq.n);
     assert!(
-        first + rows <= w.rows() && res.len() == rows * n && xq.q.len() >= n * xq.kp,
+        first + rows <= w.rows()
+            && kp == k.next_multiple_of(STEP)
+            && xq.chunks * CHUNK_STEPS * STEP >= kp
+            && xq.q.len() >= n * kp
+            && xq.dx.len() >= n * kp / 4
+            && xq.init.len() >= n * kp / 4
+            && xq.dxs.len() >= n * 8 * xq.chunks,
         "quant avx512: rows or inputs outside their shapes"
     );
     match w.format() {
-        QuantFormat::Q4_0 => tiles::<Q4_0>(w, first, rows, xq, res),
-        QuantFormat::Q4_1 => tiles::<Q4_1>(w, first, rows, xq, res),
-        QuantFormat::Q5_0 => tiles::<Q5_0>(w, first, rows, xq, res),
-        QuantFormat::Q5_1 => tiles::<Q5_1>(w, first, rows, xq, res),
-        QuantFormat::Q8_0 => tiles::<Q8_0>(w, first, rows, xq, res),
-        QuantFormat::Q4K => tiles::<Q4K>(w, first, rows, xq, res),
-        QuantFormat::Q5K => tiles::<Q5K>(w, first, rows, xq, res),
-        QuantFormat::Q6K => tiles::<Q6K>(w, first, rows, xq, res),
+        QuantFormat::Q4_0 => tiles::<Q4<2, false>>(w, first, rows, xq, out),
+        QuantFormat::Q4_1 => tiles::<Q4<4, true>>(w, first, rows, xq, out),
+        QuantFormat::Q5_0 => tiles::<Q5<2, false>>(w, first, rows, xq, out),
+        QuantFormat::Q5_1 => tiles::<Q5<4, true>>(w, first, rows, xq, out),
+        QuantFormat::Q8_0 => tiles::<Q8_0>(w, first, rows, xq, out),
+        QuantFormat::Q4K => tiles::<Q4K>(w, first, rows, xq, out),
+        QuantFormat::Q5K => tiles::<Q5K>(w, first, rows, xq, out),
+        QuantFormat::Q6K => tiles::<Q6K>(w, first, rows, xq, out),
     }
 }
 
 /// Covers the block with micro-tiles: 4 weight rows x 1 input for single rows (four independent
-/// accumulator chains), 2 weight rows x up to 6 inputs otherwise; leftover rows one at a time.
+/// accumulator chains), 2 weight rows x up to 8 inputs otherwise; leftover rows one at a time.
 #[inline(always)]
-unsafe fn tiles<D: Decode>(
+unsafe fn tiles<F: Format>(
     w: &QuantMatrix,
     first: usize,
     rows: usize,
     xq: &QuantizedRows,
-    res: &mut [f32],
+    out: Out,
 ) {
-    let n = res.len() / rows;
-    let mut r = 0;
-    if n == 1 {
-        while r + 4 <= rows {
-            tile::<D, 4, 1>(w, first + r, xq, 0, n, &mut res[r * n..]);
+    let end = first + rows;
+    let mut r = first;
+    if xq.n == 1 {
+        while r + 4 <= end {
+            tile::<F, 4, 1>(w, r, xq, 0, out);
             r += 4;
         }
     } else {
-        while r + 2 <= rows {
-            inputs::<D, 2>(w, first + r, xq, n, &mut res[r * n..]);
+        while r + 2 <= end {
+            inputs::<F, 2>(w, r, xq, out);
             r += 2;
         }
     }
-    while r < rows {
-        inputs::<D, 1>(w, first + r, xq, n, &mut res[r * n..]);
+    while r < end {
+        inputs::<F, 1>(w, r, xq, out);
         r += 1;
     }
 }
 
-/// R weight rows against all n inputs, in groups of up to 6.
+/// R weight rows against all n inputs, in groups of up to 8 (as even as they come).
 #[inline(always)]
-unsafe fn inputs<D: Decode, const R: usize>(
+unsafe fn inputs<F: Format, const R: usize>(
     w: &QuantMatrix,
     row: usize,
     xq: &QuantizedRows,
-    n: usize,
-    res: &mut [f32],
+    out: Out,
 ) {
+    let n = xq.n;
     let mut i0 = 0;
-    while i0 < n {
-        let g = (n - i0).min(6);
+    for left in (1..=n.div_ceil(8)).rev() {
+        let g = (n - i0).div_ceil(left);
         match g {
-            1 => tile::<D, R, 1>(w, row, xq, i0, n, res),
-            2 => tile::<D, R, 2>(w, row, xq, i0, n, res),
-            3 => tile::<D, R, 3>(w, row, xq, i0, n, res),
-            4 => tile::<D, R, 4>(w, row, xq, i0, n, res),
-            5 => tile::<D, R, 5>(w, row, xq, i0, n, res),
-            _ => tile::<D, R, 6>(w, row, xq, i0, n, res),
+            1 => tile::<F, R, 1>(w, row, xq, i0, out),
+            2 => tile::<F, R, 2>(w, row, xq, i0, out),
+            3 => tile::<F, R, 3>(w, row, xq, i0, out),
+            4 => tile::<F, R, 4>(w, row, xq, i0, out),
+            5 => tile::<F, R, 5>(w, row, xq, i0, out),
+            6 => tile::<F, R, 6>(w, row, xq, i0, out),
+            7 => tile::<F, R, 7>(w, row, xq, i0, out),
+            _ => tile::<F, R, 8>(w, row, xq, i0, out),
         }
         i0 += g;
     }
 }
 
-/// Weight rows `row..row + R` x inputs `i0..i0 + G`: res[r * n + i0 + g].
+/// Weight rows `row..row + R` x inputs `i0..i0 + G`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // g indexes the accumulators and the inputs
-unsafe fn tile<D: Decode, const R: usize, const G: usize>(
+unsafe fn tile<F: Format, const R: usize, const G: usize>(
     w: &QuantMatrix,
     row: usize,
     xq: &QuantizedRows,
     i0: usize,
-    n: usize,
-    res: &mut [f32],
+    out: Out,
 ) {
-    let (k, kp, lanes) = (w.cols(), xq.kp, xq.kp / 4);
-    let mut rows: [&[u8]; R] = [&[]; R];
-    for (r, slot) in rows.iter_mut().enumerate() {
-        *slot = w.row(row + r);
+    let (k, kp) = (w.cols(), xq.kp);
+    let steps = kp / STEP;
+    let mut rows = [std::ptr::null::<u8>(); R];
+    for (r, p) in rows.iter_mut().enumerate() {
+        *p = w.row(row + r).as_ptr();
     }
     let mut acc = [[_mm512_setzero_ps(); G]; R];
-    let bias = _mm512_set1_epi8(0x80u8 as i8);
-    for s in 0..kp / STEP {
-        // Signed weights, scales, minimum terms, and -128 · Σ w per lane (the +128 of the inputs).
-        let zero = (
-            _mm512_setzero_si512(),
-            _mm512_setzero_ps(),
-            _mm512_setzero_ps(),
-            _mm512_setzero_si512(),
-        );
-        let mut dec = [zero; R];
-        for (slot, row) in dec.iter_mut().zip(rows) {
-            let (ws, a, b) = D::decode(row, k, s);
-            let corr = _mm512_sub_epi32(
-                _mm512_setzero_si512(),
-                _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, ws),
-            );
-            *slot = (ws, a, b, corr);
+    for ch in 0..xq.chunks {
+        let mut v = [_mm512_setzero_ps(); R];
+        for (v, &p) in v.iter_mut().zip(&rows) {
+            *v = F::scales(p, k, ch);
         }
-        for g in 0..G {
-            let i = i0 + g;
-            let q = _mm512_loadu_si512(xq.q.as_ptr().add(i * kp + s * STEP) as *const _);
-            let xu = _mm512_xor_si512(q, bias); // q + 128, unsigned
-            let at = i * lanes + s * LANES;
-            let dx = _mm512_loadu_ps(xq.dx.as_ptr().add(at));
-            let dxs = if D::HAS_MIN {
-                _mm512_loadu_ps(xq.dxs.as_ptr().add(at))
-            } else {
-                _mm512_setzero_ps()
-            };
-            for (r, (ws, a, b, corr)) in dec.iter().enumerate() {
-                // Σ (q + 128) · w - 128 · Σ w = Σ q · w, exactly.
-                let isum = _mm512_dpbusd_epi32(*corr, xu, *ws);
-                let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), dx);
-                acc[r][g] = _mm512_fmadd_ps(t, *a, acc[r][g]);
-                if D::HAS_MIN {
-                    acc[r][g] = _mm512_fmadd_ps(*b, dxs, acc[r][g]);
+        let s0 = ch * CHUNK_STEPS;
+        if s0 + CHUNK_STEPS <= steps && (!F::SMALL || 2 * (s0 + CHUNK_STEPS) <= k / 32) {
+            for c in 0..CHUNK_STEPS {
+                step::<F, R, G>(&rows, &v, s0 + c, c, false, xq, i0, &mut acc);
+            }
+        } else {
+            for c in 0..(steps - s0).min(CHUNK_STEPS) {
+                let half = F::SMALL && 2 * (s0 + c) + 1 >= k / 32;
+                step::<F, R, G>(&rows, &v, s0 + c, c, half, xq, i0, &mut acc);
+            }
+        }
+        if F::MIN {
+            for g in 0..G {
+                let p = xq.dxs.as_ptr().add(((i0 + g) * xq.chunks + ch) * 8);
+                let dxs =
+                    _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(p as *const f64)));
+                for r in 0..R {
+                    acc[r][g] = _mm512_mask3_fmadd_ps(v[r], dxs, acc[r][g], 0xFF00);
                 }
             }
         }
     }
     for (r, acc) in acc.iter().enumerate() {
         for (g, &acc) in acc.iter().enumerate() {
-            res[r * n + i0 + g] = reduce(acc);
+            out.set(i0 + g, row + r, reduce(acc));
+        }
+    }
+}
+
+/// Step `s` (step `c` of its chunk, of scales `v`) of R rows against G inputs.
+#[inline(always)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+unsafe fn step<F: Format, const R: usize, const G: usize>(
+    rows: &[*const u8; R],
+    v: &[__m512; R],
+    s: usize,
+    c: usize,
+    half: bool,
+    xq: &QuantizedRows,
+    i0: usize,
+    acc: &mut [[__m512; G]; R],
+) {
+    let (kp, lanes) = (xq.kp, xq.kp / 4);
+    let mut u = [_mm512_setzero_si512(); R];
+    let mut a = [_mm512_setzero_ps(); R];
+    for r in 0..R {
+        u[r] = F::weights(rows[r], s, half);
+        a[r] = lane_scales::<F>(v[r], c);
+    }
+    for g in 0..G {
+        let i = i0 + g;
+        let q = _mm512_load_si512(xq.q.as_ptr().add(i * kp + s * STEP) as *const _);
+        let at = i * lanes + s * 16;
+        let dx = _mm512_load_ps(xq.dx.as_ptr().add(at));
+        let init = if F::OFFSET {
+            _mm512_load_si512(xq.init.as_ptr().add(at) as *const _)
+        } else {
+            _mm512_setzero_si512()
+        };
+        for r in 0..R {
+            let isum = _mm512_dpbusd_epi32(init, u[r], q);
+            let t = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), dx);
+            acc[r][g] = _mm512_fmadd_ps(t, a[r], acc[r][g]);
         }
     }
 }

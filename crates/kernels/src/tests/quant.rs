@@ -4,7 +4,10 @@
 //! output prefixes (batch invariance).
 
 use super::Rng;
-use crate::quant::{dequantize_row, linear_quant, linear_quant_portable, linear_quant_rows};
+use crate::quant::{
+    dequantize_row, linear_quant, linear_quant_path, linear_quant_portable, linear_quant_rows,
+    quant_simd_paths,
+};
 use crate::{QuantFormat, QuantMatrix};
 
 /// `rows` random rows of `k` elements in `format`: random bytes, with every f16 scale field set to a
@@ -100,8 +103,17 @@ fn the_integer_kernel_is_the_dot_product_within_the_input_quantization_bound() {
 
 #[test]
 fn every_path_row_count_and_prefix_gives_the_same_bits() {
-    // k = 352: eleven 32-blocks, so the last 64-element step is half empty.
-    for (format, k) in QuantFormat::ALL.map(|f| (f, if f.block_len() == 32 { 352 } else { 512 })) {
+    // k = 352: eleven 32-blocks, so the last 64-element step is half empty and the last 256-element chunk
+    // partial; 1056: four whole chunks and a single block; k-quants: two and three super-blocks.
+    let shapes = QuantFormat::ALL.into_iter().flat_map(|f| {
+        let ks = if f.block_len() == 32 {
+            [352, 1056]
+        } else {
+            [512, 768]
+        };
+        ks.map(|k| (f, k))
+    });
+    for (format, k) in shapes {
         let m = 45;
         let w = random_matrix(format, m, k, 3);
         let n = 19; // more than one input group of 8, and more than a verify block
@@ -112,6 +124,19 @@ fn every_path_row_count_and_prefix_gives_the_same_bits() {
         linear_quant_portable(&x, &w, n, &mut portable);
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&all), bits(&portable), "{}: paths", format.name());
+        for path in quant_simd_paths() {
+            // Every path, for one input (the decode tiles) and for all of them.
+            for rows in [1, n] {
+                let mut one = vec![0f32; rows * m];
+                linear_quant_path(path, &x[..rows * k], &w, rows, m, &mut one);
+                assert_eq!(
+                    bits(&one),
+                    bits(&portable[..rows * m]),
+                    "{} k={k}: the {path} path, {rows} inputs",
+                    format.name()
+                );
+            }
+        }
         for i in 0..n {
             let mut one = vec![0f32; m];
             linear_quant(&x[i * k..(i + 1) * k], &w, 1, &mut one);
