@@ -43,8 +43,8 @@ pub use norm::{l2_normalize_rows, rms_norm, rms_norm_inplace};
 pub use quant::{
     dequantize_row, linear_quant, linear_quant_rows, quant_simd_path, QuantFormat, QuantMatrix,
 };
-pub use quant::{quantize_matrix, quantize_row};
 #[doc(hidden)]
 pub use quant::{linear_quant_path, linear_quant_portable, quant_simd_paths};
+pub use quant::{quantize_matrix, quantize_row};
 pub use rope::{rope, rope_inv_freq, rope_with_inv_freq};
 pub use simd::simd_path;

@@ -144,7 +144,7 @@ impl QuantizedRows {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as above.
                 QuantIsa::Avx2 => unsafe { avx2::quantize_row(x, o, q, dx, init, dxs) },
-                QuantIsa::Portable => quantize_row(x, o, q, dx, init, dxs),
+                QuantIsa::Portable => quantize_input_row(x, o, q, dx, init, dxs),
             }
         };
         let parts = rows.q.chunks_mut(kp).zip(rows.dx.chunks_mut(lanes));
@@ -172,7 +172,7 @@ type RowBufs<'a> = (
 
 /// One input row `x` [k] (k a multiple of 32) into `q` [k], `dx`, `init` [k / 4], `dxs` [k / 32]: the
 /// reference the instruction-set paths reproduce (integer sums are exact; dxs is one rounded product).
-fn quantize_row(
+fn quantize_input_row(
     x: &[f32],
     o: i32,
     q: &mut [i8],

@@ -48,7 +48,7 @@
 use half::f16;
 use rayon::prelude::*;
 
-use super::formats::scale_min_k4;
+use super::formats::scales_mins_k4;
 use super::{QuantFormat, QuantMatrix};
 
 /// ggml's `GROUP_MAX_EPS`: a group whose largest magnitude is below this is all zero.
@@ -438,7 +438,9 @@ fn qk_k_scales(s: &Qkx2, x: &[f32], blk: &mut [u8]) -> [u8; 256] {
         .zip(levels.chunks_exact_mut(32))
         .enumerate()
     {
-        let (sc, m) = scale_min_k4(j, &blk[4..16]);
+        let packed: &[u8; 12] = blk[4..16].try_into().expect("12 packed scale bytes");
+        let scales_mins = scales_mins_k4(packed);
+        let (sc, m) = (scales_mins[j], scales_mins[8 + j]);
         let d = d_all * f32::from(sc);
         if d == 0.0 {
             continue; // keeps make_qkx2_quants' levels, as ggml does
