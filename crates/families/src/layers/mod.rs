@@ -74,12 +74,17 @@ impl Linear {
         if let Some(q) = t.store.quantized(&full, [out_dim, in_dim])? {
             let format = kernels::QuantFormat::from_name(q.ggml_type)
                 .expect("TensorStore::quantized hands out the kernels' formats only");
-            let w = kernels::QuantMatrix::new(format, q.data, out_dim, in_dim).map_err(|reason| {
-                LoadError::Gguf {
-                    path: t.store.path_of(&full).map(|p| p.to_path_buf()).unwrap_or_default(),
-                    reason: format!("tensor `{full}`: {reason}"),
-                }
-            })?;
+            let w =
+                kernels::QuantMatrix::new(format, q.data, out_dim, in_dim).map_err(|reason| {
+                    LoadError::Gguf {
+                        path: t
+                            .store
+                            .path_of(&full)
+                            .map(|p| p.to_path_buf())
+                            .unwrap_or_default(),
+                        reason: format!("tensor `{full}`: {reason}"),
+                    }
+                })?;
             let w = Weights::Quant {
                 w,
                 input_order: q.input_order,
