@@ -34,6 +34,7 @@ pub fn run(args: &InfoArgs) -> Result<()> {
 pub fn family_name(family: Family) -> &'static str {
     match family {
         Family::Qwen3 => "Qwen3 (dense attention)",
+        Family::Qwen3Moe => "Qwen3-MoE (dense attention, sparse MoE)",
         Family::Qwen35 => "Qwen3.5 (hybrid: Gated DeltaNet + gated full attention)",
         Family::Qwen3Next => "Qwen3-Next (hybrid: Gated DeltaNet + gated full attention, MoE)",
     }
@@ -224,14 +225,23 @@ pub fn describe(checkpoint: &Checkpoint) -> String {
         );
     }
     if let Some(m) = &c.moe {
+        let moe_layers = (0..c.num_hidden_layers)
+            .filter(|&i| m.is_moe_layer(i))
+            .count();
         line(
             "MoE",
             format!(
-                "{} experts, top {}, expert width {}, shared expert {}",
+                "{} experts, top {}{}, expert width {}, shared expert {}, on {moe_layers} of {} layers",
                 m.num_experts,
                 m.num_experts_per_tok,
+                if m.norm_topk_prob { " (renormalised)" } else { "" },
                 m.moe_intermediate_size,
-                m.shared_expert_intermediate_size
+                if m.shared_expert_intermediate_size > 0 {
+                    m.shared_expert_intermediate_size.to_string()
+                } else {
+                    "none".into()
+                },
+                c.num_hidden_layers
             ),
         );
     }

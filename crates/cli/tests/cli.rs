@@ -193,6 +193,28 @@ fn info_reports_family_layers_and_drafters() {
 }
 
 #[test]
+fn info_names_qwen3_moe_and_its_experts() {
+    let out = expect_success(&run(&["info", &fixture("qwen3_moe")]));
+    assert_eq!(
+        info_field(&out, "architecture"),
+        "Qwen3MoeForCausalLM",
+        "{out}"
+    );
+    assert!(info_field(&out, "family").starts_with("Qwen3-MoE"), "{out}");
+    assert_eq!(
+        info_field(&out, "MoE"),
+        "8 experts, top 2 (renormalised), expert width 16, shared expert none, on 3 of 3 layers"
+    );
+    assert_eq!(info_field(&out, "layers"), "3: 3 full attention");
+    assert_eq!(info_field(&out, "weights dtype"), "bf16");
+    let out = expect_success(&run(&["info", &fixture("qwen3_moe_mixed")]));
+    assert_eq!(
+        info_field(&out, "MoE"),
+        "8 experts, top 3, expert width 16, shared expert none, on 1 of 4 layers"
+    );
+}
+
+#[test]
 fn greedy_generate_matches_transformers_and_repeats() {
     let (prompt, greedy) = realtok_reference();
     let model = fixture("qwen3_realtok");

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use families::layers::gdn::{fused_projection_runs, FusedPart};
-use model_io::{Checkpoint, Family, LayerKind, ModelConfig, MoeConfig};
+use model_io::{Checkpoint, LayerKind, ModelConfig, MoeConfig};
 
 use crate::buf::DBuf;
 use crate::device::CudaDevice;
@@ -191,7 +191,7 @@ impl CudaModel {
         ck: &Checkpoint,
         opts: LoadOptions,
     ) -> Result<Self, CudaError> {
-        let zero_centred = !matches!(ck.config.family, Family::Qwen3);
+        let zero_centred = ck.config.family.zero_centred_norms();
         Self::build(dev, &ck.config, Source::Checkpoint(ck), opts, zero_centred)
     }
 
@@ -203,7 +203,7 @@ impl CudaModel {
         seed: u64,
         opts: LoadOptions,
     ) -> Result<Self, CudaError> {
-        let zero_centred = !matches!(config.family, Family::Qwen3);
+        let zero_centred = config.family.zero_centred_norms();
         let source = Source::Random { seed, zero_centred };
         Self::build(dev, config, source, opts, zero_centred)
     }

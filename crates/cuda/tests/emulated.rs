@@ -146,6 +146,14 @@ fn qwen3_next_matches_transformers_on_the_emulated_device() {
     check_fixture("qwen3_next");
 }
 
+/// Qwen3-MoE: Qwen3's plain norms and ungated attention, the sparse MoE without a shared expert on the
+/// layers its config picks (all, or those of decoder_sparse_step / mlp_only_layers), bf16 as stored.
+#[test]
+fn qwen3_moe_matches_transformers_on_the_emulated_device() {
+    check_fixture("qwen3_moe");
+    check_fixture("qwen3_moe_mixed");
+}
+
 #[test]
 fn real_vocabulary_bf16_model_matches_transformers() {
     let bytes = std::fs::read(fixture("qwen3_realtok").join("reference.safetensors")).unwrap();

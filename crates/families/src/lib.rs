@@ -38,11 +38,11 @@ pub fn load(ck: &Checkpoint) -> Result<Transformer, ModelError> {
         });
     }
     let t = Tensors::new(&ck.tensors, c.tensor_prefix.clone());
-    let zero_centred = !matches!(c.family, Family::Qwen3);
+    let zero_centred = c.family.zero_centred_norms();
     let mut layers = Vec::with_capacity(c.num_hidden_layers);
     for i in 0..c.num_hidden_layers {
         layers.push(match c.family {
-            Family::Qwen3 => qwen3::load_layer(&t, c, i)?,
+            Family::Qwen3 | Family::Qwen3Moe => qwen3::load_layer(&t, c, i)?,
             Family::Qwen35 | Family::Qwen3Next => hybrid::load_layer(&t, c, i)?,
         });
     }

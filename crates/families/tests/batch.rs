@@ -149,6 +149,12 @@ fn a_batch_gives_each_moe_sequence_its_own_forward() {
     check("qwen3_next", &fixture("qwen3_next"));
 }
 
+#[test]
+fn a_batch_gives_each_qwen3_moe_sequence_its_own_forward() {
+    check("qwen3_moe", &fixture("qwen3_moe"));
+    check("qwen3_moe_mixed", &fixture("qwen3_moe_mixed"));
+}
+
 /// The testbed's bf16 layers (AMX tiles where the CPU has them: one call for the whole batch).
 #[test]
 fn a_batch_gives_each_testbed_sequence_its_own_forward() {

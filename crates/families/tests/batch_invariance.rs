@@ -59,6 +59,13 @@ fn moe_rows_are_independent_of_batch_size() {
     check("qwen3_next");
 }
 
+/// Qwen3-MoE: bf16 experts, rows routed to different experts within one forward; and dense layers mixed in.
+#[test]
+fn qwen3_moe_rows_are_independent_of_batch_size() {
+    check("qwen3_moe");
+    check("qwen3_moe_mixed");
+}
+
 /// A tied checkpoint stored in bf16 (the testbed) gets a bf16 copy of its embeddings as the LM head (half
 /// the bytes a token streams) whose logits are the f32 embeddings': bit for bit in the row-major layout,
 /// to f32 rounding (1e-6 of the largest logit) on AMX tiles, which sum in another order.

@@ -140,6 +140,19 @@ fn qwen3_next_matches_transformers() {
     check_family("qwen3_next");
 }
 
+/// Qwen3-MoE as released (every layer MoE, renormalised top-2 of 8, untied, bf16 weights).
+#[test]
+fn qwen3_moe_matches_transformers() {
+    check_family("qwen3_moe");
+}
+
+/// Qwen3-MoE with dense layers (decoder_sparse_step 2, mlp_only_layers), unnormalised top-3, head_dim
+/// from hidden / heads.
+#[test]
+fn qwen3_moe_mixed_matches_transformers() {
+    check_family("qwen3_moe_mixed");
+}
+
 /// The real-vocabulary fixture stores the last row in full and the top-8 logits of every row (a full
 /// [89, 151936] table would be 54 MB).
 #[test]

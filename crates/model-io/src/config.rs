@@ -13,7 +13,8 @@
 //! `1 <= num_experts_per_tok <= num_experts`.
 //!
 //! One deliberate departure from transformers: `vocab_size`, `hidden_size`, `num_hidden_layers`,
-//! `num_attention_heads` (and `intermediate_size` for dense-MLP models) are required. Their class
+//! `num_attention_heads` (and `intermediate_size` for dense-MLP models, and for Qwen3-MoE models with a
+//! dense layer) are required. Their class
 //! defaults describe some other model (Qwen3-8B-like); `save_pretrained` always writes them, so a
 //! config without them is broken and naming the field beats a tensor-shape error later.
 
@@ -24,6 +25,11 @@ use serde_json::{Map, Value};
 use crate::json::{read_object, Fields};
 use crate::LoadError;
 
+mod moe;
+
+use moe::read_moe;
+pub use moe::MoeConfig;
+
 /// The largest `max_position_embeddings` accepted: 2^24 positions, 16x Qwen's longest context.
 pub const MAX_POSITIONS: usize = 1 << 24;
 
@@ -32,10 +38,25 @@ pub const MAX_POSITIONS: usize = 1 << 24;
 pub enum Family {
     /// Qwen3 dense: every layer full attention (q_norm/k_norm), dense SwiGLU MLP.
     Qwen3,
+    /// Qwen3-MoE: Qwen3's attention and norms, sparse MoE MLP (no shared expert) on the layers
+    /// `MoeConfig::is_moe_layer` selects, dense SwiGLU on the others.
+    Qwen3Moe,
     /// Qwen3.5 (and Qwen3.5-MoE, with `moe` set): hybrid GDN / gated full attention.
     Qwen35,
     /// Qwen3-Next: hybrid GDN (fused `in_proj_qkvz`/`in_proj_ba`) / gated attention, MoE MLP.
     Qwen3Next,
+}
+
+impl Family {
+    /// RMSNorms are `x̂·(1+w)` with zero-centred stored weights (Qwen3.5, Qwen3-Next); `x̂·w` otherwise.
+    pub fn zero_centred_norms(self) -> bool {
+        matches!(self, Family::Qwen35 | Family::Qwen3Next)
+    }
+
+    /// Qwen3's attention: full RoPE over the whole head, no output gate.
+    fn qwen3_attention(self) -> bool {
+        matches!(self, Family::Qwen3 | Family::Qwen3Moe)
+    }
 }
 
 /// The token mixer of one decoder layer.
@@ -54,32 +75,6 @@ pub struct LinearAttentionConfig {
     pub key_head_dim: usize,
     pub value_head_dim: usize,
     pub conv_kernel: usize,
-}
-
-/// Sparse MoE block sizes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MoeConfig {
-    pub num_experts: usize,
-    pub num_experts_per_tok: usize,
-    pub moe_intermediate_size: usize,
-    pub shared_expert_intermediate_size: usize,
-    /// Renormalise the top-k routing weights to sum to 1.
-    pub norm_topk_prob: bool,
-    pub decoder_sparse_step: usize,
-    pub mlp_only_layers: Vec<usize>,
-}
-
-impl MoeConfig {
-    /// transformers' rule (`Qwen3NextDecoderLayer`): layer `i` has the sparse MoE block iff
-    /// `i not in mlp_only_layers and num_experts > 0 and (i + 1) % decoder_sparse_step == 0`;
-    /// otherwise it has a dense MLP of `intermediate_size`.
-    pub fn is_moe_layer(&self, layer: usize) -> bool {
-        let on_step = layer
-            .checked_add(1)
-            .and_then(|n| n.checked_rem(self.decoder_sparse_step))
-            == Some(0);
-        !self.mlp_only_layers.contains(&layer) && self.num_experts > 0 && on_step
-    }
 }
 
 /// Everything the families need from `config.json`, with transformers' defaults applied.
@@ -118,12 +113,12 @@ pub struct ModelConfig {
 }
 
 /// How an architecture lays out its config and tensors.
-struct ArchSpec {
+pub(super) struct ArchSpec {
     architecture: &'static str,
     model_type: &'static str,
     /// `model_type` of the text sub-config (equal to `model_type` when there is no sub-config).
     text_model_type: &'static str,
-    family: Family,
+    pub(super) family: Family,
     moe: bool,
     composite: bool,
 }
@@ -135,6 +130,14 @@ const ARCHS: &[ArchSpec] = &[
         text_model_type: "qwen3",
         family: Family::Qwen3,
         moe: false,
+        composite: false,
+    },
+    ArchSpec {
+        architecture: "Qwen3MoeForCausalLM",
+        model_type: "qwen3_moe",
+        text_model_type: "qwen3_moe",
+        family: Family::Qwen3Moe,
+        moe: true,
         composite: false,
     },
     ArchSpec {
@@ -179,7 +182,7 @@ const ARCHS: &[ArchSpec] = &[
     },
 ];
 
-const SUPPORTED: &str = "Qwen3ForCausalLM, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, \
+const SUPPORTED: &str = "Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, \
                          Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration, Qwen3NextForCausalLM";
 
 /// Class defaults of the transformers config classes (configuration_qwen3*.py, v5.17).
@@ -189,11 +192,18 @@ struct Defaults {
     partial_rotary_factor: f64,
 }
 
-fn defaults(spec: &ArchSpec) -> Defaults {
+/// `hidden_size` and `num_attention_heads` are validated positive before this is called.
+fn defaults(spec: &ArchSpec, hidden_size: usize, num_attention_heads: usize) -> Defaults {
     match (spec.family, spec.moe) {
         (Family::Qwen3, _) => Defaults {
             num_key_value_heads: 32,
             head_dim: 128,
+            partial_rotary_factor: 1.0,
+        },
+        // Qwen3MoeConfig has no head_dim field: the attention takes hidden_size // num_attention_heads.
+        (Family::Qwen3Moe, _) => Defaults {
+            num_key_value_heads: 4,
+            head_dim: hidden_size / num_attention_heads,
             partial_rotary_factor: 1.0,
         },
         (Family::Qwen35, false) => Defaults {
@@ -272,7 +282,6 @@ impl ModelConfig {
                 }
             }
         }
-        let d = defaults(spec);
 
         let vocab_size = positive(&text, "vocab_size", text.usize_required("vocab_size")?)?;
         let hidden_size = positive(&text, "hidden_size", text.usize_required("hidden_size")?)?;
@@ -286,11 +295,15 @@ impl ModelConfig {
             "num_attention_heads",
             text.usize_required("num_attention_heads")?,
         )?;
+        let d = defaults(spec, hidden_size, num_attention_heads);
         // Qwen3_5Moe has no dense MLP; everything else needs its width.
         let intermediate_size = if spec.family == Family::Qwen35 && spec.moe {
             text.usize_or("intermediate_size", 0)?
         } else if spec.family == Family::Qwen3Next {
             text.usize_or("intermediate_size", 5632)?
+        } else if spec.family == Family::Qwen3Moe {
+            // Only its dense layers use it: required below when there are any.
+            text.usize_or("intermediate_size", 6144)?
         } else {
             positive(
                 &text,
@@ -340,6 +353,16 @@ impl ModelConfig {
         } else {
             None
         };
+        let dense_layer =
+            (0..num_hidden_layers).any(|i| !moe.as_ref().is_some_and(|m| m.is_moe_layer(i)));
+        if spec.family == Family::Qwen3Moe && dense_layer {
+            // Its dense MLP layers need their width: required, as for a dense model (module doc).
+            positive(
+                &text,
+                "intermediate_size",
+                text.usize_required("intermediate_size")?,
+            )?;
+        }
         let mtp_num_hidden_layers = match text.opt_usize("mtp_num_hidden_layers")? {
             Some(n) => n,
             None => top.usize_or("mtp_num_hidden_layers", 0)?,
@@ -370,7 +393,7 @@ impl ModelConfig {
             max_position_embeddings,
             tie_word_embeddings,
             attention_bias,
-            attn_output_gate: spec.family != Family::Qwen3,
+            attn_output_gate: !spec.family.qwen3_attention(),
             layer_types,
             linear,
             moe,
@@ -426,7 +449,7 @@ fn resolve_architecture(top: &Fields<'_>) -> Result<&'static ArchSpec, LoadError
     Ok(spec)
 }
 
-fn positive(f: &Fields<'_>, field: &str, value: usize) -> Result<usize, LoadError> {
+pub(super) fn positive(f: &Fields<'_>, field: &str, value: usize) -> Result<usize, LoadError> {
     if value == 0 {
         return Err(f.invalid(field, "must be positive, found 0"));
     }
@@ -504,8 +527,9 @@ fn read_rope(text: &Fields<'_>, spec: &ArchSpec, d: &Defaults) -> Result<Rope, L
                 .unwrap_or(d.partial_rotary_factor),
         ),
     };
-    // Qwen3's compute_default_rope_parameters rotates the whole head whatever the config says.
-    let factor = if spec.family == Family::Qwen3 {
+    // Qwen3's (and Qwen3-MoE's) compute_default_rope_parameters rotates the whole head whatever the
+    // config says.
+    let factor = if spec.family.qwen3_attention() {
         1.0
     } else {
         factor
@@ -535,8 +559,10 @@ fn read_layer_types(
     spec: &ArchSpec,
     num_hidden_layers: usize,
 ) -> Result<Vec<LayerKind>, LoadError> {
-    if spec.family == Family::Qwen3 {
-        return qwen3_layer_types(text, num_hidden_layers);
+    match spec.family {
+        Family::Qwen3 => return qwen3_layer_types(text, num_hidden_layers),
+        Family::Qwen3Moe => return qwen3_moe_layer_types(text, num_hidden_layers),
+        Family::Qwen35 | Family::Qwen3Next => {}
     }
     let kinds = match text.opt_str_list("layer_types")? {
         Some(names) => names
@@ -626,6 +652,30 @@ fn qwen3_layer_types(
         .collect()
 }
 
+/// Qwen3MoeConfig: no `layer_types`; with `use_sliding_window` and a non-null `sliding_window`
+/// (class default 4096) every layer slides, which is not implemented.
+fn qwen3_moe_layer_types(
+    text: &Fields<'_>,
+    num_hidden_layers: usize,
+) -> Result<Vec<LayerKind>, LoadError> {
+    if text.bool_or("use_sliding_window", false)? {
+        let window = match text.object.get("sliding_window") {
+            None => Some(4096),
+            Some(Value::Null) => None,
+            Some(_) => text.opt_usize("sliding_window")?,
+        };
+        if let Some(window) = window {
+            return Err(text.unsupported(
+                "use_sliding_window",
+                format!(
+                    "sliding-window attention (window {window}) on every layer is not implemented"
+                ),
+            ));
+        }
+    }
+    Ok(vec![LayerKind::FullAttention; num_hidden_layers])
+}
+
 fn read_linear(text: &Fields<'_>) -> Result<LinearAttentionConfig, LoadError> {
     let get = |field: &str, default: usize| -> Result<usize, LoadError> {
         positive(text, field, text.usize_or(field, default)?)
@@ -647,54 +697,4 @@ fn read_linear(text: &Fields<'_>) -> Result<LinearAttentionConfig, LoadError> {
         ));
     }
     Ok(linear)
-}
-
-/// Qwen3NextConfig / Qwen3_5MoeTextConfig. Qwen3.5-MoE has no `decoder_sparse_step`,
-/// `mlp_only_layers` or `norm_topk_prob`: every layer is MoE and its router always renormalises.
-fn read_moe(text: &Fields<'_>, spec: &ArchSpec) -> Result<Option<MoeConfig>, LoadError> {
-    let next = spec.family == Family::Qwen3Next;
-    let num_experts = text.usize_or("num_experts", if next { 512 } else { 256 })?;
-    if num_experts == 0 {
-        if next {
-            return Ok(None); // every layer dense (transformers' rule requires num_experts > 0)
-        }
-        return Err(text.invalid("num_experts", "must be positive, found 0"));
-    }
-    let num_experts_per_tok = text.usize_or("num_experts_per_tok", if next { 10 } else { 8 })?;
-    if num_experts_per_tok == 0 || num_experts_per_tok > num_experts {
-        return Err(text.invalid(
-            "num_experts_per_tok",
-            format!("must lie in 1..={num_experts} (num_experts), found {num_experts_per_tok}"),
-        ));
-    }
-    let moe = MoeConfig {
-        num_experts,
-        num_experts_per_tok,
-        moe_intermediate_size: positive(
-            text,
-            "moe_intermediate_size",
-            text.usize_or("moe_intermediate_size", 512)?,
-        )?,
-        shared_expert_intermediate_size: text.usize_or("shared_expert_intermediate_size", 512)?,
-        norm_topk_prob: if next {
-            text.bool_or("norm_topk_prob", true)?
-        } else {
-            true
-        },
-        decoder_sparse_step: if next {
-            positive(
-                text,
-                "decoder_sparse_step",
-                text.usize_or("decoder_sparse_step", 1)?,
-            )?
-        } else {
-            1
-        },
-        mlp_only_layers: if next {
-            text.opt_usize_list("mlp_only_layers")?.unwrap_or_default()
-        } else {
-            Vec::new()
-        },
-    };
-    Ok(Some(moe))
 }

@@ -529,3 +529,209 @@ fn an_absurd_context_is_refused_by_name() {
     let cfg = set(qwen3_config(), "max_position_embeddings", json!(262144));
     assert_eq!(load(&cfg).unwrap().max_position_embeddings, 262144);
 }
+
+/// A Qwen3-30B-A3B-shaped config.json, shrunk (the released file's fields, `num_experts` spelling).
+fn qwen3_moe_config() -> Value {
+    json!({
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": 32,
+        "hidden_size": 16,
+        "intermediate_size": 48,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 12,
+        "norm_topk_prob": true,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "use_sliding_window": false,
+        "sliding_window": null,
+        "max_window_layers": 4,
+        "rope_theta": 1000000.0
+    })
+}
+
+#[test]
+fn qwen3_moe_reads_the_released_fields() {
+    let c = load(&qwen3_moe_config()).unwrap();
+    assert_eq!(c.family, Family::Qwen3Moe);
+    assert_eq!(c.architecture, "Qwen3MoeForCausalLM");
+    assert_eq!(c.layer_types, vec![F; 4]);
+    assert!(!c.attn_output_gate && c.linear.is_none());
+    assert_eq!((c.rope_theta, c.rotary_dim()), (1e6, 8));
+    let moe = c.moe.clone().unwrap();
+    assert_eq!(
+        (
+            moe.num_experts,
+            moe.num_experts_per_tok,
+            moe.moe_intermediate_size,
+            moe.shared_expert_intermediate_size
+        ),
+        (8, 2, 12, 0)
+    );
+    assert!(moe.norm_topk_prob);
+    assert!((0..4).all(|i| c.is_moe_layer(i)));
+    // model_type alone selects it too.
+    let c = load(&remove(qwen3_moe_config(), "architectures")).unwrap();
+    assert_eq!(c.family, Family::Qwen3Moe);
+}
+
+#[test]
+fn qwen3_moe_absent_fields_take_transformers_defaults() {
+    let mut cfg = qwen3_moe_config();
+    for key in [
+        "head_dim",
+        "num_key_value_heads",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "norm_topk_prob",
+        "decoder_sparse_step",
+        "mlp_only_layers",
+        "intermediate_size",
+        "rope_theta",
+    ] {
+        cfg = remove(cfg, key);
+    }
+    let c = load(&cfg).unwrap();
+    // Qwen3MoeAttention: head_dim = hidden_size // num_attention_heads when the config has none.
+    assert_eq!((c.head_dim, c.num_key_value_heads), (4, 4));
+    assert_eq!(c.rope_theta, 10_000.0);
+    assert_eq!(c.intermediate_size, 6144, "unused: every layer is MoE");
+    let moe = c.moe.clone().unwrap();
+    assert_eq!(
+        (
+            moe.num_experts,
+            moe.num_experts_per_tok,
+            moe.moe_intermediate_size,
+            moe.decoder_sparse_step
+        ),
+        (128, 8, 768, 1)
+    );
+    assert!(
+        !moe.norm_topk_prob,
+        "Qwen3MoeConfig defaults norm_topk_prob to false"
+    );
+    assert!(moe.mlp_only_layers.is_empty());
+    // A null list is transformers' `None` -> [].
+    let c = load(&set(qwen3_moe_config(), "mlp_only_layers", Value::Null)).unwrap();
+    assert!(c.moe.unwrap().mlp_only_layers.is_empty());
+}
+
+#[test]
+fn qwen3_moe_num_local_experts_is_num_experts() {
+    // transformers 5 saves the alias (its attribute_map) instead of num_experts.
+    let cfg = set(
+        remove(qwen3_moe_config(), "num_experts"),
+        "num_local_experts",
+        json!(6),
+    );
+    assert_eq!(load(&cfg).unwrap().moe.unwrap().num_experts, 6);
+    let same = set(qwen3_moe_config(), "num_local_experts", json!(8));
+    assert_eq!(load(&same).unwrap().moe.unwrap().num_experts, 8);
+    let both = set(qwen3_moe_config(), "num_local_experts", json!(6));
+    let err = load(&both).unwrap_err();
+    let msg = message_naming(&err, "config.json");
+    assert!(
+        matches!(err, LoadError::InvalidValue { ref field, .. } if field == "num_local_experts"),
+        "{msg}"
+    );
+    assert!(msg.contains("num_experts = 8"), "{msg}");
+}
+
+#[test]
+fn qwen3_moe_dense_layers_follow_the_sparse_step_rule_and_need_their_width() {
+    let cfg = set(
+        set(qwen3_moe_config(), "decoder_sparse_step", json!(2)),
+        "mlp_only_layers",
+        json!([3]),
+    );
+    let c = load(&cfg).unwrap();
+    let moe_layers: Vec<usize> = (0..4).filter(|&i| c.is_moe_layer(i)).collect();
+    assert_eq!(moe_layers, vec![1]);
+    assert_eq!(c.intermediate_size, 48);
+    // Dense layers without intermediate_size: named, not the class default of some other model.
+    let err = load(&remove(cfg.clone(), "intermediate_size")).unwrap_err();
+    assert!(
+        matches!(err, LoadError::MissingField { ref field, .. } if field == "intermediate_size"),
+        "{err}"
+    );
+    let err = load(&set(cfg, "intermediate_size", json!(0))).unwrap_err();
+    assert!(
+        matches!(err, LoadError::InvalidValue { ref field, .. } if field == "intermediate_size"),
+        "{err}"
+    );
+    // No experts: every layer dense (transformers' rule needs num_experts > 0).
+    let c = load(&set(qwen3_moe_config(), "num_experts", json!(0))).unwrap();
+    assert!(c.moe.is_none() && !c.is_moe_layer(0));
+}
+
+#[test]
+fn qwen3_moe_bad_values_are_named() {
+    let cases = [
+        (
+            set(qwen3_moe_config(), "num_experts_per_tok", json!(9)),
+            "num_experts_per_tok",
+        ),
+        (
+            set(qwen3_moe_config(), "num_experts_per_tok", json!(0)),
+            "num_experts_per_tok",
+        ),
+        (
+            set(qwen3_moe_config(), "moe_intermediate_size", json!(0)),
+            "moe_intermediate_size",
+        ),
+        (
+            set(qwen3_moe_config(), "decoder_sparse_step", json!(0)),
+            "decoder_sparse_step",
+        ),
+    ];
+    for (cfg, field) in cases {
+        let err = load(&cfg).unwrap_err();
+        let msg = message_naming(&err, "config.json");
+        assert!(
+            matches!(err, LoadError::InvalidValue { field: ref f, .. } if f == field),
+            "{field}: {msg}"
+        );
+    }
+    let err = load(&set(qwen3_moe_config(), "norm_topk_prob", json!("yes"))).unwrap_err();
+    assert!(
+        matches!(err, LoadError::WrongType { ref field, .. } if field == "norm_topk_prob"),
+        "{err}"
+    );
+    let err = load(&set(qwen3_moe_config(), "mlp_only_layers", json!([1, -1]))).unwrap_err();
+    assert!(
+        matches!(err, LoadError::WrongType { ref field, .. } if field == "mlp_only_layers"),
+        "{err}"
+    );
+    let err = load(&set(qwen3_moe_config(), "model_type", json!("qwen3"))).unwrap_err();
+    assert!(
+        matches!(err, LoadError::InvalidValue { ref field, .. } if field == "model_type"),
+        "{err}"
+    );
+}
+
+#[test]
+fn qwen3_moe_sliding_window_is_refused_unless_unused() {
+    // Qwen3-MoE slides every layer when use_sliding_window is set and the window is not null.
+    let sliding = set(qwen3_moe_config(), "use_sliding_window", json!(true));
+    let c = load(&sliding).unwrap();
+    assert_eq!(c.layer_types, vec![F; 4], "a null window slides nothing");
+    // An explicit window, or none at all (the class default, 4096).
+    for window in [Some(json!(4096)), None] {
+        let cfg = match window {
+            None => remove(sliding.clone(), "sliding_window"),
+            Some(w) => set(sliding.clone(), "sliding_window", w),
+        };
+        let err = load(&cfg).unwrap_err();
+        assert!(
+            matches!(err, LoadError::Unsupported { ref field, .. } if field == "use_sliding_window"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("4096"), "{err}");
+    }
+}

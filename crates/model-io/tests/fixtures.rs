@@ -200,6 +200,84 @@ fn qwen3_next_fixture() {
     load_every_tensor(&ckpt);
 }
 
+/// Qwen3-MoE as released: every layer MoE, renormalised top-k, no shared expert; transformers 5 writes
+/// the expert count as `num_local_experts` and the experts per expert; bf16 weights.
+#[test]
+fn qwen3_moe_fixture() {
+    let ckpt = Checkpoint::open(&fixture("qwen3_moe")).unwrap();
+    let c = &ckpt.config;
+    assert_eq!(
+        (c.family, c.architecture.as_str()),
+        (Family::Qwen3Moe, "Qwen3MoeForCausalLM")
+    );
+    assert_eq!(
+        (
+            c.vocab_size,
+            c.hidden_size,
+            c.num_hidden_layers,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim
+        ),
+        (128, 32, 3, 4, 2, 16)
+    );
+    assert_eq!(c.rotary_dim(), 16, "Qwen3 attention rotates the whole head");
+    assert!(!c.tie_word_embeddings && !c.attn_output_gate && !c.attention_bias);
+    assert_eq!(c.layer_types, vec![F; 3]);
+    assert!(c.linear.is_none() && !ckpt.has_mtp);
+    let moe = c.moe.clone().unwrap();
+    assert_eq!(
+        (
+            moe.num_experts,
+            moe.num_experts_per_tok,
+            moe.moe_intermediate_size,
+            moe.shared_expert_intermediate_size
+        ),
+        (8, 2, 16, 0)
+    );
+    assert!(moe.norm_topk_prob && moe.mlp_only_layers.is_empty() && moe.decoder_sparse_step == 1);
+    assert!((0..3).all(|l| c.is_moe_layer(l)));
+    let expert = ckpt.name("layers.2.mlp.experts.7.down_proj.weight");
+    assert_eq!(ckpt.tensors.shape(&expert).unwrap(), [32, 16]);
+    assert_eq!(ckpt.tensors.dtype(&expert).unwrap(), DType::BF16);
+    assert!(ckpt
+        .tensors
+        .shape(&ckpt.name("layers.0.mlp.gate_proj.weight"))
+        .is_err());
+    check_attention_shapes(&ckpt, 2);
+    load_every_tensor(&ckpt);
+}
+
+/// Dense and MoE layers mixed (`decoder_sparse_step` 2, `mlp_only_layers` [3]), transformers' default
+/// `norm_topk_prob` (false) and no `head_dim` in config.json (hidden / heads).
+#[test]
+fn qwen3_moe_mixed_fixture() {
+    let ckpt = Checkpoint::open(&fixture("qwen3_moe_mixed")).unwrap();
+    let c = &ckpt.config;
+    assert_eq!(c.family, Family::Qwen3Moe);
+    assert_eq!((c.head_dim, c.intermediate_size), (8, 48));
+    let moe = c.moe.clone().unwrap();
+    assert!(!moe.norm_topk_prob);
+    assert_eq!(
+        (
+            moe.num_experts_per_tok,
+            moe.decoder_sparse_step,
+            moe.mlp_only_layers.clone()
+        ),
+        (3, 2, vec![3])
+    );
+    let moe_layers: Vec<usize> = (0..4).filter(|&l| c.is_moe_layer(l)).collect();
+    assert_eq!(moe_layers, [1]);
+    for layer in [0, 2, 3] {
+        let up = ckpt.name(&format!("layers.{layer}.mlp.up_proj.weight"));
+        assert_eq!(ckpt.tensors.shape(&up).unwrap(), [48, 32]);
+    }
+    let gate = ckpt.name("layers.1.mlp.gate.weight");
+    assert_eq!(ckpt.tensors.shape(&gate).unwrap(), [8, 32]);
+    check_attention_shapes(&ckpt, 0);
+    load_every_tensor(&ckpt);
+}
+
 #[test]
 fn qwen3_real_tokenizer_matches_transformers_ids() {
     let dir = fixture("qwen3_realtok");

@@ -341,6 +341,17 @@ fn greedy_suffix_equals_sequential_dense() {
     check_weight_free("qwen3", &suffix);
 }
 
+/// Qwen3-MoE: the verify block routes each row to its own experts; the stream stays sequential's.
+#[test]
+fn greedy_ngram_equals_sequential_qwen3_moe() {
+    check_weight_free("qwen3_moe", &ngram);
+}
+
+#[test]
+fn greedy_suffix_equals_sequential_qwen3_moe() {
+    check_weight_free("qwen3_moe", &suffix);
+}
+
 /// `auto`'s per-round mix of the MTP head and the suffix drafter (`MtpOrSuffix`) over the same cases:
 /// the stream stays sequential's, and both drafters have proposals judged.
 #[test]
@@ -428,6 +439,11 @@ fn greedy_speculative_equals_sequential_hybrid() {
 #[test]
 fn greedy_speculative_equals_sequential_dense() {
     check_model("qwen3", 200);
+}
+
+#[test]
+fn greedy_speculative_equals_sequential_qwen3_moe() {
+    check_model("qwen3_moe", 200);
 }
 
 /// An `auto` run tunes its block while it goes (runtime::tuner): the rounds propose several block

@@ -1,7 +1,8 @@
-//! Feed-forward blocks: the SwiGLU MLP `down(silu(gate(x)) · up(x))`, and the Qwen3-Next sparse MoE:
-//! router softmax over experts (f32) → top-k (ties to the lower index, as torch.topk) → optional
-//! renormalisation of the k weights (`norm_topk_prob`) → Σ weight·expert(x), plus the shared expert scaled by
-//! sigmoid(shared_expert_gate(x)). Every row is computed independently of the other rows in the batch.
+//! Feed-forward blocks: the SwiGLU MLP `down(silu(gate(x)) · up(x))`, and the sparse MoE of Qwen3-Next,
+//! Qwen3.5-MoE and Qwen3-MoE: router softmax over experts (f32) → top-k (ties to the lower index, as
+//! torch.topk) → optional renormalisation of the k weights (`norm_topk_prob`) → Σ weight·expert(x), plus,
+//! where the block has one (not Qwen3-MoE), the shared expert scaled by sigmoid(shared_expert_gate(x)).
+//! Every row is computed independently of the other rows in the batch.
 
 use super::{Linear, Tensors};
 use crate::error::ModelError;
@@ -173,7 +174,8 @@ impl Moe {
     }
 }
 
-// Dense layers are the common case: their MLP sits inline (one allocation per model, not per layer).
+// One per layer, so the dense variant's size (three `Linear`s, quantized ones included) costs nothing
+// worth an indirection on every forward.
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Ffn {

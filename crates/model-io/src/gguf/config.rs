@@ -5,8 +5,13 @@
 //! `.embedding_length`, `.feed_forward_length`, `.attention.head_count`, `.attention.head_count_kv`,
 //! `.attention.key_length` (head_dim), `.attention.layer_norm_rms_epsilon`, `.rope.freq_base`,
 //! `.rope.dimension_count` (rotary dims; qwen35: head_dim x partial_rotary_factor),
-//! `.rope.scaling.type`; MoE (qwen35moe): `.expert_count`, `.expert_used_count`,
-//! `.expert_feed_forward_length`, `.expert_shared_feed_forward_length`; GDN (qwen35*): `.ssm.conv_kernel`, `.ssm.state_size` (key head dim),
+//! `.rope.scaling.type`; MoE (qwen35moe, qwen3next, qwen3moe): `.expert_count`, `.expert_used_count`,
+//! `.expert_feed_forward_length`, `.expert_shared_feed_forward_length` (absent for qwen3moe: no shared
+//! expert). qwen3moe records neither `norm_topk_prob` nor `decoder_sparse_step` / `mlp_only_layers`:
+//! llama.cpp's qwen3moe graph puts the MoE block on every layer and always renormalises the top-k
+//! weights (`build_moe_ffn(.., norm_w = true, ..)`), so its config says exactly that (a checkpoint
+//! with dense layers does not convert; one with `norm_topk_prob: false` converts, and runs
+//! renormalised in llama.cpp as here); GDN (qwen35*): `.ssm.conv_kernel`, `.ssm.state_size` (key head dim),
 //! `.ssm.group_count` (key heads), `.ssm.time_step_rank` (value heads), `.ssm.inner_size` (value
 //! heads x value head dim), `.attention.recurrent_layers` (per block) or `.full_attention_interval`.
 //! The vocabulary size is the embedding's row count; the head is tied when `output.weight` is
@@ -30,7 +35,7 @@ pub fn hf_config(set: &GgufSet) -> Result<(String, Layout), LoadError> {
     let arch = Arch::from_name(&arch_name).ok_or_else(|| LoadError::UnknownArchitecture {
         path: set.path().to_path_buf(),
         architecture: arch_name.clone(),
-        supported: "qwen3, qwen35, qwen35moe, qwen3next (GGUF `general.architecture`)",
+        supported: "qwen3, qwen3moe, qwen35, qwen35moe, qwen3next (GGUF `general.architecture`)",
     })?;
     let k = |s: &str| format!("{arch_name}.{s}");
     let blocks = keys.usize(&k("block_count"))?;
@@ -115,6 +120,14 @@ pub fn hf_config(set: &GgufSet) -> Result<(String, Layout), LoadError> {
             c.insert("architectures".into(), json!(["Qwen3ForCausalLM"]));
             c.insert("model_type".into(), json!("qwen3"));
         }
+        Arch::Qwen3Moe => {
+            c.insert("architectures".into(), json!(["Qwen3MoeForCausalLM"]));
+            c.insert("model_type".into(), json!("qwen3_moe"));
+            moe_keys(&keys, &arch_name, &mut c)?;
+            c.insert("norm_topk_prob".into(), json!(true));
+            c.insert("decoder_sparse_step".into(), json!(1));
+            c.insert("mlp_only_layers".into(), json!([]));
+        }
         Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => {
             if arch != Arch::Qwen35 {
                 let (class, model_type) = match arch {
@@ -123,11 +136,7 @@ pub fn hf_config(set: &GgufSet) -> Result<(String, Layout), LoadError> {
                 };
                 c.insert("architectures".into(), json!([class]));
                 c.insert("model_type".into(), json!(model_type));
-                c.insert("num_experts".into(), json!(keys.usize(&k("expert_count"))?));
-                let used = keys.usize(&k("expert_used_count"))?;
-                c.insert("num_experts_per_tok".into(), json!(used));
-                let width = keys.usize(&k("expert_feed_forward_length"))?;
-                c.insert("moe_intermediate_size".into(), json!(width));
+                moe_keys(&keys, &arch_name, &mut c)?;
                 let shared = keys.opt_usize(&k("expert_shared_feed_forward_length"))?;
                 c.insert(
                     "shared_expert_intermediate_size".into(),
@@ -179,6 +188,17 @@ pub fn hf_config(set: &GgufSet) -> Result<(String, Layout), LoadError> {
         gdn,
     };
     Ok((Value::Object(c).to_string(), layout))
+}
+
+/// `num_experts`, `num_experts_per_tok`, `moe_intermediate_size` from `{arch}.expert_*`.
+fn moe_keys(keys: &Keys<'_>, arch: &str, c: &mut Map<String, Value>) -> Result<(), LoadError> {
+    let k = |s: &str| format!("{arch}.{s}");
+    c.insert("num_experts".into(), json!(keys.usize(&k("expert_count"))?));
+    let used = keys.usize(&k("expert_used_count"))?;
+    c.insert("num_experts_per_tok".into(), json!(used));
+    let width = keys.usize(&k("expert_feed_forward_length"))?;
+    c.insert("moe_intermediate_size".into(), json!(width));
+    Ok(())
 }
 
 /// `linear_attention` / `full_attention` per decoder layer: `attention.recurrent_layers` if present,

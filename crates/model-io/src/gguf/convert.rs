@@ -243,7 +243,8 @@ mod tests {
     fn block_order_matches_the_value_transforms() {
         let (hk, r, d) = (2, 2, 2);
         let n = hk * r * d; // 8
-                            // A [n, n] matrix stored tiled along rows (from row 0) and along columns.
+
+        // A [n, n] matrix stored tiled along rows (from row 0) and along columns.
         let stored: Vec<f32> = (0..n * n).map(|i| (i * 7 % 23) as f32).collect();
         let rows_t = Transform::UngroupValueHeads {
             axis: HeadAxis::Rows { start: 0 },

@@ -5,7 +5,8 @@
 //! per block `blk.N.`: `attn_norm` = `input_layernorm`, `attn_{q,k,v}` = `self_attn.{q,k,v}_proj`,
 //! `attn_output` = `self_attn.o_proj`, `attn_{q,k}_norm` = `self_attn.{q,k}_norm`, `ffn_norm`
 //! (qwen3) / `post_attention_norm` (qwen35) = `post_attention_layernorm`, `ffn_{gate,up,down}` =
-//! `mlp.{gate,up,down}_proj`; GDN (qwen35): `attn_qkv` = `linear_attn.in_proj_qkv`, `attn_gate` =
+//! `mlp.{gate,up,down}_proj`; qwen3moe: as qwen3, with `ffn_gate_inp` = `mlp.gate` and the 3-D
+//! expert tensors below (no shared expert); GDN (qwen35): `attn_qkv` = `linear_attn.in_proj_qkv`, `attn_gate` =
 //! `in_proj_z`, `ssm_alpha` = `in_proj_a`, `ssm_beta` = `in_proj_b`, `ssm_a` = `A_log`, `ssm_dt.bias`
 //! = `dt_bias`, `ssm_conv1d` = `conv1d`, `ssm_norm` = `norm`, `ssm_out` = `out_proj`. The MTP layers
 //! are blocks `n_layer..n_layer + nextn_predict_layers`: their layer tensors are `mtp.layers.i.*`, and
@@ -27,6 +28,7 @@ use super::convert::{HeadAxis, Transform};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
     Qwen3,
+    Qwen3Moe,
     Qwen35,
     Qwen35Moe,
     Qwen3Next,
@@ -36,6 +38,7 @@ impl Arch {
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
             "qwen3" => Some(Arch::Qwen3),
+            "qwen3moe" => Some(Arch::Qwen3Moe),
             "qwen35" => Some(Arch::Qwen35),
             "qwen35moe" => Some(Arch::Qwen35Moe),
             "qwen3next" => Some(Arch::Qwen3Next),
@@ -45,7 +48,7 @@ impl Arch {
 
     /// Zero-centred RMSNorm weights (stored `+1` by the converter).
     fn norms_plus_one(self) -> bool {
-        self != Arch::Qwen3
+        !matches!(self, Arch::Qwen3 | Arch::Qwen3Moe)
     }
 
     /// The converter tiles GDN value heads (qwen35 and qwen35moe; not qwen3next).
@@ -54,7 +57,7 @@ impl Arch {
     }
 
     fn is_moe(self) -> bool {
-        matches!(self, Arch::Qwen35Moe | Arch::Qwen3Next)
+        matches!(self, Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next)
     }
 }
 
@@ -291,7 +294,7 @@ fn map_experts(name: &str, layout: &Layout) -> Option<Mapped> {
 /// The per-layer part of a Hugging Face name for the per-block GGUF `suffix`.
 fn layer_tensor(suffix: &str, arch: Arch) -> Option<&'static str> {
     let post_norm = match arch {
-        Arch::Qwen3 => "ffn_norm.weight",
+        Arch::Qwen3 | Arch::Qwen3Moe => "ffn_norm.weight",
         Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => "post_attention_norm.weight",
     };
     if suffix == post_norm {
@@ -304,6 +307,8 @@ fn layer_tensor(suffix: &str, arch: Arch) -> Option<&'static str> {
             Arch::Qwen35Moe | Arch::Qwen3Next => {
                 lookup(&GDN, suffix).or_else(|| lookup(&MOE, suffix))
             }
+            // Only the router: qwen3moe has no shared expert and no GDN.
+            Arch::Qwen3Moe => lookup(&MOE[..1], suffix),
             Arch::Qwen3 => None,
         })
 }
@@ -373,5 +378,25 @@ mod tests {
         let m = map_tensor("blk.1.ffn_norm.weight", &qwen3).unwrap();
         assert_eq!(m.hf_name, "model.layers.1.post_attention_layernorm.weight");
         assert!(m.transforms.is_empty());
+        assert!(map_tensor("blk.1.ffn_gate_inp.weight", &qwen3).is_none());
+        let qwen3moe = Layout {
+            arch: Arch::Qwen3Moe,
+            ..qwen3
+        };
+        let m = map_tensor("blk.1.ffn_gate_inp.weight", &qwen3moe).unwrap();
+        assert_eq!(m.hf_name, "model.layers.1.mlp.gate.weight");
+        let m = map_tensor("blk.0.ffn_up_exps.weight", &qwen3moe).unwrap();
+        assert_eq!(m.hf_name, "model.layers.0.mlp.experts.");
+        assert_eq!(m.expert_parts, ["up_proj.weight"]);
+        let m = map_tensor("blk.1.attn_k_norm.weight", &qwen3moe).unwrap();
+        assert_eq!(m.hf_name, "model.layers.1.self_attn.k_norm.weight");
+        assert!(
+            m.transforms.is_empty(),
+            "plain RMSNorm weights are stored as is"
+        );
+        let m = map_tensor("blk.0.ffn_norm.weight", &qwen3moe).unwrap();
+        assert_eq!(m.hf_name, "model.layers.0.post_attention_layernorm.weight");
+        assert!(map_tensor("blk.0.ffn_gate_inp_shexp.weight", &qwen3moe).is_none());
+        assert!(map_tensor("blk.2.ffn_gate_exps.weight", &qwen3moe).is_none());
     }
 }
