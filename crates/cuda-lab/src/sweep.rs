@@ -129,5 +129,6 @@ fn random_mat(dev: &CudaDevice, rows: usize, cols: usize, seed: u64) -> Result<M
         cols,
         dtype: WDtype::Bf16,
         tensor_cores: true,
+        quant: None,
     })
 }

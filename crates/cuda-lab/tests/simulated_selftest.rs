@@ -49,3 +49,18 @@ fn simulated_chunked_gdn_matches_step_form_and_f64() {
     assert!(rows.len() >= 40, "{} checks", rows.len());
     assert!(failed.is_empty(), "failed: {failed:#?}");
 }
+
+/// The quantized kernels (every block format, mixed parts, column order, embeddings) against the CPU
+/// engine's quantized kernels, and their batch invariance (also part of the self-test).
+#[test]
+fn simulated_quantized_kernels_match_the_cpu() {
+    let dev = simulated();
+    let rows = cuda_lab::selftest::self_test_quant(&dev).unwrap();
+    let failed: Vec<String> = rows
+        .iter()
+        .filter(|r| !r.ok())
+        .map(|r| format!("{} (error {:.2e}, bound {:.0e})", r.what, r.error, r.bound))
+        .collect();
+    assert!(rows.len() >= 60, "{} checks", rows.len());
+    assert!(failed.is_empty(), "failed: {failed:#?}");
+}

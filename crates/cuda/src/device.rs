@@ -20,6 +20,17 @@ use crate::nvrtc;
 
 /// Every kernel the backend launches (all must exist in the compiled module).
 pub const KERNELS: &[&str] = &[
+    "quant_input",
+    "qgemv_q4_0",
+    "qgemv_q4_1",
+    "qgemv_q5_0",
+    "qgemv_q5_1",
+    "qgemv_q8_0",
+    "qgemv_q4_k",
+    "qgemv_q5_k",
+    "qgemv_q6_k",
+    "qdequant_bf16",
+    "qembed",
     "linear_bf16_1",
     "linear_bf16_2",
     "linear_bf16_3",
@@ -165,9 +176,19 @@ pub struct CudaDevice {
     /// Split input fragments of the tensor-core GEMV (`mma::gemv_mma`, mma_split_rows): allocated once
     /// at open, never moved, so captured graphs may hold its address.
     frag_scratch: std::sync::OnceLock<crate::buf::DBuf>,
+    /// The quantized kernels' scratch (`quant.rs`), allocated with the first quantized matrix.
+    quant_scratch: std::sync::OnceLock<QuantScratch>,
     /// One-row GEMV runs as persistent kernels (`segment.rs`): sm_90 GPUs whose blocks fit its ring.
     segments: std::sync::OnceLock<crate::segment::Segments>,
     pub info: DeviceInfo,
+}
+
+/// Scratch of the quantized kernels (`quant.rs`; sizes in `launch_limits.rs`).
+pub(crate) struct QuantScratch {
+    /// The 8-bit input rows of a GEMV call: q [rows, cols] i8, then d and d·Σq [rows, cols / 32] f32 each.
+    pub input: crate::buf::DBuf,
+    /// A prefill GEMM's weight tile dequantized to bf16.
+    pub tile: crate::buf::DBuf,
 }
 
 /// Resumes programmatic launches when dropped (`CudaDevice::pause_pdl`).
@@ -348,6 +369,7 @@ impl CudaDevice {
             engine: Engine::Gpu,
             sim: None,
             frag_scratch: std::sync::OnceLock::new(),
+            quant_scratch: std::sync::OnceLock::new(),
             segments: std::sync::OnceLock::new(),
             pdl: AtomicBool::new(arch >= 90 && crate::debug_env::get().pdl),
             pdl_failure: Mutex::new(None),
@@ -437,6 +459,7 @@ impl CudaDevice {
             engine: Engine::HostEmulation,
             sim: None,
             frag_scratch: std::sync::OnceLock::new(),
+            quant_scratch: std::sync::OnceLock::new(),
             segments: std::sync::OnceLock::new(),
             pdl: AtomicBool::new(false),
             pdl_failure: Mutex::new(None),
@@ -475,6 +498,7 @@ impl CudaDevice {
             gpu: None,
             engine: Engine::Simulator,
             frag_scratch: std::sync::OnceLock::new(),
+            quant_scratch: std::sync::OnceLock::new(),
             segments: std::sync::OnceLock::new(),
             pdl: AtomicBool::new(false),
             pdl_failure: Mutex::new(None),
@@ -509,6 +533,21 @@ impl CudaDevice {
     /// The tensor-core GEMV's fragment scratch (None on the host emulation, which runs no kernels).
     pub(crate) fn frag_scratch(&self) -> Option<&crate::buf::DBuf> {
         self.frag_scratch.get()
+    }
+
+    /// The quantized kernels' scratch: allocated by the first call (at load, when a quantized matrix is
+    /// uploaded), never moved, so captured graphs may hold its addresses.
+    pub(crate) fn quant_scratch(&self) -> Result<&QuantScratch, CudaError> {
+        if let Some(s) = self.quant_scratch.get() {
+            return Ok(s);
+        }
+        use crate::launch_limits::{QUANT_INPUT_BYTES, QUANT_TILE_BYTES};
+        let s = QuantScratch {
+            input: crate::buf::DBuf::zeros(self, QUANT_INPUT_BYTES)?,
+            tile: crate::buf::DBuf::zeros(self, QUANT_TILE_BYTES)?,
+        };
+        let _ = self.quant_scratch.set(s);
+        Ok(self.quant_scratch.get().expect("set above"))
     }
 
     /// Turns programmatic dependent launch on or off for launches from now on (on by default on sm_90+):

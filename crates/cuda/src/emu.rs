@@ -30,10 +30,20 @@ unsafe fn view_mut<'a>(ptr: u64, len: usize) -> &'a mut [f32] {
     std::slice::from_raw_parts_mut(ptr as *mut f32, len)
 }
 
-/// The matrix as f32 [rows, cols].
+/// The matrix as f32 [rows, cols] (a quantized one dequantized as ggml does, in stored column order).
 fn weights_f32(w: &Mat) -> Vec<f32> {
     let n = w.rows * w.cols;
     match w.dtype {
+        WDtype::Quant => {
+            let mut out = vec![0f32; n];
+            for (m, first) in quant_parts(w) {
+                for r in 0..m.rows() {
+                    let at = (first + r) * w.cols;
+                    m.dequantize_row(r, &mut out[at..at + w.cols]);
+                }
+            }
+            out
+        }
         // SAFETY: the matrix buffer holds n elements of its dtype.
         WDtype::F32 => unsafe { view(w.buf.ptr, n) }.to_vec(),
         WDtype::Bf16 => {
@@ -44,6 +54,60 @@ fn weights_f32(w: &Mat) -> Vec<f32> {
     }
 }
 
+/// The parts of a quantized matrix as CPU matrices, each with its first output row.
+fn quant_parts(w: &Mat) -> Vec<(kernels::QuantMatrix, usize)> {
+    let q = w
+        .quant
+        .as_ref()
+        .expect("a WDtype::Quant matrix carries its layout");
+    let mut first = 0;
+    q.parts
+        .iter()
+        .map(|p| {
+            let len = p.rows * p.format.row_bytes(w.cols);
+            // SAFETY: the matrix buffer holds every part's blocks at its offset.
+            let bytes = unsafe {
+                std::slice::from_raw_parts((w.buf.ptr + p.offset as u64) as *const u8, len)
+            };
+            let m = kernels::QuantMatrix::new(p.format, bytes.to_vec(), p.rows, w.cols)
+                .expect("parts are whole rows of blocks (weights.rs)");
+            first += p.rows;
+            (m, first - p.rows)
+        })
+        .collect()
+}
+
+/// A quantized linear as the CPU engine computes it (`families::layers::Linear::forward`): the input in
+/// the file's column order, the parts' outputs side by side.
+fn linear_quant(w: &Mat, x: u64, y: u64, rows: usize, accumulate: bool) -> Result<(), CudaError> {
+    let k = w.cols;
+    // SAFETY: x holds rows x cols inputs, y rows x out outputs; the order buffer holds cols i32.
+    let mut xs = unsafe { view(x, rows * k) }.to_vec();
+    if let Some(order) = w.quant.as_ref().and_then(|q| q.input_order.as_ref()) {
+        let order = unsafe { std::slice::from_raw_parts(order.ptr as *const i32, k) };
+        let src = xs.clone();
+        for (r, row) in xs.chunks_exact_mut(k).enumerate() {
+            for (v, &c) in row.iter_mut().zip(order) {
+                *v = src[r * k + c as usize];
+            }
+        }
+    }
+    let ys = unsafe { view_mut(y, rows * w.rows) };
+    for (m, first) in quant_parts(w) {
+        let mut out = vec![0f32; rows * m.rows()];
+        kernels::linear_quant(&xs, &m, rows, &mut out);
+        for (yr, o) in ys.chunks_exact_mut(w.rows).zip(out.chunks_exact(m.rows())) {
+            let dst = &mut yr[first..first + m.rows()];
+            if accumulate {
+                dst.iter_mut().zip(o).for_each(|(d, v)| *d += v);
+            } else {
+                dst.copy_from_slice(o);
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn linear(
     w: &Mat,
     x: u64,
@@ -52,6 +116,9 @@ pub(crate) fn linear(
     accumulate: bool,
     gemv_max_rows: usize,
 ) -> Result<(), CudaError> {
+    if w.dtype == WDtype::Quant {
+        return linear_quant(w, x, y, rows, accumulate);
+    }
     let wf = weights_f32(w);
     // SAFETY: x holds rows x cols inputs, y rows x out outputs (the callers' scratch sizes).
     let mut xs = unsafe { view(x, rows * w.cols) }.to_vec();
@@ -72,6 +139,19 @@ pub(crate) fn embed(table: &Mat, ids: u64, x: u64, rows: usize) -> Result<(), Cu
     // SAFETY: ids holds `rows` i32 written by the host; x holds rows x hidden.
     let ids = unsafe { std::slice::from_raw_parts(ids as *const i32, rows) };
     let xs = unsafe { view_mut(x, rows * h) };
+    if table.dtype == WDtype::Quant {
+        let parts = quant_parts(table);
+        for (r, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            let (m, first) = parts
+                .iter()
+                .rev()
+                .find(|(_, first)| *first <= id)
+                .expect("ids index the table");
+            m.dequantize_row(id - first, &mut xs[r * h..(r + 1) * h]);
+        }
+        return Ok(());
+    }
     let wf = weights_f32(table);
     for (r, &id) in ids.iter().enumerate() {
         let id = id as usize;

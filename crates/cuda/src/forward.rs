@@ -460,7 +460,7 @@ impl CudaModel {
                         m,
                         gm,
                         // bf16 operands only where the prefill GEMMs already round to bf16.
-                        self.opts.attention_tc && a.qkv.dtype == WDtype::Bf16,
+                        self.opts.attention_tc && a.qkv.dtype != WDtype::F32,
                         self.opts.attention_tc_splits,
                         dev.info.sms.max(0) as usize,
                     ),

@@ -14,15 +14,15 @@ pub use crate::buf::{dtoh, elementwise_grid, htod, launch, Arg, DBuf};
 pub use crate::profile::ProfileMark;
 pub use crate::scratch::{Scratch, Widths};
 pub use crate::segment_trace::{TracedLaunch, WORDS as TRACE_WORDS};
-pub use crate::weights::{Mat, WDtype};
+pub use crate::weights::{Mat, QuantLayout, QuantPart, WDtype};
 
 /// The forward's operations (ops.rs, gdn.rs, mma.rs) the self-test and the sweep launch directly.
 pub mod ops {
     pub use crate::gdn::{gdn_recurrence, GdnArgs, GdnCols, GdnShape};
     pub use crate::mma::{with_gemv_kernel, GemvKernel, MMA_VARIANTS};
     pub use crate::ops::{
-        attention, linear, linear_normed, linear_swiglu, rmsnorm, AttnBufs, AttnCore, AttnShape,
-        NormW, Rope, ATT_MAX_D, ATT_SPLITS_COARSE, ATT_SPLITS_FINE,
+        attention, embed, linear, linear_normed, linear_swiglu, rmsnorm, AttnBufs, AttnCore,
+        AttnShape, NormW, Rope, ATT_MAX_D, ATT_SPLITS_COARSE, ATT_SPLITS_FINE,
     };
 }
 
@@ -44,6 +44,11 @@ pub mod segment {
 /// Whether `dev` computes operations as the CPU engine does (the host emulation, not the kernels).
 pub fn host_ops(dev: &crate::CudaDevice) -> bool {
     dev.engine() == crate::device::Engine::HostEmulation
+}
+
+/// Whether passes over more than the GEMV's rows run cuBLAS (the GPU), not the host emulation.
+pub fn has_cublas(dev: &crate::CudaDevice) -> bool {
+    dev.engine() == crate::device::Engine::Gpu
 }
 
 /// The segment launches traced so far (`TURBOSPARK_SEG_TRACE=1`) and the SM clock in kHz that converts

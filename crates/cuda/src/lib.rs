@@ -33,7 +33,8 @@
 //!    every launch and copy flushes first: `segment.rs`, `segment_config.rs`, `segment_trace.rs`.
 //! 2. Kernels and operations: `exec.rs` (the device seam: the kernels, or the host emulation `emu.rs`
 //!    that stands in for them in tests without a GPU), `ops.rs`, `attn.rs`, `mma.rs`, `gdn.rs`,
-//!    `gdn_chunk.rs`, `moe.rs`, `argmax.rs`, `scratch.rs` (the passes' scratch buffers).
+//!    `gdn_chunk.rs`, `moe.rs`, `quant.rs` (quantized matrices), `argmax.rs`, `scratch.rs` (the passes'
+//!    scratch buffers).
 //! 3. Forward and graphs: `model.rs`, `state.rs`, `forward.rs`, `verify_graph.rs`, `chain.rs`,
 //!    `rollback.rs`, `candidates.rs`, `profile.rs` (timing marks of the forward).
 //! 4. Drafters and surfaces: `adapter.rs` (`families::Model`), `mtp.rs`, `dflash.rs`, `lab.rs` (the
@@ -64,6 +65,7 @@ mod mtp;
 pub mod nvrtc;
 mod ops;
 mod profile;
+mod quant;
 mod rollback;
 mod scratch;
 mod segment;

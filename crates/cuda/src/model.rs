@@ -134,7 +134,8 @@ pub(crate) enum MixerW {
     Gdn(GdnW),
 }
 
-/// A layer's feed-forward block.
+/// A layer's feed-forward block (one per layer: the dense variant's size costs nothing).
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum FfnW {
     Dense {
         gate_up: Mat, // [2*inter, hidden]
@@ -273,10 +274,11 @@ impl CudaModel {
                 &mut widths,
             )?);
         }
-        let embed = up.matrix(&[(p("embed_tokens.weight"), c.vocab_size)], h)?;
-        // Tied checkpoints read the embeddings even if an `lm_head.weight` copy is stored (as transformers).
+        let embed = up.embedding(&p("embed_tokens.weight"), c.vocab_size, h)?;
+        // Tied checkpoints read the embeddings even if an `lm_head.weight` copy is stored (as transformers);
+        // under `--quantize` their head is a quantized copy of the table.
         let lm_head = if c.tie_word_embeddings {
-            None
+            up.tied_head(&p("embed_tokens.weight"), c.vocab_size, h)?
         } else {
             Some(up.matrix(&[("lm_head.weight".to_string(), c.vocab_size)], h)?)
         };

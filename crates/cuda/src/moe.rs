@@ -112,7 +112,8 @@ pub(crate) fn load_moe(
     if si > 0 {
         router.push((format!("{mp}shared_expert_gate.weight"), 1));
     }
-    let router = up.matrix(&router, h)?;
+    // The experts' kernels read float matrices: a GGUF file's blocks are dequantized for them.
+    let router = up.matrix_float(&router, h)?;
     let fused = match &up.source {
         crate::weights::Source::Checkpoint(ck) => {
             ck.tensors.contains(&format!("{mp}experts.gate_up_proj"))
@@ -132,19 +133,19 @@ pub(crate) fn load_moe(
             gu.push((format!("{mp}experts.{x}.up_proj.weight"), inter));
             dn.push((format!("{mp}experts.{x}.down_proj.weight"), h));
         }
-        (up.matrix(&gu, h)?, up.matrix(&dn, inter)?)
+        (up.matrix_float(&gu, h)?, up.matrix_float(&dn, inter)?)
     };
     let shared = if si > 0 {
         let sp = format!("{mp}shared_expert.");
         Some((
-            up.matrix(
+            up.matrix_float(
                 &[
                     (format!("{sp}gate_proj.weight"), si),
                     (format!("{sp}up_proj.weight"), si),
                 ],
                 h,
             )?,
-            up.matrix(&[(format!("{sp}down_proj.weight"), h)], si)?,
+            up.matrix_float(&[(format!("{sp}down_proj.weight"), h)], si)?,
         ))
     } else {
         None
@@ -249,6 +250,7 @@ pub(crate) fn launch_experts(
     let suffix = match w.gate_up.dtype {
         WDtype::Bf16 => "bf16",
         WDtype::F32 => "f32",
+        WDtype::Quant => unreachable!("experts are uploaded as floats (matrix_float)"),
     };
     let (hd, inter, si, k, ld) = (
         s.hidden as i32,

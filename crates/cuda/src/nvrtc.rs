@@ -18,10 +18,11 @@ use cudarc::nvrtc::{result, sys};
 use crate::error::CudaError;
 
 /// The kernel sources, concatenated in this order into one module.
-pub const SOURCES: [(&str, &str); 11] = [
+pub const SOURCES: [(&str, &str); 12] = [
     ("common.cuh", include_str!("cu/common.cuh")),
     ("linear.cu", include_str!("cu/linear.cu")),
     ("linear_mma.cu", include_str!("cu/linear_mma.cu")),
+    ("quant.cu", include_str!("cu/quant.cu")),
     ("misc.cu", include_str!("cu/misc.cu")),
     ("attention.cu", include_str!("cu/attention.cu")),
     ("attention_tc.cu", include_str!("cu/attention_tc.cu")),

@@ -94,6 +94,7 @@ fn gemv(
     let prefix = match w.dtype {
         WDtype::Bf16 => "linear_bf16_",
         WDtype::F32 => "linear_f32_",
+        WDtype::Quant => unreachable!("quantized matrices take quant::launch_linear"),
     };
     let sms = dev.info.sms.max(1) as usize;
     let wpr = gemv_wpr(w.rows, mode.swiglu, sms);
@@ -218,6 +219,9 @@ pub(crate) fn launch_linear(
     xb: u64,
     gemv_max_rows: usize,
 ) -> Result<(), CudaError> {
+    if w.dtype == WDtype::Quant {
+        return crate::quant::launch_linear(dev, w, x, y, rows, accumulate, xb, gemv_max_rows);
+    }
     if rows > gemv_max_rows {
         return gemm(dev, w, x, y, rows, accumulate, xb);
     }
@@ -247,7 +251,8 @@ pub fn linear_normed(
     if rows == 0 {
         return Ok(());
     }
-    let gemv_path = rows <= gemv_max_rows && dev.exec().has_gemv();
+    // Quantized matrices take the norm and the SwiGLU as separate operations.
+    let gemv_path = rows <= gemv_max_rows && dev.exec().has_gemv() && w.dtype != WDtype::Quant;
     if gemv_path && (mma::mma_path(dev, w) || stageable(rows, w.cols)) {
         let mode = GemvMode {
             accumulate: false,
@@ -279,7 +284,8 @@ pub fn linear_swiglu(
     if rows == 0 {
         return Ok(());
     }
-    let gemv_path = rows <= gemv_max_rows && dev.exec().has_gemv();
+    // Quantized matrices take the norm and the SwiGLU as separate operations.
+    let gemv_path = rows <= gemv_max_rows && dev.exec().has_gemv() && w.dtype != WDtype::Quant;
     if gemv_path && (mma::mma_path(dev, w) || stageable(rows, w.cols)) {
         let mode = GemvMode {
             accumulate: false,
@@ -325,45 +331,99 @@ fn gemm(
             (bsys::cudaDataType::CUDA_R_16BF, xb)
         }
         WDtype::F32 => (bsys::cudaDataType::CUDA_R_32F, x),
+        WDtype::Quant => unreachable!("quantized matrices take quant::launch_linear"),
     };
+    let g = Gemm {
+        a: w.buf.ptr,
+        m: w.rows,
+        k: w.cols,
+        b: b_ptr,
+        n: rows,
+        c: y,
+        ldc: w.rows,
+        accumulate,
+    };
+    gemm_ex(dev, a_type, g)
+}
+
+/// Row-major C[n, m] (ldc) (+)= B[n, k] · A[m, k]ᵀ by cuBLAS, f32 accumulation and output.
+struct Gemm {
+    a: u64,
+    m: usize,
+    k: usize,
+    b: u64,
+    n: usize,
+    c: u64,
+    ldc: usize,
+    accumulate: bool,
+}
+
+/// [`Gemm`] over bf16 A and B (`quant.rs`: a dequantized weight tile against bf16 activations).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_bf16(
+    dev: &CudaDevice,
+    a: u64,
+    m: usize,
+    k: usize,
+    b: u64,
+    n: usize,
+    c: u64,
+    ldc: usize,
+    accumulate: bool,
+) -> Result<(), CudaError> {
+    let g = Gemm {
+        a,
+        m,
+        k,
+        b,
+        n,
+        c,
+        ldc,
+        accumulate,
+    };
+    gemm_ex(dev, bsys::cudaDataType::CUDA_R_16BF, g)
+}
+
+fn gemm_ex(dev: &CudaDevice, ab_type: bsys::cudaDataType, g: Gemm) -> Result<(), CudaError> {
     let alpha = 1.0f32;
-    let beta = if accumulate { 1.0f32 } else { 0.0f32 };
+    let beta = if g.accumulate { 1.0f32 } else { 0.0f32 };
     bind(dev)?;
-    // Row-major Y[rows, out] = X[rows, in] · W[out, in]ᵀ is, column-major, Yᵀ[out, rows] =
-    // op(W as [in, out])ᵀ · Xᵀ[in, rows]: transa = T, m = out, n = rows, k = in.
-    // SAFETY: W, X (or its bf16 copy) and Y are live device buffers of the stated shapes; alpha/beta
-    // point to host f32 values (the handle's default pointer mode), and the handle is bound to our stream.
+    // Row-major C[n, m] = B[n, k] · A[m, k]ᵀ is, column-major, Cᵀ[m, n] = op(A as [k, m])ᵀ · Bᵀ[k, n]:
+    // transa = T, transb = N.
+    // SAFETY: A, B and C are live device buffers of the stated shapes (C with row stride ldc >= m);
+    // alpha/beta point to host f32 values (the handle's default pointer mode), and the handle is bound
+    // to our stream.
     unsafe {
         blas::gemm_ex(
             *dev.gpu()?.blas.handle(),
             bsys::cublasOperation_t::CUBLAS_OP_T,
             bsys::cublasOperation_t::CUBLAS_OP_N,
-            w.rows as i32,
-            rows as i32,
-            w.cols as i32,
+            g.m as i32,
+            g.n as i32,
+            g.k as i32,
             (&alpha as *const f32).cast(),
-            w.buf.ptr as *const std::ffi::c_void,
-            a_type,
-            w.cols as i32,
-            b_ptr as *const std::ffi::c_void,
-            a_type,
-            w.cols as i32,
+            g.a as *const std::ffi::c_void,
+            ab_type,
+            g.k as i32,
+            g.b as *const std::ffi::c_void,
+            ab_type,
+            g.k as i32,
             (&beta as *const f32).cast(),
-            y as *mut std::ffi::c_void,
+            g.c as *mut std::ffi::c_void,
             bsys::cudaDataType::CUDA_R_32F,
-            w.rows as i32,
+            g.ldc as i32,
             bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     }
     .map_err(|e| CudaError::Blas {
-        context: format!("GEMM {rows}x{}x{}", w.rows, w.cols),
+        context: format!("GEMM {}x{}x{}", g.n, g.m, g.k),
         reason: format!("{e:?}"),
     })
 }
 
 /// x [rows, hidden] = table[ids[r]].
-pub(crate) fn embed(
+pub fn embed(
     dev: &CudaDevice,
     table: &Mat,
     ids: u64,
@@ -384,6 +444,7 @@ pub(crate) fn launch_embed(
     let name = match table.dtype {
         WDtype::Bf16 => "embed_bf16",
         WDtype::F32 => "embed_f32",
+        WDtype::Quant => return crate::quant::launch_embed(dev, table, ids, x, rows),
     };
     launch(
         dev,

@@ -11,6 +11,7 @@
 //! disk or sent over PCIe) with small parameters initialised as `synth` does.
 
 use half::{bf16, f16};
+use kernels::QuantFormat;
 use model_io::{Checkpoint, DType};
 
 use crate::buf::{elementwise_grid, launch, Arg, DBuf};
@@ -31,15 +32,35 @@ pub enum WeightFormat {
 pub enum WDtype {
     Bf16,
     F32,
+    /// ggml blocks, laid out as the matrix's [`QuantLayout`] says.
+    Quant,
 }
 
 impl WDtype {
+    /// Bytes per element of the float types (a quantized matrix counts its bytes by its layout).
     pub fn size(self) -> usize {
         match self {
             WDtype::Bf16 => 2,
             WDtype::F32 => 4,
+            WDtype::Quant => 0,
         }
     }
+}
+
+/// One run of rows of a quantized matrix, all in one format, `offset` bytes into the buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuantPart {
+    pub format: QuantFormat,
+    pub rows: usize,
+    pub offset: usize,
+}
+
+/// How a quantized matrix's buffer holds its rows: row runs of one format each (a fused projection of a
+/// GGUF file mixes Q4_K and Q6_K parts), one after another.
+pub struct QuantLayout {
+    pub parts: Vec<QuantPart>,
+    /// i32 [cols] when the file stores the columns in another order: `x_stored[c] = x[order[c]]`.
+    pub input_order: Option<DBuf>,
 }
 
 /// A row-major [rows, cols] matrix on the GPU.
@@ -50,23 +71,54 @@ pub struct Mat {
     pub dtype: WDtype,
     /// Row blocks of up to 16 run the tensor-core GEMV (LoadOptions::tensor_core_gemv).
     pub tensor_cores: bool,
+    /// The block layout of a `WDtype::Quant` matrix.
+    pub quant: Option<std::sync::Arc<QuantLayout>>,
 }
 
 impl Mat {
     pub fn bytes(&self) -> usize {
-        self.rows * self.cols * self.dtype.size()
+        match &self.quant {
+            Some(q) => q
+                .parts
+                .iter()
+                .map(|p| p.rows * p.format.row_bytes(self.cols))
+                .sum(),
+            None => self.rows * self.cols * self.dtype.size(),
+        }
     }
 
     /// Its first `rows` rows (at most all), the same memory (`DBuf::prefix`: the holder keeps `self`
     /// alive).
     pub(crate) fn row_prefix(&self, rows: usize) -> Mat {
         let rows = rows.min(self.rows);
+        let quant = self.quant.as_ref().map(|q| {
+            let mut left = rows;
+            let parts = q
+                .parts
+                .iter()
+                .filter_map(|p| {
+                    let take = p.rows.min(left);
+                    left -= take;
+                    (take > 0).then_some(QuantPart { rows: take, ..*p })
+                })
+                .collect();
+            let input_order = q.input_order.as_ref().map(|o| o.prefix(o.bytes));
+            std::sync::Arc::new(QuantLayout { parts, input_order })
+        });
+        let bytes = match &quant {
+            Some(q) => q
+                .parts
+                .last()
+                .map_or(0, |p| p.offset + p.rows * p.format.row_bytes(self.cols)),
+            None => rows * self.cols * self.dtype.size(),
+        };
         Mat {
-            buf: self.buf.prefix(rows * self.cols * self.dtype.size()),
+            buf: self.buf.prefix(bytes),
             rows,
             cols: self.cols,
             dtype: self.dtype,
             tensor_cores: self.tensor_cores,
+            quant,
         }
     }
 }
@@ -103,6 +155,7 @@ pub(crate) fn convert_into(dtype: DType, bytes: &[u8], to: WDtype, out: &mut Vec
                 out.extend_from_slice(&as_f32(b).to_le_bytes());
             }
         }
+        (_, WDtype::Quant) => unreachable!("float conversion to a block format"),
     }
 }
 
@@ -149,8 +202,124 @@ impl Uploader<'_> {
         seed ^ c.wrapping_mul(0xA24B_AED4_963E_E407)
     }
 
-    /// Row-concatenation of tensors `parts` = (full name, rows), each [rows, cols].
+    /// Row-concatenation of tensors `parts` = (full name, rows), each [rows, cols]: in ggml blocks when
+    /// every part is (a GGUF file's blocks, or `--quantize`: [`Uploader::quantized`]), else as
+    /// [`Uploader::matrix_float`].
     pub fn matrix(&self, parts: &[(String, usize)], cols: usize) -> Result<Mat, CudaError> {
+        if let Some(m) = self.quantized(parts, cols, false)? {
+            return Ok(m);
+        }
+        self.matrix_float(parts, cols)
+    }
+
+    /// The embedding table `name` [vocab, cols]: in blocks when the file stores it quantized (the lookup
+    /// then gives ggml's values, as the CPU engine's), else as a float matrix — `--quantize` leaves the
+    /// table's values alone, as the CPU engine does.
+    pub fn embedding(&self, name: &str, vocab: usize, cols: usize) -> Result<Mat, CudaError> {
+        let parts = [(name.to_string(), vocab)];
+        if let Some(m) = self.quantized(&parts, cols, true)? {
+            return Ok(m);
+        }
+        self.matrix_float(&parts, cols)
+    }
+
+    /// Under `--quantize`, the LM head tied to the embeddings `name`, quantized as the CPU engine's
+    /// (`families::layers::Linear::tied_head`); None when the head reads the embedding table itself.
+    pub fn tied_head(
+        &self,
+        name: &str,
+        vocab: usize,
+        cols: usize,
+    ) -> Result<Option<Mat>, CudaError> {
+        match &self.source {
+            Source::Checkpoint(ck) if ck.tensors.quantize().is_some() => {
+                self.quantized(&[(name.to_string(), vocab)], cols, false)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The parts in ggml blocks, when each is: stored so in a GGUF file, or (unless `stored_only`)
+    /// quantized now under `--quantize` by the CPU engine's rules (`families::layers::quantize`). None
+    /// when any part is not, or when the file reorders the columns of a fused part (then the float path
+    /// serves the whole matrix).
+    fn quantized(
+        &self,
+        parts: &[(String, usize)],
+        cols: usize,
+        stored_only: bool,
+    ) -> Result<Option<Mat>, CudaError> {
+        let Source::Checkpoint(ck) = &self.source else {
+            return Ok(None);
+        };
+        let mut bytes = Vec::new();
+        let mut layout = Vec::with_capacity(parts.len());
+        let mut order = None;
+        for (name, rows) in parts {
+            let Some((format, data, input_order)) =
+                host_blocks(ck, name, *rows, cols, stored_only)?
+            else {
+                return Ok(None);
+            };
+            if input_order.is_some() && parts.len() > 1 {
+                return Ok(None);
+            }
+            order = input_order;
+            layout.push((format, *rows));
+            bytes.extend_from_slice(&data);
+        }
+        if layout.is_empty() {
+            return Ok(None);
+        }
+        self.quant_mat(bytes, layout, order, cols).map(Some)
+    }
+
+    /// A quantized matrix from its blocks: `parts` = (format, rows) in order, `order` the file's column
+    /// order.
+    fn quant_mat(
+        &self,
+        bytes: Vec<u8>,
+        parts: Vec<(QuantFormat, usize)>,
+        order: Option<Vec<usize>>,
+        cols: usize,
+    ) -> Result<Mat, CudaError> {
+        let mut offset = 0;
+        let parts: Vec<QuantPart> = parts
+            .into_iter()
+            .map(|(format, rows)| {
+                let p = QuantPart {
+                    format,
+                    rows,
+                    offset,
+                };
+                offset += rows * format.row_bytes(cols);
+                p
+            })
+            .collect();
+        debug_assert_eq!(offset, bytes.len());
+        let input_order = match order {
+            Some(o) => {
+                let o: Vec<i32> = o.iter().map(|&c| c as i32).collect();
+                Some(DBuf::from_host(self.dev, &o)?)
+            }
+            None => None,
+        };
+        if !self.dev.is_emulated() {
+            self.dev.quant_scratch()?;
+        }
+        Ok(Mat {
+            buf: DBuf::from_host(self.dev, &bytes)?,
+            rows: parts.iter().map(|p| p.rows).sum(),
+            cols,
+            dtype: WDtype::Quant,
+            tensor_cores: false,
+            quant: Some(std::sync::Arc::new(QuantLayout { parts, input_order })),
+        })
+    }
+
+    /// [`Uploader::matrix`] in a float type only (bf16 or f32 as the format says; a GGUF file's blocks
+    /// dequantized): what the MoE experts' kernels read.
+    pub fn matrix_float(&self, parts: &[(String, usize)], cols: usize) -> Result<Mat, CudaError> {
         let rows: usize = parts.iter().map(|p| p.1).sum();
         match &self.source {
             Source::Random { seed, .. } => {
@@ -170,6 +339,7 @@ impl Uploader<'_> {
                         cols,
                         dtype,
                         tensor_cores: self.tensor_cores,
+                        quant: None,
                     });
                 }
                 launch(
@@ -190,6 +360,7 @@ impl Uploader<'_> {
                     cols,
                     dtype,
                     tensor_cores: self.tensor_cores,
+                    quant: None,
                 })
             }
             Source::Checkpoint(ck) => {
@@ -208,6 +379,7 @@ impl Uploader<'_> {
                     cols,
                     dtype,
                     tensor_cores: self.tensor_cores,
+                    quant: None,
                 })
             }
         }
@@ -253,6 +425,7 @@ impl Uploader<'_> {
             cols,
             dtype,
             tensor_cores: self.tensor_cores,
+            quant: None,
         })
     }
 
@@ -278,6 +451,7 @@ impl Uploader<'_> {
             cols,
             dtype,
             tensor_cores: self.tensor_cores,
+            quant: None,
         })
     }
 
@@ -300,6 +474,18 @@ impl Uploader<'_> {
                 what: format!("columns {columns:?} of {name} with {cols} columns"),
             });
         }
+        if let Some((format, data, None)) = host_blocks(ck, name, rows, cols, false)? {
+            let block = format.block_len();
+            if columns.start.is_multiple_of(block) && width.is_multiple_of(block) {
+                // Whole blocks of each row: the slice is a matrix of the same format.
+                let (row_bytes, first) = (format.row_bytes(cols), format.row_bytes(columns.start));
+                let mut bytes = Vec::with_capacity(rows * format.row_bytes(width));
+                for row in data.chunks_exact(row_bytes) {
+                    bytes.extend_from_slice(&row[first..first + format.row_bytes(width)]);
+                }
+                return self.quant_mat(bytes, vec![(format, rows)], None, width);
+            }
+        }
         let (dtype, bytes) = stored_matrix(ck, name, &[rows, cols])?;
         let to = target_dtype(dtype, self.format);
         let size = dtype.size_in_bytes();
@@ -318,6 +504,7 @@ impl Uploader<'_> {
             cols: width,
             dtype: to,
             tensor_cores: self.tensor_cores,
+            quant: None,
         })
     }
 
@@ -356,6 +543,38 @@ impl Uploader<'_> {
             }
         })
     }
+}
+
+/// The ggml blocks of matrix `name` [rows, cols] on the host: a GGUF file's, or (unless `stored_only`)
+/// quantized now under `--quantize`; with the file's column order when it has one. None when the matrix
+/// stays in floats.
+type HostBlocks = (QuantFormat, Vec<u8>, Option<Vec<usize>>);
+fn host_blocks(
+    ck: &Checkpoint,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    stored_only: bool,
+) -> Result<Option<HostBlocks>, CudaError> {
+    if let Some(q) = ck.tensors.quantized(name, [rows, cols])? {
+        let format = QuantFormat::from_name(q.ggml_type).ok_or_else(|| CudaError::Unsupported {
+            what: format!("tensor `{name}` in {}", q.ggml_type),
+        })?;
+        return Ok(Some((format, q.data, q.input_order)));
+    }
+    if stored_only {
+        return Ok(None);
+    }
+    let format = ck
+        .tensors
+        .quantize()
+        .and_then(|q| families::layers::quantize::format_for(q, name, rows, cols));
+    let Some(format) = format else {
+        return Ok(None);
+    };
+    let w = ck.tensors.load_f32(name, &[rows, cols])?;
+    let m = kernels::quantize_matrix(format, &w, rows, cols);
+    Ok(Some((format, m.data().to_vec(), None)))
 }
 
 /// One precision for a matrix fused from parts: f32 if any part would be f32.

@@ -184,22 +184,6 @@ impl From<CudaModel> for Model {
     }
 }
 
-/// The note a GPU model of a quantized GGUF file carries: its blocks are widened to bf16 at load (the
-/// GPU has no quantized kernels yet), so it takes the memory and decode time of the bf16 model.
-fn widened_note(ck: &Checkpoint) -> Option<String> {
-    let t = &ck.tensors;
-    let quantized = t.names().find_map(|n| {
-        let ty = t.stored_dtype_name(n).ok()?;
-        model_io::QUANTIZED_TYPES
-            .contains(&ty.as_str())
-            .then_some(ty)
-    })?;
-    Some(format!(
-        "the file's quantized weights ({quantized}, ...) are widened to bf16 on the GPU (its quantized \
-         kernels are not written yet); `--device cpu` runs them as stored"
-    ))
-}
-
 fn mismatch(model: &str, state: &str) -> BackendError {
     ModelError::StateMismatch(format!("a {state} state given to a {model} model")).into()
 }
@@ -219,7 +203,7 @@ impl Model {
                 match CudaModel::load(&dev, ck, LoadOptions::for_checkpoint(ck)) {
                     Ok(m) => Ok(Loaded {
                         model: Model::Cuda(Arc::new(m)),
-                        note: widened_note(ck),
+                        note: None,
                     }),
                     Err(e @ CudaError::Unsupported { .. }) if device == Device::Auto => {
                         Ok(Loaded {

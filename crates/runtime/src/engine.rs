@@ -125,22 +125,6 @@ impl Engine {
         quantize: Option<model_io::Quantize>,
     ) -> Result<Self, RuntimeError> {
         let mut checkpoint = Checkpoint::open(dir)?;
-        let mut device = device;
-        if let Some(q) = quantize {
-            match device {
-                // Quantized weights run on the CPU's kernels: `auto` means the CPU here.
-                Device::Auto | Device::Cpu => device = Device::Cpu,
-                _ => {
-                    return Err(RuntimeError::InvalidFlag {
-                        flag: "--quantize",
-                        value: q.name().into(),
-                        reason:
-                            "quantized weights run on the CPU (--device cpu); the GPU runs bf16"
-                                .into(),
-                    })
-                }
-            }
-        }
         checkpoint.tensors.set_quantize(quantize)?;
         if let Speculation::Block(_) = spec {
             policy::resolve(spec, drafter, &availability(&checkpoint))?;

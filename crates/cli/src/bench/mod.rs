@@ -64,8 +64,7 @@ pub struct BenchArgs {
     /// Checkpoint directory. Default: $TURBOSPARK_MODEL, else the embedded testbed. Ignored with --shape.
     #[arg(long, value_name = "DIR", env = "TURBOSPARK_MODEL")]
     pub model: Option<PathBuf>,
-    /// Quantize the weight matrices at load (q8_0 or q4_k, as the model commands' --quantize); the
-    /// model then runs on the CPU.
+    /// Quantize the weight matrices at load (q8_0 or q4_k, as the model commands' --quantize).
     #[arg(long, value_name = "q8_0|q4_k", value_parser = crate::parse_quantize)]
     pub quantize: Option<turbospark::model_io::Quantize>,
     /// Benchmark a random checkpoint of this synth shape (written to a temporary directory).
@@ -386,11 +385,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let spinner = progress::spinner(format!("loading {label}"));
     let loaded = (|| -> Result<(Checkpoint, turbospark::device::Loaded)> {
         let mut checkpoint = Checkpoint::open(&dir).context("cannot load the model")?;
-        let device = match args.quantize {
-            Some(_) if matches!(args.device, Device::Auto | Device::Cpu) => Device::Cpu,
-            Some(_) => anyhow::bail!("--quantize runs on the CPU: pass --device cpu"),
-            None => args.device,
-        };
+        let device = args.device;
         checkpoint
             .tensors
             .set_quantize(args.quantize)

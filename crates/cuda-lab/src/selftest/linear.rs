@@ -36,6 +36,7 @@ fn upload(
             .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
             .collect(),
         WDtype::F32 => w.iter().flat_map(|&v| v.to_le_bytes()).collect(),
+        WDtype::Quant => unreachable!("quantized matrices: selftest/quant.rs"),
     };
     Ok(Mat {
         buf: DBuf::from_host(dev, &bytes)?,
@@ -43,6 +44,7 @@ fn upload(
         cols,
         dtype,
         tensor_cores: true,
+        quant: None,
     })
 }
 

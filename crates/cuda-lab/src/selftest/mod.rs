@@ -15,6 +15,7 @@ mod gdn_chunk;
 mod linear;
 mod mixers;
 mod moe;
+mod quant;
 mod segment;
 
 use cuda_backend::lab::{dtoh, DBuf};
@@ -84,6 +85,7 @@ pub fn self_test(dev: &CudaDevice) -> Result<Vec<SelfTestRow>, CudaError> {
     gdn_chunk::checks(dev, &mut rng, &mut rows)?;
     attention_tc::checks(dev, &mut rng, &mut rows)?;
     moe::checks(dev, &mut rng, &mut rows)?;
+    quant::checks(dev, &mut rng, &mut rows)?;
     segment::checks(dev, &mut rng, &mut rows)?;
     Ok(rows)
 }
@@ -92,6 +94,13 @@ pub fn self_test(dev: &CudaDevice) -> Result<Vec<SelfTestRow>, CudaError> {
 pub fn self_test_gdn_chunked(dev: &CudaDevice) -> Result<Vec<SelfTestRow>, CudaError> {
     let mut rows = Vec::new();
     gdn_chunk::checks(dev, &mut Rng(0x2545_F491_4F6C_DD1D), &mut rows)?;
+    Ok(rows)
+}
+
+/// Only the quantized-matrix checks (quant.rs; also part of [`self_test`]).
+pub fn self_test_quant(dev: &CudaDevice) -> Result<Vec<SelfTestRow>, CudaError> {
+    let mut rows = Vec::new();
+    quant::checks(dev, &mut Rng(0x3C6E_F372_FE94_F82B), &mut rows)?;
     Ok(rows)
 }
 

@@ -52,6 +52,7 @@ fn bf16_mat(
         cols,
         dtype: WDtype::Bf16,
         tensor_cores: false,
+        quant: None,
     };
     Ok((mat, bf16_round(v)))
 }

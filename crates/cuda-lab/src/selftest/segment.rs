@@ -25,6 +25,7 @@ fn bf16_mat(dev: &CudaDevice, rng: &mut Rng, rows: usize, cols: usize) -> Result
         cols,
         dtype: WDtype::Bf16,
         tensor_cores: false,
+        quant: None,
     })
 }
 

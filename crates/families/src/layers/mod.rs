@@ -4,7 +4,7 @@
 pub mod attention;
 pub mod ffn;
 pub mod gdn;
-mod quantize;
+pub mod quantize;
 
 use std::borrow::Cow;
 

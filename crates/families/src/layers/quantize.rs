@@ -12,12 +12,7 @@ use kernels::QuantFormat;
 use model_io::Quantize;
 
 /// The format of weight matrix `name` ([rows, cols]) under `quantize`; None keeps it as stored.
-pub(crate) fn format_for(
-    quantize: Quantize,
-    name: &str,
-    rows: usize,
-    cols: usize,
-) -> Option<QuantFormat> {
+pub fn format_for(quantize: Quantize, name: &str, rows: usize, cols: usize) -> Option<QuantFormat> {
     if rows <= 1 || name.ends_with("mlp.gate.weight") {
         return None;
     }

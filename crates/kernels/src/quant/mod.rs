@@ -85,6 +85,11 @@ impl QuantMatrix {
         self.data.len()
     }
 
+    /// The blocks, row after row (ggml's layout).
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
     pub(crate) fn row(&self, r: usize) -> &[u8] {
         let rb = self.format.row_bytes(self.k);
         &self.data[r * rb..(r + 1) * rb]
