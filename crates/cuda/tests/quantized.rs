@@ -9,6 +9,9 @@ use std::sync::Arc;
 
 use cuda_backend::{CudaDevice, CudaModel, LoadOptions, WeightFormat};
 use families::Wanted;
+use kernels::QuantFormat;
+use model_io::gguf::writer::rewrite;
+use model_io::gguf::GgmlType;
 use model_io::{Checkpoint, Quantize};
 use safetensors::SafeTensors;
 
@@ -28,6 +31,38 @@ fn quantized(name: &str, q: Quantize) -> Checkpoint {
     let mut ck = Checkpoint::open(&testdata::fixture(name)).unwrap();
     ck.tensors.set_quantize(Some(q)).unwrap();
     ck
+}
+
+/// A copy of the converter's f32 GGUF fixture with its weight matrices quantized as a llama.cpp mix
+/// would: the value projections (attention V, the GDN's fused qkv) Q8_0, the other matrices Q4_0, so
+/// that fused projections mix formats and the GDN output projection keeps its reordered columns.
+fn mixed_gguf(dir: &std::path::Path) -> Checkpoint {
+    let path = dir.join("mixed.gguf");
+    let n = rewrite(
+        &testdata::fixture("gguf/qwen3_5.gguf"),
+        &path,
+        |t, bytes| {
+            let cols = t.extents[0];
+            if t.ggml_type != GgmlType::F32 || t.extents.len() != 2 || cols % 32 != 0 {
+                return None;
+            }
+            let wide = t.name.contains("attn_v") || t.name.contains("attn_qkv");
+            let (format, id) = if wide {
+                (QuantFormat::Q8_0, 8)
+            } else {
+                (QuantFormat::Q4_0, 2)
+            };
+            let x: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let m = kernels::quantize_matrix(format, &x, x.len() / cols, cols);
+            Some((GgmlType::from_id(id).unwrap(), m.data().to_vec()))
+        },
+    )
+    .unwrap();
+    assert!(n > 10, "{n} tensors quantized");
+    Checkpoint::open(&path).unwrap()
 }
 
 fn max_abs(a: &[f32], b: &[f32]) -> f32 {
@@ -147,4 +182,40 @@ fn simulated_quantized_kernels_follow_the_cpu_engine_and_verify_rows_equal_decod
         );
         assert_eq!(g_tokens, tokens, "{name} {q:?}");
     }
+}
+
+#[test]
+fn quantized_gguf_with_mixed_formats_runs_on_the_gpu_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = mixed_gguf(dir.path());
+    let p: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 512).collect();
+    let (full, rows, tokens) = cpu_run(&ck, &p, 6);
+    let dev = Arc::new(CudaDevice::emulated());
+    let m = CudaModel::load(&dev, &ck, opts()).unwrap();
+    // Every projection in blocks (fused ones of mixed formats too): under a quarter of the f32 bytes.
+    let plain = Checkpoint::open(&testdata::fixture("gguf/qwen3_5.gguf")).unwrap();
+    let plain = CudaModel::load(&dev, &plain, opts()).unwrap();
+    assert!(
+        4 * m.weight_bytes() < plain.weight_bytes(),
+        "{} bytes quantized, {} f32",
+        m.weight_bytes(),
+        plain.weight_bytes()
+    );
+    let (g_full, g_rows, g_tokens) = cuda_run(&m, &p, 6);
+    assert!(max_abs(&g_full, &full) <= 1e-4, "emulated prompt logits");
+    assert!(
+        max_abs(&g_rows.concat(), &rows.concat()) <= 1e-4,
+        "emulated decode logits"
+    );
+    assert_eq!(g_tokens, tokens, "emulated");
+    let dev = Arc::new(CudaDevice::simulated().unwrap());
+    let m = CudaModel::load(&dev, &ck, opts()).unwrap();
+    let (_, g_rows, g_tokens) = cuda_run(&m, &p, 6);
+    let scale = rows.concat().iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = max_abs(&g_rows.concat(), &rows.concat());
+    assert!(
+        d <= 0.05 * scale,
+        "simulated decode logits max |Δ| {d} (scale {scale})"
+    );
+    assert_eq!(g_tokens, tokens, "simulated");
 }

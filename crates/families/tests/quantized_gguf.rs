@@ -7,66 +7,18 @@
 //! writes: kernels' tests), the rest copied. References: the f32 file's logits (quantization error
 //! bounded), and the model's own one-row steps (verify blocks give their bits: speculation stays exact).
 
-use std::io::Write;
 use std::path::Path;
 
 use families::layers::{Linear, Tensors, Weights};
 use families::{Transformer, Wanted};
 use kernels::QuantFormat;
-use model_io::gguf::reader::{parse, MetaValue};
+use model_io::gguf::writer::rewrite;
 use model_io::gguf::GgmlType;
 use model_io::Checkpoint;
-
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    out.extend((s.len() as u64).to_le_bytes());
-    out.extend(s.as_bytes());
-}
-
-fn type_id(v: &MetaValue) -> u32 {
-    match v {
-        MetaValue::U8(_) => 0,
-        MetaValue::I8(_) => 1,
-        MetaValue::U16(_) => 2,
-        MetaValue::I16(_) => 3,
-        MetaValue::U32(_) => 4,
-        MetaValue::I32(_) => 5,
-        MetaValue::F32(_) => 6,
-        MetaValue::Bool(_) => 7,
-        MetaValue::String(_) => 8,
-        MetaValue::Array(_) => 9,
-        MetaValue::U64(_) => 10,
-        MetaValue::I64(_) => 11,
-        MetaValue::F64(_) => 12,
-    }
-}
-
-fn put_value(out: &mut Vec<u8>, v: &MetaValue) {
-    match v {
-        MetaValue::U8(x) => out.push(*x),
-        MetaValue::I8(x) => out.extend(x.to_le_bytes()),
-        MetaValue::U16(x) => out.extend(x.to_le_bytes()),
-        MetaValue::I16(x) => out.extend(x.to_le_bytes()),
-        MetaValue::U32(x) => out.extend(x.to_le_bytes()),
-        MetaValue::I32(x) => out.extend(x.to_le_bytes()),
-        MetaValue::F32(x) => out.extend(x.to_le_bytes()),
-        MetaValue::Bool(x) => out.push(*x as u8),
-        MetaValue::String(s) => put_str(out, s),
-        MetaValue::Array(items) => {
-            out.extend(items.first().map_or(0, type_id).to_le_bytes());
-            out.extend((items.len() as u64).to_le_bytes());
-            items.iter().for_each(|i| put_value(out, i));
-        }
-        MetaValue::U64(x) => out.extend(x.to_le_bytes()),
-        MetaValue::I64(x) => out.extend(x.to_le_bytes()),
-        MetaValue::F64(x) => out.extend(x.to_le_bytes()),
-    }
-}
 
 /// Writes `src` (an f32 GGUF) to `dst` with its 2-D F32 tensors quantized to `format` where their rows
 /// divide into its blocks; returns how many were quantized.
 fn quantized_copy(src: &Path, dst: &Path, format: QuantFormat) -> usize {
-    let file = std::fs::read(src).unwrap();
-    let parsed = parse(&file).unwrap();
     let ggml = GgmlType::from_id(match format {
         QuantFormat::Q4_0 => 2,
         QuantFormat::Q4_1 => 3,
@@ -78,54 +30,25 @@ fn quantized_copy(src: &Path, dst: &Path, format: QuantFormat) -> usize {
         QuantFormat::Q6K => 14,
     })
     .unwrap();
-    let mut header = b"GGUF".to_vec();
-    header.extend(3u32.to_le_bytes());
-    header.extend((parsed.tensors.len() as u64).to_le_bytes());
-    header.extend((parsed.metadata.len() as u64).to_le_bytes());
-    for (key, value) in &parsed.metadata {
-        put_str(&mut header, key);
-        header.extend(type_id(value).to_le_bytes());
-        put_value(&mut header, value);
-    }
-    let align = parsed.alignment as usize;
-    let (mut data, mut quantized) = (Vec::new(), 0);
-    for t in &parsed.tensors {
-        let bytes = &file[t.begin..t.end];
+    rewrite(src, dst, |t, bytes| {
         let cols = t.extents[0];
-        let quantize =
-            t.ggml_type == GgmlType::F32 && t.extents.len() == 2 && cols % format.block_len() == 0;
-        let (ty, stored) = if quantize {
-            quantized += 1;
-            let x: Vec<f32> = bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            let mut q = vec![0u8; x.len() / cols * format.row_bytes(cols)];
-            for (row, out) in x
-                .chunks_exact(cols)
-                .zip(q.chunks_exact_mut(format.row_bytes(cols)))
-            {
-                kernels::quantize_row(format, row, out);
-            }
-            (ggml, q)
-        } else {
-            (t.ggml_type, bytes.to_vec())
-        };
-        put_str(&mut header, &t.name);
-        header.extend((t.extents.len() as u32).to_le_bytes());
-        t.extents
-            .iter()
-            .for_each(|e| header.extend((*e as u64).to_le_bytes()));
-        header.extend(ty.id().to_le_bytes());
-        header.extend((data.len() as u64).to_le_bytes());
-        data.extend(stored);
-        data.resize(data.len().next_multiple_of(align), 0);
-    }
-    header.resize(header.len().next_multiple_of(align), 0);
-    let mut out = std::fs::File::create(dst).unwrap();
-    out.write_all(&header).unwrap();
-    out.write_all(&data).unwrap();
-    quantized
+        if t.ggml_type != GgmlType::F32 || t.extents.len() != 2 || cols % format.block_len() != 0 {
+            return None;
+        }
+        let x: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let mut q = vec![0u8; x.len() / cols * format.row_bytes(cols)];
+        for (row, out) in x
+            .chunks_exact(cols)
+            .zip(q.chunks_exact_mut(format.row_bytes(cols)))
+        {
+            kernels::quantize_row(format, row, out);
+        }
+        Some((ggml, q))
+    })
+    .unwrap()
 }
 
 /// Logits of every row of `tokens` from an empty state: [n, vocab].

@@ -20,6 +20,7 @@ pub mod names;
 pub mod reader;
 pub mod tokenizer;
 pub mod types;
+pub mod writer;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
