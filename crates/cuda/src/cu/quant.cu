@@ -30,8 +30,13 @@
 #define QGEMV_MAX_ROWS 16
 #define QGEMV_WARPS 8
 
-// IEEE half bits -> f32 (exact, subnormals included).
+// IEEE half bits -> f32 (exact, subnormals included): the conversion instruction on the GPU.
 __device__ __forceinline__ float f16_bits(unsigned h) {
+#ifndef KERNEL_SIM
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+    return f;
+#endif
     const unsigned s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
     if (e == 0) {
         const float v = (float)m * 5.9604644775390625e-8f;  // m * 2^-24, exact
@@ -71,15 +76,16 @@ template <> struct QFmt<QF_Q4_K> { enum { BLOCK = 256, BYTES = 144, MIN = 1 }; }
 template <> struct QFmt<QF_Q5_K> { enum { BLOCK = 256, BYTES = 176, MIN = 1 }; };
 template <> struct QFmt<QF_Q6_K> { enum { BLOCK = 256, BYTES = 210, MIN = 0 }; };
 
-// ggml's get_scale_min_k4 for sub-block t of the 12 packed bytes q.
+// ggml's get_scale_min_k4 for sub-block t of the 12 packed bytes q (4-byte aligned), without branches
+// (the lanes of a warp take different t): the four-at-a-time word form of the CPU's scales_mins_k4.
 __device__ __forceinline__ void q_scale_min_k4(const unsigned char* q, int t, int* sc, int* mn) {
-    if (t < 4) {
-        *sc = q[t] & 63;
-        *mn = q[t + 4] & 63;
-    } else {
-        *sc = (q[t + 4] & 0xF) | ((q[t - 4] >> 6) << 4);
-        *mn = (q[t + 4] >> 4) | ((q[t] >> 6) << 4);
-    }
+    const unsigned u0 = (unsigned)q_i32_a4(q), u1 = (unsigned)q_i32_a4(q + 4), u2 = (unsigned)q_i32_a4(q + 8);
+    const bool lo = t < 4;
+    const unsigned s = lo ? u0 & 0x3F3F3F3Fu : (u2 & 0x0F0F0F0Fu) | (((u0 >> 6) & 0x03030303u) << 4);
+    const unsigned m = lo ? u1 & 0x3F3F3F3Fu : ((u2 >> 4) & 0x0F0F0F0Fu) | (((u1 >> 6) & 0x03030303u) << 4);
+    const int shift = 8 * (t & 3);
+    *sc = (int)((s >> shift) & 0xFFu);
+    *mn = (int)((m >> shift) & 0xFFu);
 }
 
 // Sub-block j of `row` in format F: the scales a = d * sc (ggml's float products) and the term b.
