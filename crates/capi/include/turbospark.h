@@ -88,7 +88,7 @@ void ts_params_init(ts_params *params);
  * "speculative" auto|off|N (default auto), "drafter" auto|mtp|dflash|ngram|suffix (default auto), "threads" N (this engine's own kernel threads; default
  * one per core), "ngram_min" / "ngram_max" N (prompt lookup's n-gram sizes, 1..=64; default 1 and 3),
  * "suffix_memory" N (the suffix drafter's bound in indexed tokens, 256..=1048576; default 32768),
- * "quantize" q8_0|q4_k (quantize a bf16/f32 checkpoint's weight matrices at load; the CPU runs them).
+ * "quantize" q8_0|q4_k|fp8 (quantize a bf16/f32 checkpoint's weight matrices at load).
  * A named speculative block the checkpoint cannot serve is TS_UNAVAILABLE, not a silent downgrade. */
 ts_status ts_engine_open(const char *model_dir, const char *const *keys, const char *const *values,
                          size_t n_options, ts_engine **engine, char **error);

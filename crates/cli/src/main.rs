@@ -100,10 +100,11 @@ pub struct ModelArgs {
     /// driver is present, else the CPU). `cuda-emulated` runs the CUDA backend on the CPU (slow; tests).
     #[arg(long, value_name = "cpu|cuda|auto", default_value = "auto", value_parser = parse_device)]
     pub device: Device,
-    /// Quantize a bf16/f32 checkpoint's weight matrices at load and run them on the CPU's quantized
-    /// kernels: q8_0 (8.5 bits a weight), or q4_k (llama.cpp's Q4_K_M mix: Q4_K, LM head Q6_K).
-    /// Default: as stored (a GGUF file's quantized blocks run as they are).
-    #[arg(long, value_name = "q8_0|q4_k", value_parser = parse_quantize)]
+    /// Quantize a bf16/f32 checkpoint's weight matrices at load and run them on the quantized kernels:
+    /// q8_0 (8.5 bits a weight), q4_k (llama.cpp's Q4_K_M mix: Q4_K, LM head Q6_K), or fp8 (e4m3 with a
+    /// scale per 128x128 block, as Qwen's FP8 checkpoints). Default: as stored (a GGUF file's or an FP8
+    /// checkpoint's blocks run as they are).
+    #[arg(long, value_name = "q8_0|q4_k|fp8", value_parser = parse_quantize)]
     pub quantize: Option<turbospark::model_io::Quantize>,
 }
 

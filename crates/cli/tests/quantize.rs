@@ -32,7 +32,7 @@ fn generate(extra: &[&str], prompt: &str) -> String {
 
 #[test]
 fn quantized_testbed_speculates_exactly() {
-    for q in ["q8_0", "q4_k"] {
+    for q in ["q8_0", "q4_k", "fp8"] {
         for prompt in ["fn main() {", "The history of the"] {
             let plain = generate(&["--quantize", q, "--speculative", "off"], prompt);
             assert!(plain.len() > prompt.len(), "{q}: {plain:?}");
@@ -59,14 +59,13 @@ fn bad_quantize_requests_are_one_error_line() {
         ),
         (
             &[
-                "generate",
+                "bench",
                 "--model",
                 model,
                 "--quantize",
-                "q8_0",
-                "--device",
-                "cuda",
-                "hi",
+                "fp16",
+                "--gen-tokens",
+                "4",
             ],
             "--quantize",
         ),

@@ -15,6 +15,7 @@ mod amx;
 mod attention;
 mod conv;
 mod elementwise;
+mod fp8;
 mod gdn;
 mod linear;
 #[cfg(target_arch = "x86_64")]
@@ -32,6 +33,9 @@ pub use conv::causal_conv1d_silu;
 pub use elementwise::{
     add_inplace, argmax, sigmoid, silu, silu_inplace, silu_mul, softmax_inplace, softplus,
 };
+pub use fp8::{e4m3_from_f32, e4m3_value, linear_fp8, linear_fp8_rows, Fp8Matrix};
+#[doc(hidden)]
+pub use fp8::{fp8_simd_paths, linear_fp8_path};
 pub use gdn::{gdn_chunked, gdn_recurrent, GDN_CHUNK};
 pub use linear::{
     linear, linear_acc, linear_acc_bf16, linear_bf16, linear_bf16_matrix, linear_bf16_matrix_rows,

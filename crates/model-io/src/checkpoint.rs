@@ -60,7 +60,8 @@ impl Checkpoint {
             });
         }
         let mut config = ModelConfig::from_json_file(&dir.join("config.json"))?;
-        let tensors = TensorStore::open(dir)?;
+        let mut tensors = TensorStore::open(dir)?;
+        crate::fp8::apply(&dir.join("config.json"), &mut tensors)?;
         if let Some(prefix) = PREFIXES
             .iter()
             .find(|p| tensors.contains(&format!("{p}embed_tokens.weight")))

@@ -13,6 +13,7 @@
 mod checkpoint;
 mod config;
 mod error;
+mod fp8;
 mod generation;
 pub mod gguf;
 mod json;
@@ -21,6 +22,7 @@ mod tensors;
 pub use checkpoint::Checkpoint;
 pub use config::{Family, LayerKind, LinearAttentionConfig, ModelConfig, MoeConfig};
 pub use error::LoadError;
+pub use fp8::{e4m3_to_f32, Fp8Tensor};
 pub use generation::GenerationDefaults;
 pub use tensors::{DType, Quantize, QuantizedTensor, TensorStore, QUANTIZED_TYPES};
 

@@ -86,7 +86,7 @@ pub struct QuantizedTensor {
 
 /// How a tensor is stored.
 #[derive(Debug)]
-enum Stored {
+pub(crate) enum Stored {
     Safetensors(Dtype),
     Gguf {
         ggml_type: GgmlType,
@@ -95,15 +95,23 @@ enum Stored {
         /// f32 little-endian bytes, made by the first `raw` of a converted tensor.
         converted: OnceLock<Vec<u8>>,
     },
+    /// A fine-grained FP8 weight (`F8_E4M3`) whose blocks of `block` = [rows, cols] elements scale by
+    /// the tensor `scale` (`crate::fp8`).
+    Fp8 {
+        scale: String,
+        block: [usize; 2],
+        /// f32 little-endian bytes (dequantized), made by the first `raw`.
+        converted: OnceLock<Vec<u8>>,
+    },
 }
 
 /// One tensor's location.
 #[derive(Debug)]
-struct Entry {
+pub(crate) struct Entry {
     shard: usize,
-    stored: Stored,
+    pub(crate) stored: Stored,
     /// Row-major, outermost first (the Hugging Face shape for GGUF tensors).
-    shape: Vec<usize>,
+    pub(crate) shape: Vec<usize>,
     /// Absolute byte range in the shard file.
     begin: usize,
     end: usize,
@@ -120,7 +128,7 @@ struct Shard {
 pub struct TensorStore {
     dir: PathBuf,
     shards: Vec<Shard>,
-    entries: HashMap<String, Entry>,
+    pub(crate) entries: HashMap<String, Entry>,
     /// Quantize the weight matrices at load (`--quantize`); the model's loader reads it.
     quantize: Option<Quantize>,
 }
@@ -134,6 +142,9 @@ pub enum Quantize {
     /// llama.cpp's Q4_K_M mix: Q4_K matrices (4.5 bits), the LM head Q6_K; rows that do not divide into
     /// 256-blocks fall back as llama.cpp's quantizer does (Q4_K to Q5_0, Q6_K to Q8_0).
     Q4K,
+    /// Fine-grained FP8 as Qwen's FP8 checkpoints: e4m3 weights with a scale per 128x128 block (8 bits
+    /// a weight); the LM head and embeddings stay as stored, as in those checkpoints.
+    Fp8,
 }
 
 impl Quantize {
@@ -142,6 +153,7 @@ impl Quantize {
         match self {
             Quantize::Q8_0 => "q8_0",
             Quantize::Q4K => "q4_k",
+            Quantize::Fp8 => "fp8",
         }
     }
 }
@@ -152,7 +164,8 @@ impl std::str::FromStr for Quantize {
         match s.to_ascii_lowercase().as_str() {
             "q8_0" => Ok(Quantize::Q8_0),
             "q4_k" | "q4_k_m" => Ok(Quantize::Q4K),
-            _ => Err(format!("expected q8_0 or q4_k (got {s:?})")),
+            "fp8" => Ok(Quantize::Fp8),
+            _ => Err(format!("expected q8_0, q4_k or fp8 (got {s:?})")),
         }
     }
 }
@@ -353,6 +366,7 @@ impl TensorStore {
         Ok(match &self.entry(name)?.stored {
             Stored::Safetensors(dtype) => format!("{dtype:?}"),
             Stored::Gguf { ggml_type, .. } => ggml_type.name().to_string(),
+            Stored::Fp8 { .. } => "F8_E4M3".to_string(),
         })
     }
 
@@ -380,8 +394,7 @@ impl TensorStore {
         if let Some(q) = quantize {
             let stored = self.names().find_map(|name| {
                 let ty = self.stored_dtype_name(name).ok()?;
-                QUANTIZED_TYPES
-                    .contains(&ty.as_str())
+                (QUANTIZED_TYPES.contains(&ty.as_str()) || ty == "F8_E4M3")
                     .then(|| (name.to_string(), ty))
             });
             if let Some((name, ty)) = stored {
@@ -437,6 +450,10 @@ impl TensorStore {
                 transforms,
                 ..
             } => self.convert_gguf(name, entry, *ggml_type, transforms, bytes),
+            Stored::Fp8 { .. } => {
+                let t = self.fp8_blocks(name, entry)?;
+                Ok(t.dequantize())
+            }
         }
     }
 
@@ -549,6 +566,15 @@ impl TensorStore {
                 let le = converted.get().map(Vec::as_slice).unwrap_or_default();
                 Ok((dtype, &entry.shape, le))
             }
+            Stored::Fp8 { converted, .. } => {
+                if converted.get().is_none() {
+                    let values = self.fp8_blocks(name, entry)?.dequantize();
+                    let le: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    let _ = converted.set(le);
+                }
+                let le = converted.get().map(Vec::as_slice).unwrap_or_default();
+                Ok((dtype, &entry.shape, le))
+            }
             _ => Ok((dtype, &entry.shape, bytes)),
         }
     }
@@ -629,7 +655,7 @@ impl TensorStore {
         Ok(store)
     }
 
-    fn entry(&self, name: &str) -> Result<&Entry, LoadError> {
+    pub(crate) fn entry(&self, name: &str) -> Result<&Entry, LoadError> {
         self.entries
             .get(name)
             .ok_or_else(|| LoadError::MissingTensor {
@@ -638,7 +664,7 @@ impl TensorStore {
             })
     }
 
-    fn shard_path(&self, entry: &Entry) -> &Path {
+    pub(crate) fn shard_path(&self, entry: &Entry) -> &Path {
         self.shards
             .get(entry.shard)
             .map(|s| s.path.as_path())
@@ -673,10 +699,12 @@ impl TensorStore {
                     _ => DType::F32,
                 })
             }
+            // Served dequantized to f32 by `load_f32` / `raw`; the kernels take the blocks (`fp8`).
+            Stored::Fp8 { .. } => Ok(DType::F32),
         }
     }
 
-    fn bytes(&self, entry: &Entry) -> Result<&[u8], LoadError> {
+    pub(crate) fn bytes(&self, entry: &Entry) -> Result<&[u8], LoadError> {
         // Always Some by the invariant; the error arm keeps this panic-free regardless.
         self.shards
             .get(entry.shard)

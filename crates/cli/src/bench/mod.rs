@@ -64,8 +64,8 @@ pub struct BenchArgs {
     /// Checkpoint directory. Default: $TURBOSPARK_MODEL, else the embedded testbed. Ignored with --shape.
     #[arg(long, value_name = "DIR", env = "TURBOSPARK_MODEL")]
     pub model: Option<PathBuf>,
-    /// Quantize the weight matrices at load (q8_0 or q4_k, as the model commands' --quantize).
-    #[arg(long, value_name = "q8_0|q4_k", value_parser = crate::parse_quantize)]
+    /// Quantize the weight matrices at load (q8_0, q4_k or fp8, as the model commands' --quantize).
+    #[arg(long, value_name = "q8_0|q4_k|fp8", value_parser = crate::parse_quantize)]
     pub quantize: Option<turbospark::model_io::Quantize>,
     /// Benchmark a random checkpoint of this synth shape (written to a temporary directory).
     #[arg(long, value_name = "NAME")]

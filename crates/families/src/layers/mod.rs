@@ -62,6 +62,8 @@ pub enum Weights {
         /// `x_stored[c] = x[input_order[c]]` when the file stores the columns in another order.
         input_order: Option<Vec<usize>>,
     },
+    /// Fine-grained FP8 (an FP8 checkpoint's blocks, or `--quantize fp8`).
+    Fp8(kernels::Fp8Matrix),
 }
 
 impl Linear {
@@ -90,7 +92,30 @@ impl Linear {
             };
             return Ok(Linear { w, out_dim, in_dim });
         }
+        if let Some(f) = t.store.fp8(&full, [out_dim, in_dim])? {
+            let bad = |reason: String| LoadError::Unsupported {
+                path: t.store.dir().to_path_buf(),
+                field: full.clone(),
+                reason,
+            };
+            let w = kernels::Fp8Matrix::new(&f.data, &f.scales, out_dim, in_dim, f.block)
+                .map_err(bad)?;
+            return Ok(Linear {
+                w: Weights::Fp8(w),
+                out_dim,
+                in_dim,
+            });
+        }
         if let Some(quantize) = t.store.quantize() {
+            if let Some(block) = quantize::fp8_block_for(quantize, &full, out_dim) {
+                let w = t.get(name, &[out_dim, in_dim])?;
+                let w = kernels::Fp8Matrix::quantize(&w, out_dim, in_dim, block);
+                return Ok(Linear {
+                    w: Weights::Fp8(w),
+                    out_dim,
+                    in_dim,
+                });
+            }
             if let Some(format) = quantize::format_for(quantize, &full, out_dim, in_dim) {
                 let w = t.get(name, &[out_dim, in_dim])?;
                 let w = kernels::quantize_matrix(format, &w, out_dim, in_dim);
@@ -130,7 +155,9 @@ impl Linear {
         in_dim: usize,
     ) -> Result<Option<Self>, LoadError> {
         let full = t.full_name(name);
-        if t.store.quantize().is_some() || t.store.quantized(&full, [out_dim, in_dim])?.is_some() {
+        let stored_quantized = t.store.quantized(&full, [out_dim, in_dim])?.is_some()
+            || t.store.fp8(&full, [out_dim, in_dim])?.is_some();
+        if t.store.quantize().is_some() || stored_quantized {
             return Ok(Some(Self::load(t, name, out_dim, in_dim)?));
         }
         match t.store.dtype(&full)? {
@@ -158,6 +185,7 @@ impl Linear {
                 let x = reorder(x, n, k, input_order.as_deref());
                 kernels::linear_quant(&x, w, n, &mut out)
             }
+            Weights::Fp8(w) => kernels::linear_fp8(x, w, n, &mut out),
         }
         out
     }
@@ -168,7 +196,7 @@ impl Linear {
         match &self.w {
             Weights::F32(_) => kernels::MATVEC_MAX_ROWS,
             Weights::Bf16(w) => w.batch_invariant_rows(),
-            Weights::Quant { .. } => usize::MAX,
+            Weights::Quant { .. } | Weights::Fp8(_) => usize::MAX,
         }
     }
 
@@ -193,6 +221,7 @@ impl Linear {
                 let x = reorder(x, n, k, input_order.as_deref());
                 kernels::linear_quant_rows(&x, w, n, rows, &mut out)
             }
+            Weights::Fp8(w) => kernels::linear_fp8_rows(x, w, n, rows, &mut out),
         }
         out
     }
@@ -202,6 +231,7 @@ impl Linear {
             Weights::F32(w) => w.len(),
             Weights::Bf16(w) => w.rows() * w.cols(),
             Weights::Quant { w, .. } => w.rows() * w.cols(),
+            Weights::Fp8(w) => w.rows() * w.cols(),
         }
     }
 }

@@ -7,6 +7,8 @@
 //! - A matrix whose rows do not divide into the format's blocks falls back as llama.cpp's
 //!   `convert_incompatible_tensor`: Q4_K to Q5_0, Q6_K to Q8_0; rows not a multiple of 32 stay as stored.
 //! - The MoE router and one-row gates stay as stored (llama.cpp keeps `ffn_gate_inp` in f32).
+//! - `fp8`: every weight matrix e4m3 with a scale per 128x128 block, as Qwen's FP8 checkpoints; the LM
+//!   head, embeddings and routers stay as stored, as there.
 
 use kernels::QuantFormat;
 use model_io::Quantize;
@@ -21,6 +23,7 @@ pub fn format_for(quantize: Quantize, name: &str, rows: usize, cols: usize) -> O
         (Quantize::Q8_0, _) => QuantFormat::Q8_0,
         (Quantize::Q4K, true) => QuantFormat::Q6K,
         (Quantize::Q4K, false) => QuantFormat::Q4K,
+        (Quantize::Fp8, _) => return None,
     };
     let fits = |f: QuantFormat| cols.is_multiple_of(f.block_len());
     let fallback = match wanted {
@@ -31,6 +34,19 @@ pub fn format_for(quantize: Quantize, name: &str, rows: usize, cols: usize) -> O
     };
     [wanted, fallback].into_iter().find(|&f| fits(f))
 }
+
+/// The FP8 block of weight matrix `name` ([rows, cols]) under `--quantize fp8` (Qwen's FP8 checkpoints:
+/// [128, 128], every linear but the LM head, the embeddings and the MoE routers); None keeps it as stored.
+pub fn fp8_block_for(quantize: Quantize, name: &str, rows: usize) -> Option<[usize; 2]> {
+    let kept = rows <= 1
+        || name.ends_with("mlp.gate.weight")
+        || name.ends_with("lm_head.weight")
+        || name.ends_with("embed_tokens.weight");
+    (quantize == Quantize::Fp8 && !kept).then_some(FP8_BLOCK)
+}
+
+/// The block of Qwen's FP8 checkpoints.
+pub const FP8_BLOCK: [usize; 2] = [128, 128];
 
 #[cfg(test)]
 mod tests {

@@ -393,6 +393,14 @@ unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
 impl Out {
+    /// The rows of `out` [n, rows] as tasks write them.
+    pub(crate) fn new(out: &mut [f32], rows: usize) -> Self {
+        Out {
+            ptr: out.as_mut_ptr(),
+            rows,
+        }
+    }
+
     /// # Safety
     /// `i < n`, `j < rows` of the buffer, and no other thread accesses element (i, j).
     #[inline(always)]
@@ -403,7 +411,7 @@ impl Out {
 
 /// Weight rows per rayon task: ~4 tasks per thread, at most ~1 MiB of weights each, a multiple of 4 rows
 /// (the one-input micro-tile); one task when the whole product is small (fork/join would cost more).
-fn rows_per_task(rows: usize, row_bytes: usize, n: usize) -> usize {
+pub(crate) fn rows_per_task(rows: usize, row_bytes: usize, n: usize) -> usize {
     if rows * row_bytes * n <= 1 << 15 {
         return rows;
     }

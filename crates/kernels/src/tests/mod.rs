@@ -4,6 +4,7 @@
 mod attention;
 mod conv;
 mod elementwise;
+mod fp8;
 mod gdn;
 mod linear;
 mod norm;
