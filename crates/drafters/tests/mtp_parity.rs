@@ -87,6 +87,12 @@ fn qwen3_5_mtp_head_matches_reference() {
     check("qwen3_5");
 }
 
+/// The MTP layer stored in FP8 blocks (its `fc` unconverted), as Qwen's FP8 releases store it.
+#[test]
+fn qwen3_5_fp8_mtp_head_matches_reference() {
+    check("qwen3_5_fp8");
+}
+
 #[test]
 fn qwen3_next_mtp_head_matches_reference() {
     check("qwen3_next");

@@ -135,6 +135,13 @@ fn qwen3_5_matches_transformers() {
     check_family("qwen3_5");
 }
 
+/// A fine-grained FP8 checkpoint in Qwen's layout (e4m3 weights, BF16 `weight_scale_inv` per 128x128
+/// block, partial blocks, `modules_to_not_convert`): transformers on the dequantized weights.
+#[test]
+fn qwen3_5_fp8_matches_transformers() {
+    check_family("qwen3_5_fp8");
+}
+
 #[test]
 fn qwen3_next_matches_transformers() {
     check_family("qwen3_next");

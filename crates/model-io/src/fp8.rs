@@ -148,14 +148,16 @@ pub(crate) fn apply(config_path: &Path, store: &mut TensorStore) -> Result<(), L
                 }
             }
         }
-        other => return Err(unsupported(
-            config_path,
-            "quantization_config.weight_block_size",
-            format!(
+        other => {
+            return Err(unsupported(
+                config_path,
+                "quantization_config.weight_block_size",
+                format!(
                 "{}: per-tensor FP8 scales are not supported; fine-grained [rows, cols] blocks are",
                 other.map_or("absent".to_string(), |v| v.to_string())
             ),
-        )),
+            ))
+        }
     };
     for name in fp8_names {
         mark(store, &name, block)?;
