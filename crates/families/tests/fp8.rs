@@ -73,10 +73,13 @@ fn with_config(dir: &Path, edit: impl Fn(&mut serde_json::Value)) -> std::path::
     out
 }
 
+/// An edit of config.json.
+type Edit = dyn Fn(&mut serde_json::Value);
+
 #[test]
 fn bad_fp8_configs_and_scales_are_errors_naming_the_field_or_tensor() {
     let tmp = tempfile::tempdir().unwrap();
-    let cases: [(&dyn Fn(&mut serde_json::Value), &str); 5] = [
+    let cases: [(&Edit, &str); 5] = [
         (
             &|c| c["quantization_config"]["quant_method"] = "gptq".into(),
             "quantization_config.quant_method",
@@ -102,7 +105,10 @@ fn bad_fp8_configs_and_scales_are_errors_naming_the_field_or_tensor() {
     ];
     for (edit, expect) in cases {
         let dir = with_config(tmp.path(), edit);
-        let err = Checkpoint::open(&dir).err().expect("an error").to_string();
+        let err = match Checkpoint::open(&dir) {
+            Ok(_) => panic!("{expect}: opened"),
+            Err(e) => e.to_string(),
+        };
         assert!(err.contains(expect), "{expect}: {err}");
     }
     // A scale grid of the wrong shape (the block size says 3 x 2 blocks, not 2 x 3).
