@@ -31,6 +31,8 @@ pub const KERNELS: &[&str] = &[
     "qgemv_q6_k",
     "qdequant_bf16",
     "qembed",
+    "fp8_gemv",
+    "fp8_dequant_bf16",
     "linear_bf16_1",
     "linear_bf16_2",
     "linear_bf16_3",

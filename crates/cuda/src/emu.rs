@@ -15,7 +15,7 @@ use crate::error::CudaError;
 use crate::moe::{MoeShape, MoeW};
 use crate::ops::{AttnBufs, AttnShape, GdnShape};
 use crate::scratch::Scratch;
-use crate::weights::{Mat, WDtype};
+use crate::weights::{BlockFormat, Mat, WDtype};
 
 /// A view of `len` f32 at host address `ptr`.
 ///
@@ -54,23 +54,68 @@ fn weights_f32(w: &Mat) -> Vec<f32> {
     }
 }
 
+/// A part of a quantized matrix as the CPU engine holds it.
+enum Part {
+    Ggml(kernels::QuantMatrix),
+    Fp8(kernels::Fp8Matrix),
+}
+
+impl Part {
+    fn rows(&self) -> usize {
+        match self {
+            Part::Ggml(m) => m.rows(),
+            Part::Fp8(m) => m.rows(),
+        }
+    }
+
+    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        match self {
+            Part::Ggml(m) => m.dequantize_row(r, out),
+            Part::Fp8(m) => m.dequantize_row(r, out),
+        }
+    }
+
+    fn forward(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        match self {
+            Part::Ggml(m) => kernels::linear_quant(x, m, n, out),
+            Part::Fp8(m) => kernels::linear_fp8(x, m, n, out),
+        }
+    }
+}
+
 /// The parts of a quantized matrix as CPU matrices, each with its first output row.
-fn quant_parts(w: &Mat) -> Vec<(kernels::QuantMatrix, usize)> {
+fn quant_parts(w: &Mat) -> Vec<(Part, usize)> {
     let q = w
         .quant
         .as_ref()
         .expect("a WDtype::Quant matrix carries its layout");
     let mut first = 0;
+    // SAFETY: the matrix buffer holds every part's rows at its offset, and an FP8 part's scales at
+    // theirs (weights.rs).
+    let bytes = |at: usize, len: usize| unsafe {
+        std::slice::from_raw_parts((w.buf.ptr + at as u64) as *const u8, len)
+    };
     q.parts
         .iter()
         .map(|p| {
-            let len = p.rows * p.format.row_bytes(w.cols);
-            // SAFETY: the matrix buffer holds every part's blocks at its offset.
-            let bytes = unsafe {
-                std::slice::from_raw_parts((w.buf.ptr + p.offset as u64) as *const u8, len)
+            let data = bytes(p.offset, p.rows * p.format.row_bytes(w.cols));
+            let m = match p.format {
+                BlockFormat::Ggml(f) => Part::Ggml(
+                    kernels::QuantMatrix::new(f, data.to_vec(), p.rows, w.cols)
+                        .expect("parts are whole rows of blocks (weights.rs)"),
+                ),
+                BlockFormat::Fp8 { block, scales } => {
+                    let n = p.rows.div_ceil(block[0]) * w.cols.div_ceil(block[1]);
+                    let s: Vec<f32> = bytes(scales, 4 * n)
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect();
+                    Part::Fp8(
+                        kernels::Fp8Matrix::new(data, &s, p.rows, w.cols, block)
+                            .expect("FP8 parts fit the kernel (weights.rs)"),
+                    )
+                }
             };
-            let m = kernels::QuantMatrix::new(p.format, bytes.to_vec(), p.rows, w.cols)
-                .expect("parts are whole rows of blocks (weights.rs)");
             first += p.rows;
             (m, first - p.rows)
         })
@@ -95,7 +140,7 @@ fn linear_quant(w: &Mat, x: u64, y: u64, rows: usize, accumulate: bool) -> Resul
     let ys = unsafe { view_mut(y, rows * w.rows) };
     for (m, first) in quant_parts(w) {
         let mut out = vec![0f32; rows * m.rows()];
-        kernels::linear_quant(&xs, &m, rows, &mut out);
+        m.forward(&xs, rows, &mut out);
         for (yr, o) in ys.chunks_exact_mut(w.rows).zip(out.chunks_exact(m.rows())) {
             let dst = &mut yr[first..first + m.rows()];
             if accumulate {

@@ -14,7 +14,7 @@ pub use crate::buf::{dtoh, elementwise_grid, htod, launch, Arg, DBuf};
 pub use crate::profile::ProfileMark;
 pub use crate::scratch::{Scratch, Widths};
 pub use crate::segment_trace::{TracedLaunch, WORDS as TRACE_WORDS};
-pub use crate::weights::{Mat, QuantLayout, QuantPart, WDtype};
+pub use crate::weights::{BlockFormat, Mat, QuantLayout, QuantPart, WDtype};
 
 /// The forward's operations (ops.rs, gdn.rs, mma.rs) the self-test and the sweep launch directly.
 pub mod ops {

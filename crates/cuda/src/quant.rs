@@ -10,12 +10,13 @@
 //!   the bf16 GEMM path does. Prefill rows may therefore differ from decode rows in the last bits, as
 //!   they do for bf16 weights.
 //! - Embedding lookups (`qembed`): ggml's dequantized values, bit for bit the CPU engine's.
+//! - FP8 parts (`fp8_gemv`, `fp8_dequant_bf16`) read the f32 inputs as they are (no 8-bit copy).
 
 use crate::buf::{elementwise_grid, launch, Arg};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
 use crate::launch_limits::{QUANT_MAX_COLS, QUANT_MAX_ROWS, QUANT_TILE_BYTES};
-use crate::weights::{Mat, QuantLayout};
+use crate::weights::{BlockFormat, Mat, QuantLayout, QuantPart};
 use kernels::QuantFormat;
 
 /// Warps per block of `qgemv_*` (QGEMV_WARPS).
@@ -93,51 +94,81 @@ pub(crate) fn launch_linear(
     let dx = xq + (QUANT_MAX_ROWS * QUANT_MAX_COLS) as u64;
     let dxs = dx + (QUANT_MAX_ROWS * QUANT_MAX_COLS / 32 * 4) as u64;
     let order = q.input_order.as_ref().map_or(0, |o| o.ptr);
+    let ggml = q
+        .parts
+        .iter()
+        .any(|p| matches!(p.format, BlockFormat::Ggml(_)));
     let sms = dev.info.sms.max(1) as usize;
     let mut r0 = 0;
     while r0 < rows {
         let n = (rows - r0).min(QUANT_MAX_ROWS);
-        let blocks = (n * k / 32).div_ceil(8).clamp(1, 65_535);
-        launch(
-            dev,
-            "quant_input",
-            (blocks as u32, 1, 1),
-            256,
-            &[
-                Arg::P(x + (r0 * k * 4) as u64),
-                Arg::P(order),
-                Arg::I(k as i32),
-                Arg::I(n as i32),
-                Arg::P(xq),
-                Arg::P(dx),
-                Arg::P(dxs),
-            ],
-        )?;
-        let mut first_row = 0;
-        for p in &q.parts {
-            let wpr = gemv_wpr(p.rows, k, sms);
-            let grid = p.rows.div_ceil(QGEMV_WARPS / wpr);
-            let out = y + ((r0 * w.rows + first_row) * 4) as u64;
+        let x_rows = x + (r0 * k * 4) as u64;
+        if ggml {
+            let blocks = (n * k / 32).div_ceil(8).clamp(1, 65_535);
             launch(
                 dev,
-                gemv_kernel(p.format),
-                (grid as u32, 1, 1),
-                (QGEMV_WARPS * 32) as u32,
+                "quant_input",
+                (blocks as u32, 1, 1),
+                256,
                 &[
-                    Arg::P(w.buf.ptr + p.offset as u64),
-                    Arg::L(p.format.row_bytes(k) as i64),
-                    Arg::I(p.rows as i32),
+                    Arg::P(x_rows),
+                    Arg::P(order),
                     Arg::I(k as i32),
                     Arg::I(n as i32),
                     Arg::P(xq),
                     Arg::P(dx),
                     Arg::P(dxs),
-                    Arg::P(out),
-                    Arg::I(w.rows as i32),
-                    Arg::I(accumulate as i32),
-                    Arg::I(wpr as i32),
                 ],
             )?;
+        }
+        let mut first_row = 0;
+        for p in &q.parts {
+            let wpr = gemv_wpr(p.rows, k, sms);
+            let grid = (p.rows.div_ceil(QGEMV_WARPS / wpr) as u32, 1, 1);
+            let out = y + ((r0 * w.rows + first_row) * 4) as u64;
+            let weights = w.buf.ptr + p.offset as u64;
+            match p.format {
+                BlockFormat::Ggml(f) => launch(
+                    dev,
+                    gemv_kernel(f),
+                    grid,
+                    (QGEMV_WARPS * 32) as u32,
+                    &[
+                        Arg::P(weights),
+                        Arg::L(f.row_bytes(k) as i64),
+                        Arg::I(p.rows as i32),
+                        Arg::I(k as i32),
+                        Arg::I(n as i32),
+                        Arg::P(xq),
+                        Arg::P(dx),
+                        Arg::P(dxs),
+                        Arg::P(out),
+                        Arg::I(w.rows as i32),
+                        Arg::I(accumulate as i32),
+                        Arg::I(wpr as i32),
+                    ],
+                )?,
+                BlockFormat::Fp8 { block, scales } => launch(
+                    dev,
+                    "fp8_gemv",
+                    grid,
+                    (QGEMV_WARPS * 32) as u32,
+                    &[
+                        Arg::P(weights),
+                        Arg::I(p.rows as i32),
+                        Arg::I(k as i32),
+                        Arg::I(block[0] as i32),
+                        Arg::I(block[1] as i32),
+                        Arg::P(w.buf.ptr + scales as u64),
+                        Arg::I(n as i32),
+                        Arg::P(x_rows),
+                        Arg::P(out),
+                        Arg::I(w.rows as i32),
+                        Arg::I(accumulate as i32),
+                        Arg::I(wpr as i32),
+                    ],
+                )?,
+            }
             first_row += p.rows;
         }
         r0 += n;
@@ -175,21 +206,40 @@ fn gemm(
         let mut t0 = 0;
         while t0 < p.rows {
             let tr = (p.rows - t0).min(tile_rows);
-            launch(
-                dev,
-                "qdequant_bf16",
-                elementwise_grid(tr * k / 32),
-                256,
-                &[
-                    Arg::I(format_id(p.format)),
-                    Arg::P(w.buf.ptr + (p.offset + t0 * row_bytes) as u64),
-                    Arg::L(row_bytes as i64),
-                    Arg::I(tr as i32),
-                    Arg::I(k as i32),
-                    Arg::P(order),
-                    Arg::P(tile.ptr),
-                ],
-            )?;
+            let weights = w.buf.ptr + (p.offset + t0 * row_bytes) as u64;
+            match p.format {
+                BlockFormat::Ggml(f) => launch(
+                    dev,
+                    "qdequant_bf16",
+                    elementwise_grid(tr * k / 32),
+                    256,
+                    &[
+                        Arg::I(format_id(f)),
+                        Arg::P(weights),
+                        Arg::L(row_bytes as i64),
+                        Arg::I(tr as i32),
+                        Arg::I(k as i32),
+                        Arg::P(order),
+                        Arg::P(tile.ptr),
+                    ],
+                )?,
+                BlockFormat::Fp8 { block, scales } => launch(
+                    dev,
+                    "fp8_dequant_bf16",
+                    elementwise_grid(tr * k),
+                    256,
+                    &[
+                        Arg::P(weights),
+                        Arg::I(tr as i32),
+                        Arg::I(k as i32),
+                        Arg::I(block[0] as i32),
+                        Arg::I(block[1] as i32),
+                        Arg::P(w.buf.ptr + scales as u64),
+                        Arg::I(t0 as i32),
+                        Arg::P(tile.ptr),
+                    ],
+                )?,
+            }
             let out = y + ((first_row + t0) * 4) as u64;
             crate::ops::gemm_bf16(dev, tile.ptr, tr, k, xb, rows, out, w.rows, accumulate)?;
             t0 += tr;
@@ -208,9 +258,14 @@ pub(crate) fn launch_embed(
     rows: usize,
 ) -> Result<(), CudaError> {
     let q = layout(table);
-    let [p] = q.parts.as_slice() else {
+    let [QuantPart {
+        format: BlockFormat::Ggml(format),
+        offset,
+        ..
+    }] = q.parts.as_slice()
+    else {
         return Err(CudaError::Unsupported {
-            what: "an embedding table fused from several quantized parts".into(),
+            what: "an embedding table in FP8 or fused from several quantized parts".into(),
         });
     };
     launch(
@@ -219,9 +274,9 @@ pub(crate) fn launch_embed(
         (rows as u32, 1, 1),
         128,
         &[
-            Arg::I(format_id(p.format)),
-            Arg::P(table.buf.ptr + p.offset as u64),
-            Arg::L(p.format.row_bytes(table.cols) as i64),
+            Arg::I(format_id(*format)),
+            Arg::P(table.buf.ptr + *offset as u64),
+            Arg::L(format.row_bytes(table.cols) as i64),
             Arg::P(ids),
             Arg::P(x),
             Arg::I(table.cols as i32),

@@ -47,10 +47,40 @@ impl WDtype {
     }
 }
 
+/// The block format of a run of rows of a quantized matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockFormat {
+    /// ggml blocks (a GGUF file's, or `--quantize q8_0|q4_k`).
+    Ggml(QuantFormat),
+    /// Fine-grained FP8: e4m3 bytes, one f32 scale per [rows, cols] block, the scales `scales` bytes into
+    /// the matrix's buffer, [⌈rows / block[0]⌉, ⌈cols / block[1]⌉].
+    Fp8 { block: [usize; 2], scales: usize },
+}
+
+impl BlockFormat {
+    /// Bytes of a row of `cols` weights (FP8 scales apart).
+    pub fn row_bytes(self, cols: usize) -> usize {
+        match self {
+            BlockFormat::Ggml(f) => f.row_bytes(cols),
+            BlockFormat::Fp8 { .. } => cols,
+        }
+    }
+
+    /// Bytes of `rows` rows of `cols` weights, FP8 scales included.
+    pub fn bytes(self, rows: usize, cols: usize) -> usize {
+        match self {
+            BlockFormat::Ggml(f) => rows * f.row_bytes(cols),
+            BlockFormat::Fp8 { block, .. } => {
+                rows * cols + 4 * rows.div_ceil(block[0]) * cols.div_ceil(block[1])
+            }
+        }
+    }
+}
+
 /// One run of rows of a quantized matrix, all in one format, `offset` bytes into the buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuantPart {
-    pub format: QuantFormat,
+    pub format: BlockFormat,
     pub rows: usize,
     pub offset: usize,
 }
@@ -81,7 +111,7 @@ impl Mat {
             Some(q) => q
                 .parts
                 .iter()
-                .map(|p| p.rows * p.format.row_bytes(self.cols))
+                .map(|p| p.format.bytes(p.rows, self.cols))
                 .sum(),
             None => self.rows * self.cols * self.dtype.size(),
         }
@@ -105,11 +135,9 @@ impl Mat {
             let input_order = q.input_order.as_ref().map(|o| o.prefix(o.bytes));
             std::sync::Arc::new(QuantLayout { parts, input_order })
         });
+        // A quantized matrix keeps its whole buffer in view (FP8 scales follow every part's rows).
         let bytes = match &quant {
-            Some(q) => q
-                .parts
-                .last()
-                .map_or(0, |p| p.offset + p.rows * p.format.row_bytes(self.cols)),
+            Some(_) => self.buf.bytes,
             None => rows * self.cols * self.dtype.size(),
         };
         Mat {
@@ -252,51 +280,49 @@ impl Uploader<'_> {
         let Source::Checkpoint(ck) = &self.source else {
             return Ok(None);
         };
-        let mut bytes = Vec::new();
-        let mut layout = Vec::with_capacity(parts.len());
-        let mut order = None;
+        let mut blocks = Vec::with_capacity(parts.len());
         for (name, rows) in parts {
-            let Some((format, data, input_order)) =
-                host_blocks(ck, name, *rows, cols, stored_only)?
-            else {
+            let Some(b) = host_blocks(ck, name, *rows, cols, stored_only)? else {
                 return Ok(None);
             };
-            if input_order.is_some() && parts.len() > 1 {
+            if b.order.is_some() && parts.len() > 1 {
                 return Ok(None);
             }
-            order = input_order;
-            layout.push((format, *rows));
-            bytes.extend_from_slice(&data);
+            blocks.push(b);
         }
-        if layout.is_empty() {
+        if blocks.is_empty() {
             return Ok(None);
         }
-        self.quant_mat(bytes, layout, order, cols).map(Some)
+        self.quant_mat(blocks, cols).map(Some)
     }
 
-    /// A quantized matrix from its blocks: `parts` = (format, rows) in order, `order` the file's column
-    /// order.
-    fn quant_mat(
-        &self,
-        bytes: Vec<u8>,
-        parts: Vec<(QuantFormat, usize)>,
-        order: Option<Vec<usize>>,
-        cols: usize,
-    ) -> Result<Mat, CudaError> {
-        let mut offset = 0;
-        let parts: Vec<QuantPart> = parts
-            .into_iter()
-            .map(|(format, rows)| {
-                let p = QuantPart {
-                    format,
-                    rows,
-                    offset,
-                };
-                offset += rows * format.row_bytes(cols);
-                p
-            })
-            .collect();
-        debug_assert_eq!(offset, bytes.len());
+    /// A quantized matrix from its parts' blocks (in row order): the rows of every part, then the FP8
+    /// parts' scales.
+    fn quant_mat(&self, blocks: Vec<HostBlocks>, cols: usize) -> Result<Mat, CudaError> {
+        let mut bytes = Vec::new();
+        let mut parts = Vec::with_capacity(blocks.len());
+        for b in &blocks {
+            let format = match b.format {
+                HostFormat::Ggml(f) => BlockFormat::Ggml(f),
+                HostFormat::Fp8 { block, .. } => BlockFormat::Fp8 { block, scales: 0 },
+            };
+            parts.push(QuantPart {
+                format,
+                rows: b.rows,
+                offset: bytes.len(),
+            });
+            bytes.extend_from_slice(&b.data);
+        }
+        for (p, b) in parts.iter_mut().zip(&blocks) {
+            if let (BlockFormat::Fp8 { scales, .. }, HostFormat::Fp8 { scales: host, .. }) =
+                (&mut p.format, &b.format)
+            {
+                bytes.resize(bytes.len().next_multiple_of(16), 0);
+                *scales = bytes.len();
+                bytes.extend(host.iter().flat_map(|s| s.to_le_bytes()));
+            }
+        }
+        let order = blocks.into_iter().find_map(|b| b.order);
         let input_order = match order {
             Some(o) => {
                 let o: Vec<i32> = o.iter().map(|&c| c as i32).collect();
@@ -474,7 +500,13 @@ impl Uploader<'_> {
                 what: format!("columns {columns:?} of {name} with {cols} columns"),
             });
         }
-        if let Some((format, data, None)) = host_blocks(ck, name, rows, cols, false)? {
+        if let Some(HostBlocks {
+            format: HostFormat::Ggml(format),
+            data,
+            order: None,
+            ..
+        }) = host_blocks(ck, name, rows, cols, false)?
+        {
             let block = format.block_len();
             if columns.start.is_multiple_of(block) && width.is_multiple_of(block) {
                 // Whole blocks of each row: the slice is a matrix of the same format.
@@ -483,7 +515,13 @@ impl Uploader<'_> {
                 for row in data.chunks_exact(row_bytes) {
                     bytes.extend_from_slice(&row[first..first + format.row_bytes(width)]);
                 }
-                return self.quant_mat(bytes, vec![(format, rows)], None, width);
+                let part = HostBlocks {
+                    format: HostFormat::Ggml(format),
+                    rows,
+                    data: bytes,
+                    order: None,
+                };
+                return self.quant_mat(vec![part], width);
             }
         }
         let (dtype, bytes) = stored_matrix(ck, name, &[rows, cols])?;
@@ -545,10 +583,28 @@ impl Uploader<'_> {
     }
 }
 
-/// The ggml blocks of matrix `name` [rows, cols] on the host: a GGUF file's, or (unless `stored_only`)
-/// quantized now under `--quantize`; with the file's column order when it has one. None when the matrix
-/// stays in floats.
-type HostBlocks = (QuantFormat, Vec<u8>, Option<Vec<usize>>);
+/// How a part's blocks are held on the host.
+enum HostFormat {
+    Ggml(QuantFormat),
+    /// FP8 with its scales as stored (f32 [⌈rows / block[0]⌉, ⌈cols / block[1]⌉]).
+    Fp8 {
+        block: [usize; 2],
+        scales: Vec<f32>,
+    },
+}
+
+/// A matrix's blocks on the host, with the file's column order when it has one.
+struct HostBlocks {
+    format: HostFormat,
+    rows: usize,
+    data: Vec<u8>,
+    order: Option<Vec<usize>>,
+}
+
+/// The blocks of matrix `name` [rows, cols] on the host: a GGUF file's ggml blocks or an FP8
+/// checkpoint's, or (unless `stored_only`) quantized now under `--quantize` by the CPU engine's rules.
+/// None when the matrix stays in floats (or is FP8 with rows the FP8 kernel does not take: its columns
+/// a multiple of 16).
 fn host_blocks(
     ck: &Checkpoint,
     name: &str,
@@ -556,25 +612,52 @@ fn host_blocks(
     cols: usize,
     stored_only: bool,
 ) -> Result<Option<HostBlocks>, CudaError> {
+    let ggml = |format, data, order| HostBlocks {
+        format: HostFormat::Ggml(format),
+        rows,
+        data,
+        order,
+    };
     if let Some(q) = ck.tensors.quantized(name, [rows, cols])? {
         let format = QuantFormat::from_name(q.ggml_type).ok_or_else(|| CudaError::Unsupported {
             what: format!("tensor `{name}` in {}", q.ggml_type),
         })?;
-        return Ok(Some((format, q.data, q.input_order)));
+        return Ok(Some(ggml(format, q.data, q.input_order)));
     }
-    if stored_only {
+    let fp8_fits = cols.is_multiple_of(16);
+    if let Some(f) = ck.tensors.fp8(name, [rows, cols])? {
+        return Ok(fp8_fits.then(|| HostBlocks {
+            format: HostFormat::Fp8 {
+                block: f.block,
+                scales: f.scales,
+            },
+            rows,
+            data: f.data,
+            order: None,
+        }));
+    }
+    let Some(quantize) = ck.tensors.quantize().filter(|_| !stored_only) else {
         return Ok(None);
+    };
+    if let Some(block) = families::layers::quantize::fp8_block_for(quantize, name, rows) {
+        if !fp8_fits {
+            return Ok(None);
+        }
+        let w = ck.tensors.load_f32(name, &[rows, cols])?;
+        let (data, scales) = kernels::Fp8Matrix::quantize(&w, rows, cols, block).parts();
+        return Ok(Some(HostBlocks {
+            format: HostFormat::Fp8 { block, scales },
+            rows,
+            data,
+            order: None,
+        }));
     }
-    let format = ck
-        .tensors
-        .quantize()
-        .and_then(|q| families::layers::quantize::format_for(q, name, rows, cols));
-    let Some(format) = format else {
+    let Some(format) = families::layers::quantize::format_for(quantize, name, rows, cols) else {
         return Ok(None);
     };
     let w = ck.tensors.load_f32(name, &[rows, cols])?;
     let m = kernels::quantize_matrix(format, &w, rows, cols);
-    Ok(Some((format, m.data().to_vec(), None)))
+    Ok(Some(ggml(format, m.data().to_vec(), None)))
 }
 
 /// One precision for a matrix fused from parts: f32 if any part would be f32.

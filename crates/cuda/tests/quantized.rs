@@ -219,3 +219,53 @@ fn quantized_gguf_with_mixed_formats_runs_on_the_gpu_paths() {
     );
     assert_eq!(g_tokens, tokens, "simulated");
 }
+
+/// A fine-grained FP8 checkpoint (Qwen's layout, `qwen3_5_fp8`) and `--quantize fp8`: FP8 blocks on the
+/// device; FP8 kernels read the f32 inputs as they are, so the kernels follow the CPU engine to rounding.
+#[test]
+fn fp8_weights_run_on_the_gpu_paths() {
+    let sim = Arc::new(CudaDevice::simulated().unwrap());
+    let emu = Arc::new(CudaDevice::emulated());
+    let stored = Checkpoint::open(&testdata::fixture("qwen3_5_fp8")).unwrap();
+    for (what, ck) in [
+        ("qwen3_5_fp8", stored),
+        (
+            "qwen3_5 --quantize fp8",
+            quantized("qwen3_5", Quantize::Fp8),
+        ),
+    ] {
+        let p: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 200).collect();
+        let (full, rows, tokens) = cpu_run(&ck, &p, 6);
+        let m = CudaModel::load(&emu, &ck, opts()).unwrap();
+        // The target's matrices as f32 would be 4 bytes a weight; in FP8 blocks most are 1.
+        let f32_bytes: usize = ck
+            .tensors
+            .names()
+            .filter(|n| !n.starts_with("mtp.") && !n.ends_with("_scale_inv"))
+            .filter_map(|n| match ck.tensors.shape(n).unwrap() {
+                [r, c] => Some(4 * r * c),
+                _ => None,
+            })
+            .sum();
+        assert!(
+            m.weight_bytes() * 5 < f32_bytes * 3,
+            "{what}: {} bytes on the device, {f32_bytes} as f32",
+            m.weight_bytes()
+        );
+        let (g_full, g_rows, g_tokens) = cuda_run(&m, &p, 6);
+        assert!(
+            max_abs(&g_full, &full) <= 1e-4,
+            "{what}: emulated prompt logits"
+        );
+        assert!(
+            max_abs(&g_rows.concat(), &rows.concat()) <= 1e-4,
+            "{what}: emulated decode"
+        );
+        assert_eq!(g_tokens, tokens, "{what}: emulated");
+        let m = CudaModel::load(&sim, &ck, opts()).unwrap();
+        let (_, g_rows, g_tokens) = cuda_run(&m, &p, 6);
+        let d = max_abs(&g_rows.concat(), &rows.concat());
+        assert!(d <= 1e-3, "{what}: simulated decode logits max |Δ| {d}");
+        assert_eq!(g_tokens, tokens, "{what}: simulated");
+    }
+}

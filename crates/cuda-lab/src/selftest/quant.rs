@@ -9,19 +9,42 @@ use std::sync::Arc;
 
 use super::{bf16_round, bitwise_row, download, rel_err, same_bits, Rng, SelfTestRow};
 use cuda_backend::lab::ops;
-use cuda_backend::lab::{has_cublas, DBuf, Mat, QuantLayout, QuantPart, WDtype};
+use cuda_backend::lab::{has_cublas, BlockFormat, DBuf, Mat, QuantLayout, QuantPart, WDtype};
 use cuda_backend::CudaDevice;
 use cuda_backend::CudaError;
-use kernels::{QuantFormat, QuantMatrix};
+use kernels::{Fp8Matrix, QuantFormat, QuantMatrix};
 
 /// Row counts up to this use the GEMV kernels (as LoadOptions::default()).
 const GEMV_ROWS: usize = 16;
+
+/// The format of a part of a test matrix.
+#[derive(Clone, Copy, Debug)]
+enum Fmt {
+    Ggml(QuantFormat),
+    /// FP8 in blocks of [rows, cols].
+    Fp8([usize; 2]),
+}
+
+/// A part as the CPU engine holds it.
+enum HostPart {
+    Ggml(QuantMatrix),
+    Fp8(Fp8Matrix),
+}
+
+impl HostPart {
+    fn rows(&self) -> usize {
+        match self {
+            HostPart::Ggml(m) => m.rows(),
+            HostPart::Fp8(m) => m.rows(),
+        }
+    }
+}
 
 /// A quantized matrix of `parts` (format, rows) over `cols`, from random weights; with the host copies
 /// of each part and the dequantized values [rows, cols].
 struct Case {
     mat: Mat,
-    parts: Vec<QuantMatrix>,
+    parts: Vec<HostPart>,
     dequantized: Vec<f32>,
     order: Option<Vec<usize>>,
 }
@@ -29,26 +52,51 @@ struct Case {
 fn upload(
     dev: &CudaDevice,
     rng: &mut Rng,
-    parts: &[(QuantFormat, usize)],
+    parts: &[(Fmt, usize)],
     cols: usize,
     order: Option<Vec<usize>>,
 ) -> Result<Case, CudaError> {
     let (mut bytes, mut layout, mut hosts, mut dequantized) = (vec![], vec![], vec![], vec![]);
-    for &(format, rows) in parts {
+    let mut scales = Vec::new(); // (part, f32 scales) appended after the rows
+    for &(fmt, rows) in parts {
         let w = rng.vec(rows * cols, 0.5);
-        let m = kernels::quantize_matrix(format, &w, rows, cols);
+        let mut row = vec![0f32; cols];
+        let offset = bytes.len();
+        let (format, host) = match fmt {
+            Fmt::Ggml(f) => {
+                let m = kernels::quantize_matrix(f, &w, rows, cols);
+                bytes.extend_from_slice(m.data());
+                for r in 0..rows {
+                    m.dequantize_row(r, &mut row);
+                    dequantized.extend_from_slice(&row);
+                }
+                (BlockFormat::Ggml(f), HostPart::Ggml(m))
+            }
+            Fmt::Fp8(block) => {
+                let m = Fp8Matrix::quantize(&w, rows, cols, block);
+                let (data, s) = m.parts();
+                bytes.extend_from_slice(&data);
+                scales.push((layout.len(), s));
+                for r in 0..rows {
+                    m.dequantize_row(r, &mut row);
+                    dequantized.extend_from_slice(&row);
+                }
+                (BlockFormat::Fp8 { block, scales: 0 }, HostPart::Fp8(m))
+            }
+        };
         layout.push(QuantPart {
             format,
             rows,
-            offset: bytes.len(),
+            offset,
         });
-        bytes.extend_from_slice(m.data());
-        let mut row = vec![0f32; cols];
-        for r in 0..rows {
-            m.dequantize_row(r, &mut row);
-            dequantized.extend_from_slice(&row);
+        hosts.push(host);
+    }
+    for (part, s) in scales {
+        bytes.resize(bytes.len().next_multiple_of(16), 0);
+        if let BlockFormat::Fp8 { scales, .. } = &mut layout[part].format {
+            *scales = bytes.len();
         }
-        hosts.push(m);
+        bytes.extend(s.iter().flat_map(|v| v.to_le_bytes()));
     }
     let input_order = match &order {
         Some(o) => Some(DBuf::from_host(
@@ -104,7 +152,10 @@ fn cpu(c: &Case, x: &[f32], y0: &[f32], n: usize) -> Vec<f32> {
     let mut first = 0;
     for p in &c.parts {
         let mut o = vec![0f32; n * p.rows()];
-        kernels::linear_quant(&xs, p, n, &mut o);
+        match p {
+            HostPart::Ggml(m) => kernels::linear_quant(&xs, m, n, &mut o),
+            HostPart::Fp8(m) => kernels::linear_fp8(&xs, m, n, &mut o),
+        }
         for r in 0..n {
             for i in 0..p.rows() {
                 y[r * m + first + i] += o[r * p.rows() + i];
@@ -134,7 +185,7 @@ fn bf16_product(c: &Case, x: &[f32], y0: &[f32], n: usize) -> Vec<f32> {
 }
 
 /// (parts as (format, rows), cols, input rows).
-type QuantCase = (Vec<(QuantFormat, usize)>, usize, usize);
+type QuantCase = (Vec<(Fmt, usize)>, usize, usize);
 
 pub(super) fn checks(
     dev: &CudaDevice,
@@ -145,13 +196,21 @@ pub(super) fn checks(
     let mut cases: Vec<QuantCase> = Vec::new();
     for f in QuantFormat::ALL {
         for n in [1, 5, 16, 40] {
-            cases.push((vec![(f, 300)], 512, n));
+            cases.push((vec![(Fmt::Ggml(f), 300)], 512, n));
         }
     }
-    cases.push((vec![(Q8_0, 40)], 2560, 3));
-    cases.push((vec![(Q5_1, 70)], 288, 2));
-    cases.push((vec![(Q4K, 200), (Q6K, 72)], 768, 3));
-    cases.push((vec![(Q4K, 64), (Q4K, 64), (Q6K, 40)], 1024, 20));
+    let g = Fmt::Ggml;
+    cases.push((vec![(g(Q8_0), 40)], 2560, 3));
+    cases.push((vec![(g(Q5_1), 70)], 288, 2));
+    cases.push((vec![(g(Q4K), 200), (g(Q6K), 72)], 768, 3));
+    cases.push((vec![(g(Q4K), 64), (g(Q4K), 64), (g(Q6K), 40)], 1024, 20));
+    // FP8: partial blocks in both dimensions, fused parts (each with its own grid), prefill.
+    let fp8 = Fmt::Fp8([128, 128]);
+    for n in [1, 4, 16, 40] {
+        cases.push((vec![(fp8, 300)], 320, n));
+    }
+    cases.push((vec![(fp8, 200), (fp8, 72), (fp8, 40)], 256, 3));
+    cases.push((vec![(Fmt::Fp8([32, 64]), 70)], 192, 2));
     for (parts, cols, n) in cases {
         let c = upload(dev, rng, &parts, cols, None)?;
         check(dev, rng, &c, &format!("{parts:?} x {cols}"), n, out)?;
@@ -160,7 +219,7 @@ pub(super) fn checks(
     let cols = 512;
     let order: Vec<usize> = (0..cols).map(|c| (c * 37 + 11) % cols).collect();
     for n in [1, 4, 40] {
-        let c = upload(dev, rng, &[(Q5_0, 96)], cols, Some(order.clone()))?;
+        let c = upload(dev, rng, &[(g(Q5_0), 96)], cols, Some(order.clone()))?;
         check(dev, rng, &c, "Q5_0 x 512, columns reordered", n, out)?;
     }
     embed_checks(dev, rng, out)
@@ -215,7 +274,7 @@ fn embed_checks(
         QuantFormat::Q5_1,
     ] {
         let (vocab, cols) = (50, 512);
-        let c = upload(dev, rng, &[(format, vocab)], cols, None)?;
+        let c = upload(dev, rng, &[(Fmt::Ggml(format), vocab)], cols, None)?;
         let ids: Vec<i32> = vec![0, 49, 7, 7, 23];
         let idd = DBuf::from_host(dev, &ids)?;
         let x = DBuf::f32s(dev, ids.len() * cols)?;

@@ -321,3 +321,100 @@ extern "C" __global__ void qembed(int fmt, const unsigned char* __restrict__ tab
         for (int e = 0; e < 32; ++e) x[r * k + 32 * j + e] = v[e];
     }
 }
+
+// ---- FP8 (fine-grained e4m3, one f32 scale per [br, bc] block; Qwen's FP8 checkpoints, --quantize fp8)
+//
+// Decode / verify rows (fp8_gemv): f32 inputs as they are. A weight byte q becomes the f16 whose bits are
+// (q & 0x80) << 8 | (q & 0x7F) << 7, the e4m3 value times 2^-8 exactly, widened to f32; the block scale
+// is taken times 2^8 (exact), so the products are the true ones. One thread takes one 16-column chunk
+// (inside one block: bc is a multiple of 16) against every input row r:
+//     p_j = fma chain over the chunk's columns j ≡ e (mod 4), p = (p_0 + p_1) + (p_2 + p_3)
+//     acc[r] = fma(p, 256 · s, acc[r])
+// with the lanes and warps summed as qgemv. Batch invariant as qgemv: nothing depends on the row count.
+
+__device__ __forceinline__ float e4m3_scaled(unsigned q) {
+    return f16_bits(((q & 0x7Fu) << 7) | ((q & 0x80u) << 8));
+}
+
+// y[r * ldy + i] (+)= W[i] . x[r] for FP8 rows W [m, k] (k a multiple of 16), scales [ceil(m/br), ceil(k/bc)]
+// and n <= 16 input rows x [n, k].
+extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * 32)
+    fp8_gemv(const unsigned char* __restrict__ W, int m, int k, int br, int bc, const float* __restrict__ scales,
+             int n, const float* __restrict__ x, float* __restrict__ y, int ldy, int accumulate, int wpr) {
+    __shared__ float part_sums[QGEMV_WARPS][QGEMV_MAX_ROWS];
+    PDL_ENTER();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int rows_per_block = QGEMV_WARPS / wpr;
+    const int i = blockIdx.x * rows_per_block + warp / wpr, part = warp % wpr;
+    const int nch = k >> 4, gk = (k + bc - 1) / bc;
+    float acc[QGEMV_MAX_ROWS];
+#pragma unroll
+    for (int r = 0; r < QGEMV_MAX_ROWS; ++r) acc[r] = 0.0f;
+    if (i < m) {
+        const unsigned char* row = W + (long long)i * k;
+        const float* srow = scales + (long long)(i / br) * gk;
+        for (int c = part * 32 + lane; c < nch; c += 32 * wpr) {
+            const uint4 q = *reinterpret_cast<const uint4*>(row + 16 * c);
+            const unsigned words[4] = {q.x, q.y, q.z, q.w};
+            float w[16];
+#pragma unroll
+            for (int e = 0; e < 16; ++e) w[e] = e4m3_scaled((words[e >> 2] >> (8 * (e & 3))) & 0xFFu);
+            const float s = __fmul_rn(srow[(16 * c) / bc], 256.0f);
+#pragma unroll
+            for (int r = 0; r < QGEMV_MAX_ROWS; ++r) {
+                if (r < n) {
+                    const float4* xp = reinterpret_cast<const float4*>(x + (long long)r * k + 16 * c);
+                    float xv[16];
+#pragma unroll
+                    for (int t = 0; t < 4; ++t) {
+                        const float4 v = xp[t];
+                        xv[4 * t] = v.x;
+                        xv[4 * t + 1] = v.y;
+                        xv[4 * t + 2] = v.z;
+                        xv[4 * t + 3] = v.w;
+                    }
+                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int e = 0; e < 16; ++e) p[e & 3] = __fmaf_rn(w[e], xv[e], p[e & 3]);
+                    const float pc = __fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3]));
+                    acc[r] = __fmaf_rn(pc, s, acc[r]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < QGEMV_MAX_ROWS; ++r)
+        if (r < n) acc[r] = warp_sum(acc[r]);
+    if (wpr > 1) {
+        if (lane == 0)
+            for (int r = 0; r < n; ++r) part_sums[warp][r] = acc[r];
+        __syncthreads();
+        if (part == 0 && lane == 0)
+            for (int r = 0; r < n; ++r) {
+                float t = part_sums[warp][r];
+                for (int p = 1; p < wpr; ++p) t = __fadd_rn(t, part_sums[warp + p][r]);
+                acc[r] = t;
+            }
+    }
+    if (i < m && part == 0 && lane == 0)
+        for (int r = 0; r < n; ++r) {
+            float* out = y + (long long)r * ldy + i;
+            *out = accumulate ? __fadd_rn(*out, acc[r]) : acc[r];
+        }
+}
+
+// out [rows, k] bf16 = FP8 rows of W with their block scales (first_row: the tile's first row in the part).
+extern "C" __global__ void fp8_dequant_bf16(const unsigned char* __restrict__ W, int rows, int k, int br, int bc,
+                                            const float* __restrict__ scales, int first_row,
+                                            bf16_t* __restrict__ out) {
+    PDL_ENTER();
+    const long long count = (long long)rows * k;
+    const int gk = (k + bc - 1) / bc;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < count;
+         e += (long long)gridDim.x * blockDim.x) {
+        const long long r = e / k;
+        const int c = (int)(e - r * k);
+        const float s = scales[(long long)((first_row + r) / br) * gk + c / bc];
+        out[e] = f2bf(__fmul_rn(__fmul_rn(e4m3_scaled(W[e]), 256.0f), s));
+    }
+}
