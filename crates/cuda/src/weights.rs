@@ -626,7 +626,7 @@ fn host_blocks(
     }
     let fp8_fits = cols.is_multiple_of(16);
     if let Some(f) = ck.tensors.fp8(name, [rows, cols])? {
-        return Ok(fp8_fits.then(|| HostBlocks {
+        return Ok(fp8_fits.then_some(HostBlocks {
             format: HostFormat::Fp8 {
                 block: f.block,
                 scales: f.scales,
