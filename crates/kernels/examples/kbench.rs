@@ -13,7 +13,8 @@
 //!   else row-major) for n = 1..17 rows (decode and verify blocks) on the testbed's matrix shapes and a
 //!   ~0.8B model's, 2 threads: ms a call, GFLOP/s, and the cost of n rows in one-row calls.
 //!
-//! - `quant`: quantized linear layers (`QuantMatrix`, integer dot products against 8-bit inputs) against
+//! - `quant`: quantized linear layers (`QuantMatrix`, integer dot products against 8-bit inputs; and FP8,
+//!   `Fp8Matrix`) against
 //!   the bf16 layer the model holds otherwise, on a stack of 128 [4096, 1024] matrices (a ~0.5B model's
 //!   weights, larger than the caches, so n = 1 is memory-bound as a real decode step): ms a sweep, weight
 //!   GB/s and GMAC/s for n = 1, 4, 8, 17 and 64 rows, 2 threads.
@@ -384,7 +385,7 @@ mod roofs {
 }
 
 fn bench_quant() {
-    use kernels::{linear_quant, QuantFormat, QuantMatrix};
+    use kernels::{linear_fp8, linear_quant, QuantFormat, QuantMatrix};
     let (k, m, layers) = (1024usize, 4096usize, 128usize);
     let pool = pool(2);
     println!(
@@ -428,6 +429,8 @@ fn bench_quant() {
             (f, vec![one; layers])
         })
         .collect();
+    let fp8 = kernels::Fp8Matrix::quantize(&values(m * k, 9), m, k, [128, 128]);
+    let fp8_stack = vec![fp8; layers];
     for n in [1usize, 4, 8, 17, 64] {
         let x = values(n * k, 7);
         let mut out = vec![0f32; n * m];
@@ -457,5 +460,13 @@ fn bench_quant() {
             });
             row(f.name(), stack[0].bytes() * layers, secs);
         }
+        let secs = pool.install(|| {
+            time_best(|| {
+                for w in &fp8_stack {
+                    linear_fp8(black_box(&x), w, n, &mut out);
+                }
+            })
+        });
+        row("FP8", fp8_stack[0].bytes() * layers, secs);
     }
 }

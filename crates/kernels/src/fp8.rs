@@ -3,10 +3,12 @@
 //!
 //! Algorithm: a weight byte q becomes the f16 whose bits are `(q & 0x80) << 8 | (q & 0x7F) << 7`, the
 //! e4m3 value times 2^-8 exactly (subnormals included), widened to f32 (`vcvtph2ps`); the block scale is
-//! kept times 2^8 (exact), so the products are the true ones. For output row i and input row r, per
-//! column block b: 16 lanes `l[c % 16] = fma(w_c, x_c, l[c % 16])` over the block's columns in order, the
-//! lanes summed by a fixed tree (l + l+8, + l+4, + l+2, + l+1), then `acc = fma(partial, s_b, acc)`.
-//! Rows are padded with zero weights to a multiple of 16 columns.
+//! kept times 2^8 (exact), so the products are the true ones. A weight row is widened once per call into
+//! an f32 row (exact), then for each input row r, per column block b: four sets of 16 lanes, set
+//! `t = (c / 16) % 4` taking column c, `l[t][c % 16] = fma(w_c, x_c, l[t][c % 16])` over the block's columns
+//! in order (four independent chains), the sets summed as `(l0 + l1) + (l2 + l3)`, the lanes by a fixed
+//! tree (l + l+8, + l+4, + l+2, + l+1), then `acc = fma(partial, s_b, acc)`. Rows are padded with zero
+//! weights to a multiple of 16 columns.
 //!
 //! Paths, chosen at run time: AVX-512 (16 lanes in one register), AVX2 + F16C + FMA (two registers of 8
 //! lanes, the same sums), portable (the reference).
@@ -304,33 +306,71 @@ fn dot_row(isa: Isa, w: &Fp8Matrix, j: usize, xp: &[f32], n: usize, out: Out) {
     let row = &w.data[j * kp..(j + 1) * kp];
     let gk = w.k.div_ceil(w.block[1]);
     let scales = &w.scales[j / w.block[0] * gk..(j / w.block[0] + 1) * gk];
-    for r in 0..n {
-        let x = &xp[r * kp..(r + 1) * kp];
-        let v = match isa {
+    if n == 1 {
+        // One input row: widen in registers (the same values, so the same bits as the widened row).
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 {
+            // SAFETY: the ISA was detected at run time; row and xp hold kp (a multiple of 16) values.
+            let v = unsafe { simd::dot_bytes_avx512(row, &xp[..kp], scales, w.block[1]) };
+            // SAFETY: this task owns weight row j.
+            unsafe { out.set(0, j, v) };
+            return;
+        }
+    }
+    WIDE.with(|wide| {
+        let mut wide = wide.borrow_mut();
+        wide.resize(kp, 0.0);
+        match isa {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the ISA was detected at run time; row and x hold kp (a multiple of 16) values.
-            Isa::Avx512 => unsafe { simd::dot_avx512(row, x, scales, w.block[1]) },
+            // SAFETY: the ISA was detected at run time; row and wide hold kp (a multiple of 16) values.
+            Isa::Avx512 => unsafe { simd::widen_avx512(row, &mut wide) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            Isa::Avx2 => unsafe { simd::dot_avx2(row, x, scales, w.block[1]) },
-            Isa::Portable => dot_portable(row, x, scales, w.block[1]),
-        };
-        // SAFETY: this task owns weight row j; r < n.
-        unsafe { out.set(r, j, v) };
-    }
-}
-
-/// The reference: one weight row [kp] against one input row [kp], blocks of `bc` columns.
-fn dot_portable(row: &[u8], x: &[f32], scales: &[f32], bc: usize) -> f32 {
-    let mut acc = 0f32;
-    for ((wb, xb), &s) in row.chunks(bc).zip(x.chunks(bc)).zip(scales) {
-        let mut l = [0f32; LANES];
-        for (w16, x16) in wb.chunks_exact(LANES).zip(xb.chunks_exact(LANES)) {
-            for i in 0..LANES {
-                let wv = f16::from_bits(e4m3_f16_bits(w16[i])).to_f32();
-                l[i] = wv.mul_add(x16[i], l[i]);
+            Isa::Avx2 => unsafe { simd::widen_avx2(row, &mut wide) },
+            Isa::Portable => {
+                for (o, &q) in wide.iter_mut().zip(row) {
+                    *o = f16::from_bits(e4m3_f16_bits(q)).to_f32();
+                }
             }
         }
+        for r in 0..n {
+            let x = &xp[r * kp..(r + 1) * kp];
+            let v = match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the ISA was detected at run time; wide and x hold kp (a multiple of 16) values.
+                Isa::Avx512 => unsafe { simd::dot_avx512(&wide, x, scales, w.block[1]) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above.
+                Isa::Avx2 => unsafe { simd::dot_avx2(&wide, x, scales, w.block[1]) },
+                Isa::Portable => dot_portable(&wide, x, scales, w.block[1]),
+            };
+            // SAFETY: this task owns weight row j; r < n.
+            unsafe { out.set(r, j, v) };
+        }
+    });
+}
+
+thread_local! {
+    /// A weight row widened to f32 (its e4m3 values times 2^-8), per thread.
+    static WIDE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The reference: one widened weight row [kp] against one input row [kp], blocks of `bc` columns.
+fn dot_portable(row: &[f32], x: &[f32], scales: &[f32], bc: usize) -> f32 {
+    let mut acc = 0f32;
+    for ((wb, xb), &s) in row.chunks(bc).zip(x.chunks(bc)).zip(scales) {
+        let mut l = [[0f32; LANES]; 4];
+        for (step, (w16, x16)) in wb
+            .chunks_exact(LANES)
+            .zip(xb.chunks_exact(LANES))
+            .enumerate()
+        {
+            let set = &mut l[step % 4];
+            for i in 0..LANES {
+                set[i] = w16[i].mul_add(x16[i], set[i]);
+            }
+        }
+        let l: [f32; LANES] = std::array::from_fn(|i| (l[0][i] + l[1][i]) + (l[2][i] + l[3][i]));
         let l8: [f32; 8] = std::array::from_fn(|i| l[i] + l[i + 8]);
         let l4: [f32; 4] = std::array::from_fn(|i| l8[i] + l8[i + 4]);
         let l2 = [l4[0] + l4[2], l4[1] + l4[3]];
@@ -343,80 +383,166 @@ fn dot_portable(row: &[u8], x: &[f32], scales: &[f32], bc: usize) -> f32 {
 mod simd {
     use std::arch::x86_64::*;
 
-    /// 16 e4m3 bytes at `p` as f32 (their values times 2^-8).
-    #[inline(always)]
-    unsafe fn widen16(p: *const u8) -> __m512 {
-        let b = _mm256_cvtepu8_epi16(_mm_loadu_si128(p.cast()));
-        let h = _mm256_or_si256(
-            _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7),
-            _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8),
-        );
-        _mm512_cvtph_ps(h)
+    /// e4m3 bytes [kp] into f32 [kp] (their values times 2^-8), 16 at a time.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn widen_avx512(row: &[u8], out: &mut [f32]) {
+        for c in (0..row.len()).step_by(16) {
+            let b = _mm256_cvtepu8_epi16(_mm_loadu_si128(row.as_ptr().add(c).cast()));
+            let h = _mm256_or_si256(
+                _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7),
+                _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8),
+            );
+            _mm512_storeu_ps(out.as_mut_ptr().add(c), _mm512_cvtph_ps(h));
+        }
     }
 
-    #[target_feature(enable = "avx512f,avx2")]
-    pub(super) unsafe fn dot_avx512(row: &[u8], x: &[f32], scales: &[f32], bc: usize) -> f32 {
+    /// [`widen_avx512`] 8 at a time.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn widen_avx2(row: &[u8], out: &mut [f32]) {
+        for c in (0..row.len()).step_by(8) {
+            let b = _mm_cvtepu8_epi16(_mm_loadl_epi64(row.as_ptr().add(c).cast()));
+            let h = _mm_or_si128(
+                _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7),
+                _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
+            );
+            _mm256_storeu_ps(out.as_mut_ptr().add(c), _mm256_cvtph_ps(h));
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn dot_avx512(row: &[f32], x: &[f32], scales: &[f32], bc: usize) -> f32 {
         let kp = row.len();
-        let (mut acc, mut b) = (0f32, 0);
+        let (w, xp) = (row.as_ptr(), x.as_ptr());
+        let mut acc = _mm_setzero_ps();
+        let mut b = 0;
         while b * bc < kp {
             let (start, end) = (b * bc, ((b + 1) * bc).min(kp));
-            let mut l = _mm512_setzero_ps();
+            // Step t of the block (16 columns) goes to set t % 4.
+            let (mut l0, mut l1, mut l2, mut l3) = (
+                _mm512_setzero_ps(),
+                _mm512_setzero_ps(),
+                _mm512_setzero_ps(),
+                _mm512_setzero_ps(),
+            );
+            let fma = |c: usize, l: __m512| {
+                _mm512_fmadd_ps(_mm512_loadu_ps(w.add(c)), _mm512_loadu_ps(xp.add(c)), l)
+            };
             let mut c = start;
-            while c < end {
-                let w = widen16(row.as_ptr().add(c));
-                l = _mm512_fmadd_ps(w, _mm512_loadu_ps(x.as_ptr().add(c)), l);
-                c += 16;
+            while c + 64 <= end {
+                l0 = fma(c, l0);
+                l1 = fma(c + 16, l1);
+                l2 = fma(c + 32, l2);
+                l3 = fma(c + 48, l3);
+                c += 64;
             }
+            if c < end {
+                l0 = fma(c, l0);
+            }
+            if c + 16 < end {
+                l1 = fma(c + 16, l1);
+            }
+            if c + 32 < end {
+                l2 = fma(c + 32, l2);
+            }
+            let l = _mm512_add_ps(_mm512_add_ps(l0, l1), _mm512_add_ps(l2, l3));
             // (l + l+8), (+ l+4), (+ l+2), (+ l+1): the portable tree.
             let l8 = _mm256_add_ps(
                 _mm512_castps512_ps256(l),
                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(l), 1)),
             );
-            let partial = reduce8(l8);
-            acc = partial.mul_add(*scales.get_unchecked(b), acc);
+            acc = _mm_fmadd_ss(reduce8(l8), _mm_set_ss(*scales.get_unchecked(b)), acc);
             b += 1;
         }
-        acc
+        _mm_cvtss_f32(acc)
     }
 
-    /// (l + l+4), (+ l+2), (+ l+1) of 8 lanes.
+    /// [`dot_avx512`] reading the e4m3 bytes, widened in registers (the same values and operations).
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn dot_bytes_avx512(row: &[u8], x: &[f32], scales: &[f32], bc: usize) -> f32 {
+        let kp = row.len();
+        let (w, xp) = (row.as_ptr(), x.as_ptr());
+        let (m7f, m80) = (_mm256_set1_epi16(0x7F), _mm256_set1_epi16(0x80));
+        let widen = |c: usize| {
+            let b = _mm256_cvtepu8_epi16(_mm_loadu_si128(w.add(c).cast()));
+            let h = _mm256_or_si256(
+                _mm256_slli_epi16(_mm256_and_si256(b, m7f), 7),
+                _mm256_slli_epi16(_mm256_and_si256(b, m80), 8),
+            );
+            _mm512_cvtph_ps(h)
+        };
+        let fma = |c: usize, l: __m512| _mm512_fmadd_ps(widen(c), _mm512_loadu_ps(xp.add(c)), l);
+        let mut acc = _mm_setzero_ps();
+        let mut b = 0;
+        while b * bc < kp {
+            let (start, end) = (b * bc, ((b + 1) * bc).min(kp));
+            let (mut l0, mut l1, mut l2, mut l3) = (
+                _mm512_setzero_ps(),
+                _mm512_setzero_ps(),
+                _mm512_setzero_ps(),
+                _mm512_setzero_ps(),
+            );
+            let mut c = start;
+            while c + 64 <= end {
+                l0 = fma(c, l0);
+                l1 = fma(c + 16, l1);
+                l2 = fma(c + 32, l2);
+                l3 = fma(c + 48, l3);
+                c += 64;
+            }
+            if c < end {
+                l0 = fma(c, l0);
+            }
+            if c + 16 < end {
+                l1 = fma(c + 16, l1);
+            }
+            if c + 32 < end {
+                l2 = fma(c + 32, l2);
+            }
+            let l = _mm512_add_ps(_mm512_add_ps(l0, l1), _mm512_add_ps(l2, l3));
+            let l8 = _mm256_add_ps(
+                _mm512_castps512_ps256(l),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(l), 1)),
+            );
+            acc = _mm_fmadd_ss(reduce8(l8), _mm_set_ss(*scales.get_unchecked(b)), acc);
+            b += 1;
+        }
+        _mm_cvtss_f32(acc)
+    }
+
+    /// (l + l+4), (+ l+2), (+ l+1) of 8 lanes, in lane 0.
     #[inline(always)]
-    unsafe fn reduce8(l8: __m256) -> f32 {
+    unsafe fn reduce8(l8: __m256) -> __m128 {
         let l4 = _mm_add_ps(_mm256_castps256_ps128(l8), _mm256_extractf128_ps(l8, 1));
         let l2 = _mm_add_ps(l4, _mm_movehl_ps(l4, l4));
-        let l1 = _mm_add_ss(l2, _mm_shuffle_ps(l2, l2, 1));
-        _mm_cvtss_f32(l1)
-    }
-
-    /// 8 e4m3 bytes at `p` as f32 (their values times 2^-8).
-    #[inline(always)]
-    unsafe fn widen8(p: *const u8) -> __m256 {
-        let b = _mm_cvtepu8_epi16(_mm_loadl_epi64(p.cast()));
-        let h = _mm_or_si128(
-            _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7),
-            _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
-        );
-        _mm256_cvtph_ps(h)
+        _mm_add_ss(l2, _mm_shuffle_ps(l2, l2, 1))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_avx2(row: &[u8], x: &[f32], scales: &[f32], bc: usize) -> f32 {
+    pub(super) unsafe fn dot_avx2(row: &[f32], x: &[f32], scales: &[f32], bc: usize) -> f32 {
         let kp = row.len();
-        let (mut acc, mut b) = (0f32, 0);
+        let (w, xp) = (row.as_ptr(), x.as_ptr());
+        let mut acc = _mm_setzero_ps();
+        let mut b = 0;
         while b * bc < kp {
             let (start, end) = (b * bc, ((b + 1) * bc).min(kp));
-            let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            let mut c = start;
+            // Step t of the block (16 columns, two registers) goes to set t % 4.
+            let mut lo = [_mm256_setzero_ps(); 4];
+            let mut hi = [_mm256_setzero_ps(); 4];
+            let (mut c, mut t) = (start, 0);
             while c < end {
-                let (p, xp) = (row.as_ptr().add(c), x.as_ptr().add(c));
-                lo = _mm256_fmadd_ps(widen8(p), _mm256_loadu_ps(xp), lo);
-                hi = _mm256_fmadd_ps(widen8(p.add(8)), _mm256_loadu_ps(xp.add(8)), hi);
+                let (p, q) = (w.add(c), xp.add(c));
+                lo[t] = _mm256_fmadd_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(q), lo[t]);
+                hi[t] =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(q.add(8)), hi[t]);
                 c += 16;
+                t = (t + 1) & 3;
             }
+            let lo = _mm256_add_ps(_mm256_add_ps(lo[0], lo[1]), _mm256_add_ps(lo[2], lo[3]));
+            let hi = _mm256_add_ps(_mm256_add_ps(hi[0], hi[1]), _mm256_add_ps(hi[2], hi[3]));
             let partial = reduce8(_mm256_add_ps(lo, hi));
-            acc = partial.mul_add(*scales.get_unchecked(b), acc);
+            acc = _mm_fmadd_ss(partial, _mm_set_ss(*scales.get_unchecked(b)), acc);
             b += 1;
         }
-        acc
+        _mm_cvtss_f32(acc)
     }
 }
