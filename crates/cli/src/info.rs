@@ -153,11 +153,17 @@ pub fn describe(checkpoint: &Checkpoint) -> String {
                 .is_ok_and(|t| turbospark::model_io::QUANTIZED_TYPES.contains(&t.as_str()))
         })
         .count();
-    if quantized > 0 {
-        // Quantized tensors report f32 (what `load_f32` widens them to); the CPU keeps their blocks.
-        *dtypes.entry("f32").or_default() -= quantized.min(dtypes.get("f32").copied().unwrap_or(0));
-        dtypes.retain(|_, n| *n > 0);
-        dtypes.insert("ggml blocks", quantized);
+    let fp8 = tensors
+        .names()
+        .filter(|n| tensors.stored_dtype_name(n).is_ok_and(|t| t == "F8_E4M3"))
+        .count();
+    // Quantized tensors report f32 (what `load_f32` widens them to); the kernels keep their blocks.
+    for (label, count) in [("ggml blocks", quantized), ("fp8 e4m3 blocks", fp8)] {
+        if count > 0 {
+            *dtypes.entry("f32").or_default() -= count.min(dtypes.get("f32").copied().unwrap_or(0));
+            dtypes.retain(|_, n| *n > 0);
+            dtypes.insert(label, count);
+        }
     }
     let dtype = match dtypes.len() {
         0 => "none (no tensors)".to_string(),

@@ -190,6 +190,12 @@ fn info_reports_family_layers_and_drafters() {
     let out = expect_success(&run(&["info", &fixture("qwen3_realtok")]));
     assert_eq!(info_field(&out, "weights dtype"), "bf16");
     assert_eq!(info_field(&out, "chat template"), "yes");
+    // An FP8 checkpoint's e4m3 matrices, named as such (not as the f32 they dequantize to).
+    let out = expect_success(&run(&["info", &fixture("qwen3_5_fp8")]));
+    assert_eq!(
+        info_field(&out, "weights dtype"),
+        "mixed (bf16 ×42, fp8 e4m3 blocks ×20 tensors)"
+    );
 }
 
 #[test]
