@@ -34,6 +34,15 @@ fn e4m3_bytes_decode_exactly() {
 }
 
 #[test]
+fn the_bf16_byte_tables_hold_every_e4m3_value() {
+    for q in 0..128u8 {
+        let bits = (crate::fp8::BF16_HI[q as usize] as u32) << 24
+            | (crate::fp8::BF16_LO[q as usize] as u32) << 16;
+        assert_eq!(f32::from_bits(bits), e4m3_value(q), "code {q:#04x}");
+    }
+}
+
+#[test]
 fn rounding_to_e4m3_is_nearest_even_and_saturates() {
     for q in (0..=0x7Eu8).chain(0x80..=0xFE) {
         assert_eq!(e4m3_from_f32(e4m3_value(q)), q, "code {q:#04x}");
@@ -89,6 +98,8 @@ fn fp8_linear_matches_f64_and_every_path_gives_the_same_bits() {
         (64, 40, [128, 128], 5),
         (96, 256, [32, 64], 17),
         (33, 128, [128, 128], 1),
+        (50, 200, [16, 48], 10),
+        (20, 96, [7, 16], 9),
     ] {
         let (w, deq) = random(m, k, block, m as u64 + k as u64);
         let mut rng = Rng::new(11);
