@@ -15,6 +15,7 @@
 //! fail with a `BackendError` (a device failure, or the CPU engine's `ModelError`). Acceptance depends
 //! only on the target's logits, so where the drafter runs cannot change what is generated.
 
+pub mod cost;
 pub mod dflash;
 pub mod mixed;
 pub mod mtp;
@@ -26,6 +27,19 @@ pub use mixed::MtpOrSuffix;
 pub use mtp::MtpHead;
 pub use ngram::NgramDrafter;
 pub use suffix::SuffixDrafter;
+
+/// What the round a drafter just observed cost ([`Drafter::record_costs`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RoundTiming {
+    /// Target rows the round ran (its proposals + 1).
+    pub rows: usize,
+    /// Tokens the drafter proposed.
+    pub proposals: usize,
+    /// Seconds the drafter spent proposing.
+    pub draft_seconds: f64,
+    /// Seconds of the rest of the round: verify forward, rollback, and the drafter's observe.
+    pub verify_seconds: f64,
+}
 
 use families::{BackendError, ModelError, Tap};
 
@@ -95,4 +109,26 @@ pub trait Drafter {
         k: usize,
         chooser: &mut dyn Chooser,
     ) -> Result<Vec<u32>, BackendError>;
+    /// Proposes for a round whose model-drafted block is `k` and whose proposals may reach `limit`
+    /// (>= k: the named block, or under `auto` the drafter's cap): a drafter that sizes its own
+    /// proposals (copies) may use the room, also when k = 0. Default: `propose(history, k)`, nothing
+    /// for k = 0.
+    fn propose_within(
+        &mut self,
+        history: &[u32],
+        k: usize,
+        limit: usize,
+        chooser: &mut dyn Chooser,
+    ) -> Result<Vec<u32>, BackendError> {
+        let _ = limit;
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        self.propose(history, k, chooser)
+    }
+    /// The costs of the round just observed, in greedy `auto` runs only (sampled runs never read the
+    /// clock, so that a seeded run reproduces). Default: not used.
+    fn record_costs(&mut self, timing: RoundTiming) {
+        let _ = timing;
+    }
 }

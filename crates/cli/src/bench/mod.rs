@@ -13,7 +13,9 @@
 //!    a built-in text when the checkpoint has a tokenizer, else the random ids), per block (and `auto`,
 //!    whose block is tuned as it runs; labelled with the block most rounds used; its tuner carries
 //!    over between runs as in a session, so the first run has its own row, `1st`): tok/s, the
-//!    ratio to sequential, accepted proposals per round, milliseconds a round spends drafting,
+//!    ratio to sequential (each run paired with a sequential run just before it, the median of the
+//!    pairs' ratios: the machine's speed drifts between rows, not within a pair), accepted proposals
+//!    per round, milliseconds a round spends drafting,
 //!    verifying and rolling back, per-position conditional acceptance, and
 //!    whether the tokens equal the sequential ones (greedy speculative decoding is lossless, so they
 //!    should, up to float ties).
@@ -602,7 +604,8 @@ fn speculative(
         );
         let seq_ids = sequential.first().map(|r| r.token_ids.clone()).unwrap_or_default();
         out!(
-            "\nspeculative (greedy, {threads} thread(s)): prompt {} tokens, {} tokens, median of {} run(s)",
+            "\nspeculative (greedy, {threads} thread(s)): prompt {} tokens, {} tokens, median of {} run(s); \
+             ratio: median of each run over a sequential run just before it",
             prompt.len(),
             args.gen_tokens,
             args.runs
@@ -641,47 +644,66 @@ fn speculative(
                 bench,
                 args,
                 prompt,
-                &mut session,
+                (&mut session, &mut plain),
                 (name, blocks),
                 (*auto_start.min(&auto_max), auto_max),
-                (seq_rate, &seq_ids),
+                &seq_ids,
             )?;
         }
         Ok(())
     })
 }
 
-/// The rows of one drafter's blocks (its session attached), against the sequential rate and tokens.
+/// The rows of one drafter's blocks (its session attached; each run paired with a run of `plain`, the
+/// sequential session, just before it), against the sequential tokens.
 fn speculative_rows(
     bench: &Bench,
     args: &BenchArgs,
     prompt: &[u32],
-    session: &mut Session<ModelState>,
+    (session, plain): (&mut Session<ModelState>, &mut Session<ModelState>),
     (name, blocks): (&str, &[Option<usize>]),
     (auto_start, auto_max): (usize, usize),
-    (seq_rate, seq_ids): (f64, &[u32]),
+    seq_ids: &[u32],
 ) -> Result<()> {
     for &block in blocks {
         let spec = match block {
             Some(b) => Speculative::new(b),
             None => Speculative::tuned(auto_start, auto_max),
         };
-        let results = bench.runs(args.runs, session, prompt, Some(spec))?;
+        let mut results = Vec::with_capacity(args.runs);
+        let mut ratios = Vec::with_capacity(args.runs);
+        for _ in 0..args.runs {
+            let seq = bench.once(plain, prompt, None)?.decode_tokens_per_second();
+            let r = bench.once(session, prompt, Some(spec))?;
+            ratios.push(if seq > 0.0 {
+                r.decode_tokens_per_second() / seq
+            } else {
+                0.0
+            });
+            results.push(r);
+        }
         // auto: the session's tuner carries over between runs (as between a server's requests), so
         // the first run, which starts tuning cold, gets its own row, and the rest their median.
-        let groups: Vec<(&[GenerationResult], &str)> = match block {
-            Some(_) => vec![(&results[..], "")],
-            None if results.len() > 1 => vec![(&results[..1], " 1st"), (&results[1..], "")],
-            None => vec![(&results[..], " 1st")],
+        let split = match block {
+            Some(_) => 0,
+            None => 1.min(results.len()),
         };
-        for (runs, suffix) in groups {
+        let groups: Vec<(&[GenerationResult], &[f64], &str)> = match block {
+            Some(_) => vec![(&results[..], &ratios[..], "")],
+            None if results.len() > 1 => vec![
+                (&results[..split], &ratios[..split], " 1st"),
+                (&results[split..], &ratios[split..], ""),
+            ],
+            None => vec![(&results[..], &ratios[..], " 1st")],
+        };
+        for (runs, ratios, suffix) in groups {
             let rate = median(
                 &runs
                     .iter()
                     .map(GenerationResult::decode_tokens_per_second)
                     .collect::<Vec<_>>(),
             );
-            let ratio = if seq_rate > 0.0 { rate / seq_rate } else { 0.0 };
+            let ratio = median(ratios);
             let spec = runs
                 .first()
                 .and_then(|r| r.spec.clone())

@@ -27,9 +27,17 @@
 //! of the history on the first step), and stop once that product drops below [`MIN_PROBABILITY`]. The
 //! proposal is the walk whose summed products (its expected accepted tokens under those counts) is
 //! highest, the longer match on a tie. So a weak match (a short suffix, or a continuation that varies)
-//! proposes few tokens and a strong one up to `k` (never more: `k` is the round's block, at most the
-//! exactness cap of 16); a history whose last token never occurred before proposes nothing and the
-//! loop takes a plain step.
+//! proposes few tokens and a strong one up to `k` (never more: `k` is the round's limit, the named
+//! block or under `auto` the exactness cap of 16); a history whose last token never occurred before
+//! proposes nothing and the loop takes a plain step.
+//!
+//! Length (greedy `auto` runs, [`crate::cost`]): the walk is cut where its next tokens would cost more
+//! verify time than they are expected to commit. Token i's chance is the step's frequency times the
+//! measured acceptance of copy position i given the ones before it: every round's planned walk, taken or
+//! not, is judged against the tokens the round committed (greedy output does not depend on what was
+//! proposed), counts decayed per round and smoothed toward [`COPY_PRIOR_ACCEPTANCE`], so a drafter
+//! whose copies failed is tried again once the failures have faded. Without measured costs (sampled
+//! runs, the first round) nothing is cut.
 //!
 //! Invariant (exactness). Proposals depend only on committed tokens and are deterministic, so the
 //! drafter's q is a point mass at each: like prompt lookup it never calls the [`Chooser`] and the loop
@@ -42,7 +50,8 @@ pub use trie::{BYTES_PER_NODE_BOUND, DEPTH};
 
 use std::collections::VecDeque;
 
-use crate::{Chooser, Drafter};
+use crate::cost::RoundCosts;
+use crate::{Chooser, Drafter, RoundTiming};
 use families::{BackendError, ModelError, Tap};
 use trie::{Trie, ROOT};
 
@@ -57,6 +66,23 @@ pub const MAX_MEMORY_TOKENS: usize = 1 << 20;
 pub const MIN_PROBABILITY: f32 = 0.1;
 /// A match of `m` tokens proposes at most this many tokens per matched one.
 pub const TOKENS_PER_MATCHED_TOKEN: usize = 2;
+/// A copy position's acceptance (given the ones before it) before it has been measured.
+pub const COPY_PRIOR_ACCEPTANCE: f64 = 0.8;
+/// Weight, in rounds, of the prior in each position's estimate.
+const COPY_PRIOR_ROUNDS: f64 = 2.0;
+/// Per-round decay of the positions' counts.
+const COPY_MEMORY: f64 = 0.95;
+/// Copy positions whose acceptance is tracked (the exactness cap).
+const COPY_POSITIONS: usize = 16;
+
+/// A copy the drafter would propose: its tokens, the tokens it expects committed (calibrated), and
+/// the round's committed tokens per second at the measured costs ([`RoundCosts::copy_length`]).
+#[derive(Clone, Debug, Default)]
+pub struct CopyPlan {
+    pub tokens: Vec<u32>,
+    pub expected: f64,
+    pub rate: f64,
+}
 
 /// A memory bound out of range, naming the option.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -95,6 +121,13 @@ pub struct SuffixDrafter {
     /// Rows observed (the committed position).
     committed: usize,
     scratch: Vec<u32>,
+    /// The last planned walk (proposed or not), judged at the next observe.
+    planned: Vec<u32>,
+    /// Decayed counts of planned walks that reached / got right each position.
+    reached: [f64; COPY_POSITIONS],
+    accepted: [f64; COPY_POSITIONS],
+    /// Round costs measured in this drafter's greedy `auto` runs.
+    costs: RoundCosts,
 }
 
 impl SuffixDrafter {
@@ -122,6 +155,10 @@ impl SuffixDrafter {
             keep_live: true,
             committed: 0,
             scratch: Vec::with_capacity(DEPTH),
+            planned: Vec::new(),
+            reached: [0.0; COPY_POSITIONS],
+            accepted: [0.0; COPY_POSITIONS],
+            costs: RoundCosts::new(),
         })
     }
 
@@ -263,20 +300,78 @@ impl SuffixDrafter {
         }
     }
 
-    /// [`Drafter::propose`]'s proposal with its support: the tokens it expects accepted (the summed
-    /// products of step frequencies), for a caller choosing between it and another drafter's.
-    pub fn propose_with_support(&mut self, history: &[u32], k: usize) -> (Vec<u32>, f32) {
-        if k == 0 || history.len() < 2 {
-            return (Vec::new(), 0.0);
+    /// The copy to propose after `history`, at most `limit` tokens, cut where more tokens would cost
+    /// more than they bring at `costs` (see the module doc). The whole walk is judged at the next
+    /// observe, whether the caller proposes the copy or not.
+    pub fn plan_copy(&mut self, history: &[u32], limit: usize, costs: &RoundCosts) -> CopyPlan {
+        self.planned.clear();
+        if limit == 0 || history.len() < 2 {
+            return CopyPlan::default();
         }
         self.sync(history);
-        self.best_walk(k)
+        let (mut walk, products) = self.best_walk(limit);
+        let (mut chance, mut before) = (1.0f64, 1.0f32);
+        let chances: Vec<f64> = products
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| {
+                let step = f64::from(p / before);
+                before = p;
+                chance *= (step * self.position_acceptance(i)).min(1.0);
+                chance
+            })
+            .collect();
+        let (len, rate) = costs.copy_length(&chances);
+        self.planned = walk.clone();
+        walk.truncate(len);
+        CopyPlan {
+            tokens: walk,
+            expected: chances[..len].iter().sum(),
+            rate,
+        }
+    }
+
+    /// Measured acceptance of copy position `i` given the ones before it (smoothed; see the module doc).
+    pub fn position_acceptance(&self, i: usize) -> f64 {
+        let i = i.min(COPY_POSITIONS - 1);
+        (self.accepted[i] + COPY_PRIOR_ROUNDS * COPY_PRIOR_ACCEPTANCE)
+            / (self.reached[i] + COPY_PRIOR_ROUNDS)
+    }
+
+    /// Sets position 0's counts (tests of the callers' rules).
+    #[cfg(test)]
+    pub(crate) fn set_first_position_counts(&mut self, reached: f64, accepted: f64) {
+        (self.reached[0], self.accepted[0]) = (reached, accepted);
+    }
+
+    /// Judges the planned walk against the committed tokens that followed it.
+    fn learn(&mut self, next_tokens: &[u32]) {
+        let planned = std::mem::take(&mut self.planned);
+        if planned.is_empty() {
+            return;
+        }
+        for i in 0..COPY_POSITIONS {
+            self.reached[i] *= COPY_MEMORY;
+            self.accepted[i] *= COPY_MEMORY;
+        }
+        for (i, (p, t)) in planned
+            .iter()
+            .zip(next_tokens)
+            .take(COPY_POSITIONS)
+            .enumerate()
+        {
+            self.reached[i] += 1.0;
+            if p != t {
+                break;
+            }
+            self.accepted[i] += 1.0;
+        }
     }
 
     /// The best-supported walk from the suffixes of the live sequence (see the module doc), at most
-    /// `k` tokens, with its score.
-    fn best_walk(&self, k: usize) -> (Vec<u32>, f32) {
-        let mut best = (0.0f32, Vec::new());
+    /// `k` tokens, with each step's product of frequencies (the chance its prefix is all accepted).
+    fn best_walk(&self, k: usize) -> (Vec<u32>, Vec<f32>) {
+        let mut best = (0.0f32, Vec::new(), Vec::new());
         // active[len - m] spells the last m tokens; shorter suffixes occur at least as often.
         for (m, &node) in self
             .active
@@ -295,7 +390,7 @@ impl SuffixDrafter {
                 continue;
             }
             let (mut at, mut total, mut p) = (node, earlier, 1.0f32);
-            let (mut score, mut walk) = (0.0f32, Vec::new());
+            let (mut score, mut walk, mut chances) = (0.0f32, Vec::new(), Vec::new());
             while walk.len() < budget {
                 let Some(child) = self.trie.most_frequent_child(at) else {
                     break;
@@ -306,14 +401,15 @@ impl SuffixDrafter {
                 }
                 score += p;
                 walk.push(self.trie.token(child));
+                chances.push(p);
                 at = child;
                 total = self.trie.count(child);
             }
             if score >= best.0 && !walk.is_empty() {
-                best = (score, walk);
+                best = (score, walk, chances);
             }
         }
-        (best.1, best.0)
+        (best.1, best.2)
     }
 }
 
@@ -334,6 +430,7 @@ impl Drafter for SuffixDrafter {
 
     fn reset(&mut self) {
         self.committed = 0;
+        self.planned.clear();
         self.restart_live(0);
     }
 
@@ -367,6 +464,7 @@ impl Drafter for SuffixDrafter {
     fn rewind(&mut self, position: usize) -> Result<(), BackendError> {
         crate::check_rewind(self.committed, position)?;
         self.committed = position;
+        self.planned.clear();
         if position < self.live_base {
             self.restart_live(position);
         } else {
@@ -396,6 +494,7 @@ impl Drafter for SuffixDrafter {
                 self.push(t);
             }
         }
+        self.learn(next_tokens);
         Ok(())
     }
 
@@ -403,11 +502,27 @@ impl Drafter for SuffixDrafter {
         &mut self,
         history: &[u32],
         k: usize,
+        chooser: &mut dyn Chooser,
+    ) -> Result<Vec<u32>, BackendError> {
+        self.propose_within(history, k, k, chooser)
+    }
+
+    /// A copy of up to `limit` tokens (the drafter sizes its own proposals; `k` is not used).
+    fn propose_within(
+        &mut self,
+        history: &[u32],
+        _k: usize,
+        limit: usize,
         _chooser: &mut dyn Chooser,
     ) -> Result<Vec<u32>, BackendError> {
-        Ok(self.propose_with_support(history, k).0)
+        let costs = std::mem::take(&mut self.costs);
+        let copy = self.plan_copy(history, limit, &costs);
+        self.costs = costs;
+        Ok(copy.tokens)
+    }
+
+    fn record_costs(&mut self, timing: RoundTiming) {
+        self.costs
+            .record_verify(timing.rows, timing.verify_seconds + timing.draft_seconds);
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -26,6 +26,7 @@ mod select;
 
 use std::time::Instant;
 
+use drafters::RoundTiming;
 use families::{Backend, BackendState, ForwardOut, SeqRows, Tap, Wanted};
 use sampling::DrawCounter;
 
@@ -227,7 +228,15 @@ pub fn generate<B: Backend>(
         let round_start = Instant::now();
         let one_time_work = model.one_time_work();
 
-        let drafted = draft(session, &mut sel, sink.history(), block.min(room))?;
+        // Copies (the suffix drafter, `mtp+suffix`) may run past the tuned block, up to `auto`'s cap.
+        let limit = speculative.map_or(0, |s| s.tune_up_to.unwrap_or(s.block));
+        let drafted = draft(
+            session,
+            &mut sel,
+            sink.history(),
+            block.min(room),
+            limit.min(room),
+        )?;
         let proposals = &drafted.proposals;
         let verified = verify(
             model,
@@ -253,6 +262,18 @@ pub fn generate<B: Backend>(
         let rollback_seconds = rollback_start.elapsed().as_secs_f64();
         let observe_start = Instant::now();
         observe(session, &verified, &judgement, sink.history(), drafting)?;
+        let observe_seconds = observe_start.elapsed().as_secs_f64();
+        if let Some(d) = session.drafter.as_mut().filter(|_| tuner.is_some()) {
+            // Greedy `auto` only (sampled runs never read the clock); not a round of one-time work.
+            if model.one_time_work() == one_time_work {
+                d.record_costs(RoundTiming {
+                    rows: proposals.len() + 1,
+                    proposals: proposals.len(),
+                    draft_seconds: drafted.seconds,
+                    verify_seconds: verified.seconds + rollback_seconds + observe_seconds,
+                });
+            }
+        }
 
         // -- Account and tune.
         if let Some(s) = stats.as_mut() {
@@ -270,7 +291,7 @@ pub fn generate<B: Backend>(
                     s.record_drafter(d.proposer(), proposals.len(), judgement.accepted);
                 }
                 // The drafter's cost is its proposal and its observe of the verified rows.
-                s.draft_seconds += drafted.seconds + observe_start.elapsed().as_secs_f64();
+                s.draft_seconds += drafted.seconds + observe_seconds;
                 s.verify_seconds += verified.seconds;
                 s.rollback_seconds += rollback_seconds;
             }

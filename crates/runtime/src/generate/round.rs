@@ -26,19 +26,21 @@ pub(super) struct Drafted {
     pub seconds: f64,
 }
 
-/// Up to `k` proposals from the session's drafter (none without one, or for k = 0), chosen with the
+/// The session's drafter's proposals for a model-drafted block of `k` and at most `limit` tokens
+/// (`Drafter::propose_within`: copies may use the room; none without a drafter or room), chosen with the
 /// request's shaping (`Selector` as the drafter's `Chooser`: sampled proposals keep their q).
 pub(super) fn draft<S: BackendState>(
     session: &mut Session<S>,
     sel: &mut Selector<'_>,
     history: &[u32],
     k: usize,
+    limit: usize,
 ) -> Result<Drafted, RuntimeError> {
     let start = Instant::now();
     sel.drafted.clear();
-    let proposals = match (k, session.drafter.as_mut()) {
+    let proposals = match (limit.max(k), session.drafter.as_mut()) {
         (0, _) | (_, None) => Vec::new(),
-        (k, Some(d)) => d.propose(history, k, sel)?,
+        (_, Some(d)) => d.propose_within(history, k, limit.max(k), sel)?,
     };
     if let Some(e) = sel.error.take() {
         return Err(e);
