@@ -12,8 +12,9 @@
 //! measured in greedy `auto` runs only; elsewhere V is flat and D = 0 (the copy wins when E_s >= E_m),
 //! so a seeded sampled run reproduces.
 //!
-//! The MTP head observes committed rows lazily: their taps wait in a backlog (at most `BACKLOG_ROWS`
-//! rows) until the head drafts, then it runs them in one call, so copy rounds do not pay the head's
+//! The MTP head observes the rounds' committed rows lazily: their taps wait in a backlog (at most
+//! `BACKLOG_ROWS` rows) until the head drafts, then it runs them in one call (a prompt's rows go
+//! through at once, in prefill's time), so copy rounds do not pay the head's
 //! per-row work (on the CPU testbed ~1 ms of a ~5 ms round) and a catch-up over many rows costs little
 //! more than one (batch-invariant kernels give the same values either way).
 //!
@@ -200,7 +201,8 @@ impl Drafter for MtpOrSuffix {
             b.extend_from_slice(t);
         }
         self.backlog_next.extend_from_slice(next_tokens);
-        if self.backlog_next.len() >= BACKLOG_ROWS {
+        // A prompt's rows (more than any round keeps) go through at once, in prefill's time.
+        if self.backlog_next.len() >= BACKLOG_ROWS || n > POSITIONS + 1 {
             self.catch_up()?;
         }
         self.learn(next_tokens);
