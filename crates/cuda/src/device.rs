@@ -20,35 +20,18 @@ use crate::nvrtc;
 
 /// Every kernel the backend launches (all must exist in the compiled module).
 pub const KERNELS: &[&str] = &[
-    "qgemv_q4_0_1",
-    "qgemv_q4_0_4",
-    "qgemv_q4_0_16",
-    "qgemv_q4_1_1",
-    "qgemv_q4_1_4",
-    "qgemv_q4_1_16",
-    "qgemv_q5_0_1",
-    "qgemv_q5_0_4",
-    "qgemv_q5_0_16",
-    "qgemv_q5_1_1",
-    "qgemv_q5_1_4",
-    "qgemv_q5_1_16",
-    "qgemv_q8_0_1",
-    "qgemv_q8_0_4",
-    "qgemv_q8_0_16",
-    "qgemv_q4_k_1",
-    "qgemv_q4_k_4",
-    "qgemv_q4_k_16",
-    "qgemv_q5_k_1",
-    "qgemv_q5_k_4",
-    "qgemv_q5_k_16",
-    "qgemv_q6_k_1",
-    "qgemv_q6_k_4",
-    "qgemv_q6_k_16",
+    "quant_input",
+    "qgemv_q4_0",
+    "qgemv_q4_1",
+    "qgemv_q5_0",
+    "qgemv_q5_1",
+    "qgemv_q8_0",
+    "qgemv_q4_k",
+    "qgemv_q5_k",
+    "qgemv_q6_k",
     "qdequant_bf16",
     "qembed",
-    "fp8_gemv_1",
-    "fp8_gemv_4",
-    "fp8_gemv_16",
+    "fp8_gemv",
     "fp8_dequant_bf16",
     "linear_bf16_1",
     "linear_bf16_2",
@@ -204,6 +187,8 @@ pub struct CudaDevice {
 
 /// Scratch of the quantized kernels (`quant.rs`; sizes in `launch_limits.rs`).
 pub(crate) struct QuantScratch {
+    /// The 8-bit input rows of a GEMV call: q [rows, cols] i8, then d and d·Σq [rows, cols / 32] f32 each.
+    pub input: crate::buf::DBuf,
     /// A prefill GEMM's weight tile dequantized to bf16.
     pub tile: crate::buf::DBuf,
 }
@@ -305,8 +290,6 @@ impl CudaDevice {
                 crate::launch_limits::GDN_STEP_MAX_SMEM
             } else if name == "gdn_chunk_state" {
                 crate::launch_limits::GDN_CHUNK_STATE_SMEM
-            } else if name.starts_with("qgemv_") || name.starts_with("fp8_gemv_") {
-                crate::launch_limits::QUANT_STAGE_BYTES
             } else {
                 0
             };
@@ -560,8 +543,10 @@ impl CudaDevice {
         if let Some(s) = self.quant_scratch.get() {
             return Ok(s);
         }
+        use crate::launch_limits::{QUANT_INPUT_BYTES, QUANT_TILE_BYTES};
         let s = QuantScratch {
-            tile: crate::buf::DBuf::zeros(self, crate::launch_limits::QUANT_TILE_BYTES)?,
+            input: crate::buf::DBuf::zeros(self, QUANT_INPUT_BYTES)?,
+            tile: crate::buf::DBuf::zeros(self, QUANT_TILE_BYTES)?,
         };
         let _ = self.quant_scratch.set(s);
         Ok(self.quant_scratch.get().expect("set above"))

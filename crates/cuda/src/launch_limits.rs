@@ -32,11 +32,11 @@ pub(crate) const GDN_CHUNK_STATE_SMEM: usize = 4
         + GDN_CHUNK * 68);
 /// Warps per block of the FMA GEMV kernel (linear.cu LIN_WARPS).
 pub(crate) const LIN_WARPS: usize = 8;
-/// Most rows of one quantized GEMV launch (quant.cu QGEMV_MAX_ROWS).
+/// Most rows of one quantized GEMV launch (quant.cu QGEMV_MAX_ROWS) and most columns of a quantized
+/// matrix: the 8-bit input scratch holds that many rows.
 pub(crate) const QUANT_MAX_ROWS: usize = 16;
-/// Most dynamic shared memory a quantized GEMV stages its input rows in (8-bit rows of ggml formats at
-/// 1.25 bytes a value, f32 rows of FP8 at 4): device.rs opts the kernels in to it; longer inputs run in
-/// smaller row groups.
-pub(crate) const QUANT_STAGE_BYTES: usize = 200 * 1024;
+pub(crate) const QUANT_MAX_COLS: usize = 65536;
+/// Bytes of the quantized GEMV's input scratch: q (1 byte) and d, d·Σq (4 bytes per 32 values each).
+pub(crate) const QUANT_INPUT_BYTES: usize = QUANT_MAX_ROWS * QUANT_MAX_COLS * 5 / 4;
 /// Bytes of the dequantized bf16 weight tile of a quantized prefill GEMM.
 pub(crate) const QUANT_TILE_BYTES: usize = 64 << 20;

@@ -1,12 +1,10 @@
 //! Launchers of the quantized kernels (`src/cu/quant.cu`) over `WDtype::Quant` matrices (ggml blocks,
 //! row runs of one format each: [`crate::weights::QuantLayout`]).
 //!
-//! - Up to `gemv_max_rows` rows (decode and verify): per part, groups of rows whose staged inputs fit
-//!   shared memory (at most 16), one `qgemv_<format>_<NMAX>` launch each (NMAX 1, 4 or 16: the smallest
-//!   that holds the group); each block quantizes the group's rows to 8 bits in shared memory (in the
-//!   file's column order when it has one) and writes the part's output columns. Each output value is
-//!   computed by the same operations whatever the number of rows, so verify rows equal decode rows bit
-//!   for bit.
+//! - Up to `gemv_max_rows` rows (decode and verify): per group of at most 16 rows, `quant_input` quantizes
+//!   the rows to 8 bits once (in the file's column order when it has one), then one `qgemv_<format>`
+//!   launch per part writes that part's output columns. Each output value is computed by the same
+//!   operations whatever the number of rows, so verify rows equal decode rows bit for bit.
 //! - More rows (prefill): per part, tiles of weight rows dequantized to bf16 (`qdequant_bf16`, columns
 //!   put back in Hugging Face order) and multiplied by cuBLAS against the bf16-rounded activations, as
 //!   the bf16 GEMM path does. Prefill rows may therefore differ from decode rows in the last bits, as
@@ -14,10 +12,10 @@
 //! - Embedding lookups (`qembed`): ggml's dequantized values, bit for bit the CPU engine's.
 //! - FP8 parts (`fp8_gemv`, `fp8_dequant_bf16`) read the f32 inputs as they are (no 8-bit copy).
 
-use crate::buf::{elementwise_grid, launch, launch_smem, Arg};
+use crate::buf::{elementwise_grid, launch, Arg};
 use crate::device::CudaDevice;
 use crate::error::CudaError;
-use crate::launch_limits::{QUANT_MAX_ROWS, QUANT_STAGE_BYTES, QUANT_TILE_BYTES};
+use crate::launch_limits::{QUANT_MAX_COLS, QUANT_MAX_ROWS, QUANT_TILE_BYTES};
 use crate::weights::{BlockFormat, Mat, QuantLayout, QuantPart};
 use kernels::QuantFormat;
 
@@ -63,26 +61,6 @@ fn gemv_wpr(m: usize, k: usize, sms: usize) -> usize {
     wpr
 }
 
-/// Row passes per block (1, 2 or 4): the most that still leave four blocks per multiprocessor, so the
-/// staged inputs serve more rows where the matrix is tall.
-fn gemv_passes(m: usize, wpr: usize, sms: usize) -> usize {
-    let rows_per_pass = QGEMV_WARPS / wpr;
-    let mut rpw = 4;
-    while rpw > 1 && m.div_ceil(rows_per_pass * rpw) < 4 * sms.max(1) {
-        rpw /= 2;
-    }
-    rpw
-}
-
-/// The kernel instance for a group of `n` rows: the smallest NMAX of 1, 4, 16 that holds it.
-fn nmax(n: usize) -> usize {
-    match n {
-        0..=1 => 1,
-        2..=4 => 4,
-        _ => 16,
-    }
-}
-
 fn layout(w: &Mat) -> &QuantLayout {
     w.quant
         .as_deref()
@@ -106,57 +84,76 @@ pub(crate) fn launch_linear(
         return gemm(dev, w, q, x, y, rows, accumulate, xb);
     }
     let k = w.cols;
+    if k > QUANT_MAX_COLS {
+        return Err(CudaError::Unsupported {
+            what: format!("a quantized matrix of {k} columns (at most {QUANT_MAX_COLS})"),
+        });
+    }
+    let input = &dev.quant_scratch()?.input;
+    let xq = input.ptr;
+    let dx = xq + (QUANT_MAX_ROWS * QUANT_MAX_COLS) as u64;
+    let dxs = dx + (QUANT_MAX_ROWS * QUANT_MAX_COLS / 32 * 4) as u64;
     let order = q.input_order.as_ref().map_or(0, |o| o.ptr);
+    let ggml = q
+        .parts
+        .iter()
+        .any(|p| matches!(p.format, BlockFormat::Ggml(_)));
     let sms = dev.info.sms.max(1) as usize;
-    let mut first_row = 0;
-    for p in &q.parts {
-        // Staged bytes per input row: 8-bit values and two f32 per 32 (ggml), or the f32 row (FP8).
-        let stage_row = match p.format {
-            BlockFormat::Ggml(_) => k + k / 32 * 8,
-            BlockFormat::Fp8 { .. } => 4 * k,
-        };
-        let group = (QUANT_STAGE_BYTES / stage_row).min(QUANT_MAX_ROWS);
-        if group == 0 {
-            return Err(CudaError::Unsupported {
-                what: format!(
-                    "a quantized matrix of {k} columns (its input rows do not fit shared memory)"
-                ),
-            });
+    let mut r0 = 0;
+    while r0 < rows {
+        let n = (rows - r0).min(QUANT_MAX_ROWS);
+        let x_rows = x + (r0 * k * 4) as u64;
+        if ggml {
+            let blocks = (n * k / 32).div_ceil(8).clamp(1, 65_535);
+            launch(
+                dev,
+                "quant_input",
+                (blocks as u32, 1, 1),
+                256,
+                &[
+                    Arg::P(x_rows),
+                    Arg::P(order),
+                    Arg::I(k as i32),
+                    Arg::I(n as i32),
+                    Arg::P(xq),
+                    Arg::P(dx),
+                    Arg::P(dxs),
+                ],
+            )?;
         }
-        let wpr = gemv_wpr(p.rows, k, sms);
-        let rpw = gemv_passes(p.rows, wpr, sms);
-        let grid = (p.rows.div_ceil(QGEMV_WARPS / wpr * rpw) as u32, 1, 1);
-        let weights = w.buf.ptr + p.offset as u64;
-        let mut r0 = 0;
-        while r0 < rows {
-            let n = (rows - r0).min(group);
-            let x_rows = x + (r0 * k * 4) as u64;
+        let mut first_row = 0;
+        for p in &q.parts {
+            let wpr = gemv_wpr(p.rows, k, sms);
+            let grid = (p.rows.div_ceil(QGEMV_WARPS / wpr) as u32, 1, 1);
             let out = y + ((r0 * w.rows + first_row) * 4) as u64;
-            let shared = (n * stage_row) as u32;
-            let tail = [
-                Arg::P(out),
-                Arg::I(w.rows as i32),
-                Arg::I(accumulate as i32),
-                Arg::I(wpr as i32),
-                Arg::I(rpw as i32),
-            ];
+            let weights = w.buf.ptr + p.offset as u64;
             match p.format {
-                BlockFormat::Ggml(f) => {
-                    let mut args = vec![
+                BlockFormat::Ggml(f) => launch(
+                    dev,
+                    gemv_kernel(f),
+                    grid,
+                    (QGEMV_WARPS * 32) as u32,
+                    &[
                         Arg::P(weights),
                         Arg::L(f.row_bytes(k) as i64),
                         Arg::I(p.rows as i32),
                         Arg::I(k as i32),
                         Arg::I(n as i32),
-                        Arg::P(x_rows),
-                        Arg::P(order),
-                    ];
-                    args.extend(tail);
-                    let name = format!("{}_{}", gemv_kernel(f), nmax(n));
-                    launch_smem(dev, &name, grid, (QGEMV_WARPS * 32) as u32, shared, &args)?;
-                }
-                BlockFormat::Fp8 { block, scales } => {
-                    let mut args = vec![
+                        Arg::P(xq),
+                        Arg::P(dx),
+                        Arg::P(dxs),
+                        Arg::P(out),
+                        Arg::I(w.rows as i32),
+                        Arg::I(accumulate as i32),
+                        Arg::I(wpr as i32),
+                    ],
+                )?,
+                BlockFormat::Fp8 { block, scales } => launch(
+                    dev,
+                    "fp8_gemv",
+                    grid,
+                    (QGEMV_WARPS * 32) as u32,
+                    &[
                         Arg::P(weights),
                         Arg::I(p.rows as i32),
                         Arg::I(k as i32),
@@ -165,15 +162,16 @@ pub(crate) fn launch_linear(
                         Arg::P(w.buf.ptr + scales as u64),
                         Arg::I(n as i32),
                         Arg::P(x_rows),
-                    ];
-                    args.extend(tail);
-                    let name = format!("fp8_gemv_{}", nmax(n));
-                    launch_smem(dev, &name, grid, (QGEMV_WARPS * 32) as u32, shared, &args)?;
-                }
+                        Arg::P(out),
+                        Arg::I(w.rows as i32),
+                        Arg::I(accumulate as i32),
+                        Arg::I(wpr as i32),
+                    ],
+                )?,
             }
-            r0 += n;
+            first_row += p.rows;
         }
-        first_row += p.rows;
+        r0 += n;
     }
     Ok(())
 }
@@ -289,15 +287,6 @@ pub(crate) fn launch_embed(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn row_passes_leave_four_blocks_per_multiprocessor() {
-        assert_eq!(gemv_passes(18_432, 1, 132), 4);
-        assert_eq!(gemv_passes(2560, 2, 132), 1);
-        assert_eq!(nmax(1), 1);
-        assert_eq!(nmax(3), 4);
-        assert_eq!(nmax(5), 16);
-    }
 
     #[test]
     fn warps_per_row_depend_on_the_shape_only() {

@@ -1,9 +1,9 @@
 // Linear layers over quantized weights kept in ggml's blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
 // Q6_K), as GGUF files store them (crates/kernels/src/quant/formats.rs describes the layouts).
 //
-// Decode / verify rows (qgemv_<format>_<NMAX>): llama.cpp's algorithm, integer dot products against an
-// 8-bit copy of the input. Each block first quantizes the launch's input rows into shared memory in blocks
-// of 32 (d = max|x| / 127, q = round-half-even(x / d), and d * sum(q)), exactly as the CPU kernels do. A weight row is read as
+// Decode / verify rows (qgemv_*): llama.cpp's algorithm, integer dot products against an 8-bit copy of the
+// input. quant_input quantizes each input row once per call in blocks of 32 (d = max|x| / 127,
+// q = round-half-even(x / d), and d * sum(q)), exactly as the CPU kernels do. A weight row is read as
 // 32-element sub-blocks: integers u - o (signed bytes, the format's offset o taken out), a scale per
 // 16 elements (a_lo, a_hi: equal except for Q6_K) and, for formats with a minimum, a term b. One
 // thread takes one sub-block j against every input row r:
@@ -155,15 +155,19 @@ __device__ __forceinline__ void q_decode(const unsigned char* __restrict__ row, 
     }
 }
 
-// Input rows x [n, k] (the stored column c reads x[order[c]] when order is given) to 8 bits per 32-block, into
-// shared memory: xq [n, k], dx [n, k / 32] = d, dxs [n, k / 32] = d * sum(q). One warp per block of 32,
-// lane = element; the whole thread block takes part, then synchronises.
-__device__ __forceinline__ void q_stage(const float* __restrict__ x, const int* __restrict__ order, int k, int n,
-                                        signed char* xq, float* dx, float* dxs) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nsub = k >> 5;
-    for (int b = warp; b < n * nsub; b += QGEMV_WARPS) {
-        const int r = b / nsub, c = (b - r * nsub) * 32 + lane;
-        const float v = x[(long long)r * k + (order ? order[c] : c)];
+// Input rows x [n, k] (the stored column c reads x[order[c]] when order is given) to 8 bits per 32-block:
+// xq [n, k], dx [n, k / 32] = d, dxs [n, k / 32] = d * sum(q). One warp per block, lane = element.
+extern "C" __global__ void quant_input(const float* __restrict__ x, const int* __restrict__ order, int k, int n,
+                                       signed char* __restrict__ xq, float* __restrict__ dx,
+                                       float* __restrict__ dxs) {
+    PDL_ENTER();
+    const int lane = threadIdx.x & 31;
+    const long long blocks = (long long)n * (k >> 5);
+    const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long b = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); b < blocks; b += warps) {
+        const long long r = b / (k >> 5);
+        const int c = (int)(b - r * (k >> 5)) * 32 + lane;
+        const float v = x[r * k + (order ? order[c] : c)];
         float amax = fabsf(v);
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         const float d = amax / 127.0f;
@@ -177,16 +181,53 @@ __device__ __forceinline__ void q_stage(const float* __restrict__ x, const int* 
             dxs[b] = __fmul_rn(d, (float)sum);
         }
     }
-    __syncthreads();
 }
 
-// Sums acc[r] over the warp (xor tree) and over the wpr warps of a row (in warp order); lane 0 of the row's
-// first warp ends with the row's sums. Every thread of the block calls it (it synchronises when wpr > 1).
-template <int NMAX>
-__device__ __forceinline__ void q_row_sums(float* acc, int n, int wpr, float (*part_sums)[NMAX]) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % wpr;
+// y[r * ldy + i] (+)= W[i] . x[r] for the m weight rows of one format (row_bytes each) and n <= 16 input
+// rows quantized by quant_input. Blocks of QGEMV_WARPS warps, wpr warps per output row.
+template <int F>
+__device__ __forceinline__ void qgemv(const unsigned char* __restrict__ W, long long row_bytes, int m, int k, int n,
+                                      const signed char* __restrict__ xq, const float* __restrict__ dx,
+                                      const float* __restrict__ dxs, float* __restrict__ y, int ldy,
+                                      int accumulate, int wpr) {
+    __shared__ float part_sums[QGEMV_WARPS][QGEMV_MAX_ROWS];
+    PDL_ENTER();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int rows_per_block = QGEMV_WARPS / wpr;
+    const int i = blockIdx.x * rows_per_block + warp / wpr, part = warp % wpr;
+    const int nsub = k >> 5;
+    float acc[QGEMV_MAX_ROWS];
 #pragma unroll
-    for (int r = 0; r < NMAX; ++r)
+    for (int r = 0; r < QGEMV_MAX_ROWS; ++r) acc[r] = 0.0f;
+    if (i < m) {
+        const unsigned char* row = W + (long long)i * row_bytes;
+        for (int j = part * 32 + lane; j < nsub; j += 32 * wpr) {
+            QSub s;
+            q_decode<F>(row, j, s);
+#pragma unroll
+            for (int r = 0; r < QGEMV_MAX_ROWS; ++r) {
+                if (r < n) {
+                    const int4* xp = reinterpret_cast<const int4*>(xq + (long long)r * k + 32 * j);
+                    const int4 x0 = xp[0], x1 = xp[1];
+                    int lo = __dp4a(s.v[0], x0.x, 0);
+                    lo = __dp4a(s.v[1], x0.y, lo);
+                    lo = __dp4a(s.v[2], x0.z, lo);
+                    lo = __dp4a(s.v[3], x0.w, lo);
+                    int hi = __dp4a(s.v[4], x1.x, 0);
+                    hi = __dp4a(s.v[5], x1.y, hi);
+                    hi = __dp4a(s.v[6], x1.z, hi);
+                    hi = __dp4a(s.v[7], x1.w, hi);
+                    const long long xb = (long long)r * nsub + j;
+                    const float sum = F == QF_Q6_K ? __fmaf_rn(s.a_hi, (float)hi, __fmul_rn(s.a_lo, (float)lo))
+                                                   : __fmul_rn(s.a_lo, (float)(lo + hi));
+                    acc[r] = __fmaf_rn(sum, dx[xb], acc[r]);
+                    if (QFmt<F>::MIN) acc[r] = __fmaf_rn(s.b, dxs[xb], acc[r]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < QGEMV_MAX_ROWS; ++r)
         if (r < n) acc[r] = warp_sum(acc[r]);
     if (wpr > 1) {
         if (lane == 0)
@@ -198,87 +239,29 @@ __device__ __forceinline__ void q_row_sums(float* acc, int n, int wpr, float (*p
                 for (int p = 1; p < wpr; ++p) t = __fadd_rn(t, part_sums[warp + p][r]);
                 acc[r] = t;
             }
-        __syncthreads();
     }
-}
-
-// y[r * ldy + i] (+)= W[i] . x[r] for the m weight rows of one format (row_bytes each) and n <= NMAX input rows
-// x [n, k] (f32). Blocks of QGEMV_WARPS warps; wpr warps per output row, each block taking rpw passes of
-// QGEMV_WARPS / wpr consecutive rows; dynamic shared memory holds the quantized inputs (1.25 n k bytes).
-template <int F, int NMAX>
-__device__ __forceinline__ void qgemv(const unsigned char* __restrict__ W, long long row_bytes, int m, int k, int n,
-                                      const float* __restrict__ x, const int* __restrict__ order,
-                                      float* __restrict__ y, int ldy, int accumulate, int wpr, int rpw) {
-    __shared__ float part_sums[QGEMV_WARPS][NMAX];
-    PDL_ENTER();
-    const int nsub = k >> 5;
-    signed char* xq = DYN_SMEM(signed char);
-    float* dx = reinterpret_cast<float*>(xq + n * k);
-    float* dxs = dx + n * nsub;
-    q_stage(x, order, k, n, xq, dx, dxs);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % wpr;
-    const int rows_per_pass = QGEMV_WARPS / wpr;
-    for (int t = 0; t < rpw; ++t) {
-        const int i = (blockIdx.x * rpw + t) * rows_per_pass + warp / wpr;
-        float acc[NMAX];
-#pragma unroll
-        for (int r = 0; r < NMAX; ++r) acc[r] = 0.0f;
-        if (i < m) {
-            const unsigned char* row = W + (long long)i * row_bytes;
-            for (int j = part * 32 + lane; j < nsub; j += 32 * wpr) {
-                QSub s;
-                q_decode<F>(row, j, s);
-#pragma unroll
-                for (int r = 0; r < NMAX; ++r) {
-                    if (r < n) {
-                        const int4* xp = reinterpret_cast<const int4*>(xq + r * k + 32 * j);
-                        const int4 x0 = xp[0], x1 = xp[1];
-                        int lo = __dp4a(s.v[0], x0.x, 0);
-                        lo = __dp4a(s.v[1], x0.y, lo);
-                        lo = __dp4a(s.v[2], x0.z, lo);
-                        lo = __dp4a(s.v[3], x0.w, lo);
-                        int hi = __dp4a(s.v[4], x1.x, 0);
-                        hi = __dp4a(s.v[5], x1.y, hi);
-                        hi = __dp4a(s.v[6], x1.z, hi);
-                        hi = __dp4a(s.v[7], x1.w, hi);
-                        const int xb = r * nsub + j;
-                        const float sum = F == QF_Q6_K
-                                              ? __fmaf_rn(s.a_hi, (float)hi, __fmul_rn(s.a_lo, (float)lo))
-                                              : __fmul_rn(s.a_lo, (float)(lo + hi));
-                        acc[r] = __fmaf_rn(sum, dx[xb], acc[r]);
-                        if (QFmt<F>::MIN) acc[r] = __fmaf_rn(s.b, dxs[xb], acc[r]);
-                    }
-                }
-            }
+    if (i < m && part == 0 && lane == 0)
+        for (int r = 0; r < n; ++r) {
+            float* out = y + (long long)r * ldy + i;
+            *out = accumulate ? __fadd_rn(*out, acc[r]) : acc[r];
         }
-        q_row_sums<NMAX>(acc, n, wpr, part_sums);
-        if (i < m && part == 0 && lane == 0)
-            for (int r = 0; r < n; ++r) {
-                float* out = y + (long long)r * ldy + i;
-                *out = accumulate ? __fadd_rn(*out, acc[r]) : acc[r];
-            }
-    }
 }
 
-#define QGEMV_KERNEL(NAME, F, NMAX)                                                                              \
+#define QGEMV_KERNEL(NAME, F)                                                                                   \
     extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * 32)                                                 \
         NAME(const unsigned char* __restrict__ W, long long row_bytes, int m, int k, int n,                       \
-             const float* __restrict__ x, const int* __restrict__ order, float* __restrict__ y, int ldy,          \
-             int accumulate, int wpr, int rpw) {                                                                 \
-        qgemv<F, NMAX>(W, row_bytes, m, k, n, x, order, y, ldy, accumulate, wpr, rpw);                          \
+             const signed char* __restrict__ xq, const float* __restrict__ dx, const float* __restrict__ dxs,     \
+             float* __restrict__ y, int ldy, int accumulate, int wpr) {                                          \
+        qgemv<F>(W, row_bytes, m, k, n, xq, dx, dxs, y, ldy, accumulate, wpr);                                    \
     }
-#define QGEMV_KERNELS(FMT, F)                  \
-    QGEMV_KERNEL(qgemv_##FMT##_1, F, 1)        \
-    QGEMV_KERNEL(qgemv_##FMT##_4, F, 4)        \
-    QGEMV_KERNEL(qgemv_##FMT##_16, F, 16)
-QGEMV_KERNELS(q4_0, QF_Q4_0)
-QGEMV_KERNELS(q4_1, QF_Q4_1)
-QGEMV_KERNELS(q5_0, QF_Q5_0)
-QGEMV_KERNELS(q5_1, QF_Q5_1)
-QGEMV_KERNELS(q8_0, QF_Q8_0)
-QGEMV_KERNELS(q4_k, QF_Q4_K)
-QGEMV_KERNELS(q5_k, QF_Q5_K)
-QGEMV_KERNELS(q6_k, QF_Q6_K)
+QGEMV_KERNEL(qgemv_q4_0, QF_Q4_0)
+QGEMV_KERNEL(qgemv_q4_1, QF_Q4_1)
+QGEMV_KERNEL(qgemv_q5_0, QF_Q5_0)
+QGEMV_KERNEL(qgemv_q5_1, QF_Q5_1)
+QGEMV_KERNEL(qgemv_q8_0, QF_Q8_0)
+QGEMV_KERNEL(qgemv_q4_k, QF_Q4_K)
+QGEMV_KERNEL(qgemv_q5_k, QF_Q5_K)
+QGEMV_KERNEL(qgemv_q6_k, QF_Q6_K)
 
 // The 32 values of sub-block j as ggml dequantizes them: a * (u - o), plus b with a minimum.
 template <int F>
@@ -354,71 +337,71 @@ __device__ __forceinline__ float e4m3_scaled(unsigned q) {
 }
 
 // y[r * ldy + i] (+)= W[i] . x[r] for FP8 rows W [m, k] (k a multiple of 16), scales [ceil(m/br), ceil(k/bc)]
-// and n <= NMAX input rows x [n, k], staged in shared memory (4 n k bytes); rows assigned as qgemv's.
-template <int NMAX>
-__device__ __forceinline__ void fp8_gemv(const unsigned char* __restrict__ W, int m, int k, int br, int bc,
-                                         const float* __restrict__ scales, int n, const float* __restrict__ x,
-                                         float* __restrict__ y, int ldy, int accumulate, int wpr, int rpw) {
-    __shared__ float part_sums[QGEMV_WARPS][NMAX];
+// and n <= 16 input rows x [n, k].
+extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * 32)
+    fp8_gemv(const unsigned char* __restrict__ W, int m, int k, int br, int bc, const float* __restrict__ scales,
+             int n, const float* __restrict__ x, float* __restrict__ y, int ldy, int accumulate, int wpr) {
+    __shared__ float part_sums[QGEMV_WARPS][QGEMV_MAX_ROWS];
     PDL_ENTER();
-    float* xs = DYN_SMEM(float);
-    copy_to_smem(x, xs, n * k);
-    __syncthreads();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % wpr;
-    const int rows_per_pass = QGEMV_WARPS / wpr;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int rows_per_block = QGEMV_WARPS / wpr;
+    const int i = blockIdx.x * rows_per_block + warp / wpr, part = warp % wpr;
     const int nch = k >> 4, gk = (k + bc - 1) / bc;
-    for (int t = 0; t < rpw; ++t) {
-        const int i = (blockIdx.x * rpw + t) * rows_per_pass + warp / wpr;
-        float acc[NMAX];
+    float acc[QGEMV_MAX_ROWS];
 #pragma unroll
-        for (int r = 0; r < NMAX; ++r) acc[r] = 0.0f;
-        if (i < m) {
-            const unsigned char* row = W + (long long)i * k;
-            const float* srow = scales + (long long)(i / br) * gk;
-            for (int c = part * 32 + lane; c < nch; c += 32 * wpr) {
-                const uint4 q = *reinterpret_cast<const uint4*>(row + 16 * c);
-                const unsigned words[4] = {q.x, q.y, q.z, q.w};
-                float w[16];
+    for (int r = 0; r < QGEMV_MAX_ROWS; ++r) acc[r] = 0.0f;
+    if (i < m) {
+        const unsigned char* row = W + (long long)i * k;
+        const float* srow = scales + (long long)(i / br) * gk;
+        for (int c = part * 32 + lane; c < nch; c += 32 * wpr) {
+            const uint4 q = *reinterpret_cast<const uint4*>(row + 16 * c);
+            const unsigned words[4] = {q.x, q.y, q.z, q.w};
+            float w[16];
 #pragma unroll
-                for (int e = 0; e < 16; ++e) w[e] = e4m3_scaled((words[e >> 2] >> (8 * (e & 3))) & 0xFFu);
-                const float s = __fmul_rn(srow[(16 * c) / bc], 256.0f);
+            for (int e = 0; e < 16; ++e) w[e] = e4m3_scaled((words[e >> 2] >> (8 * (e & 3))) & 0xFFu);
+            const float s = __fmul_rn(srow[(16 * c) / bc], 256.0f);
 #pragma unroll
-                for (int r = 0; r < NMAX; ++r) {
-                    if (r < n) {
-                        const float4* xp = reinterpret_cast<const float4*>(xs + r * k + 16 * c);
-                        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int r = 0; r < QGEMV_MAX_ROWS; ++r) {
+                if (r < n) {
+                    const float4* xp = reinterpret_cast<const float4*>(x + (long long)r * k + 16 * c);
+                    float xv[16];
 #pragma unroll
-                        for (int t4 = 0; t4 < 4; ++t4) {
-                            const float4 v = xp[t4];
-                            p[0] = __fmaf_rn(w[4 * t4], v.x, p[0]);
-                            p[1] = __fmaf_rn(w[4 * t4 + 1], v.y, p[1]);
-                            p[2] = __fmaf_rn(w[4 * t4 + 2], v.z, p[2]);
-                            p[3] = __fmaf_rn(w[4 * t4 + 3], v.w, p[3]);
-                        }
-                        const float pc = __fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3]));
-                        acc[r] = __fmaf_rn(pc, s, acc[r]);
+                    for (int t = 0; t < 4; ++t) {
+                        const float4 v = xp[t];
+                        xv[4 * t] = v.x;
+                        xv[4 * t + 1] = v.y;
+                        xv[4 * t + 2] = v.z;
+                        xv[4 * t + 3] = v.w;
                     }
+                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int e = 0; e < 16; ++e) p[e & 3] = __fmaf_rn(w[e], xv[e], p[e & 3]);
+                    const float pc = __fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3]));
+                    acc[r] = __fmaf_rn(pc, s, acc[r]);
                 }
             }
         }
-        q_row_sums<NMAX>(acc, n, wpr, part_sums);
-        if (i < m && part == 0 && lane == 0)
+    }
+#pragma unroll
+    for (int r = 0; r < QGEMV_MAX_ROWS; ++r)
+        if (r < n) acc[r] = warp_sum(acc[r]);
+    if (wpr > 1) {
+        if (lane == 0)
+            for (int r = 0; r < n; ++r) part_sums[warp][r] = acc[r];
+        __syncthreads();
+        if (part == 0 && lane == 0)
             for (int r = 0; r < n; ++r) {
-                float* out = y + (long long)r * ldy + i;
-                *out = accumulate ? __fadd_rn(*out, acc[r]) : acc[r];
+                float t = part_sums[warp][r];
+                for (int p = 1; p < wpr; ++p) t = __fadd_rn(t, part_sums[warp + p][r]);
+                acc[r] = t;
             }
     }
+    if (i < m && part == 0 && lane == 0)
+        for (int r = 0; r < n; ++r) {
+            float* out = y + (long long)r * ldy + i;
+            *out = accumulate ? __fadd_rn(*out, acc[r]) : acc[r];
+        }
 }
-
-#define FP8_GEMV_KERNEL(NAME, NMAX)                                                                              \
-    extern "C" __global__ void __launch_bounds__(QGEMV_WARPS * 32)                                                 \
-        NAME(const unsigned char* __restrict__ W, int m, int k, int br, int bc, const float* __restrict__ scales,   \
-             int n, const float* __restrict__ x, float* __restrict__ y, int ldy, int accumulate, int wpr, int rpw) { \
-        fp8_gemv<NMAX>(W, m, k, br, bc, scales, n, x, y, ldy, accumulate, wpr, rpw);                              \
-    }
-FP8_GEMV_KERNEL(fp8_gemv_1, 1)
-FP8_GEMV_KERNEL(fp8_gemv_4, 4)
-FP8_GEMV_KERNEL(fp8_gemv_16, 16)
 
 // out [rows, k] bf16 = FP8 rows of W with their block scales (first_row: the tile's first row in the part).
 extern "C" __global__ void fp8_dequant_bf16(const unsigned char* __restrict__ W, int rows, int k, int br, int bc,
