@@ -11,8 +11,10 @@ weights turbospark reads from models/testbed). Both run 2 threads, 128 tokens, t
 Decode rates: llama.cpp's `timings.predicted_per_second`, ours the `decode=` of `--stats` (both exclude
 prefill and load). llama-server keeps ngram-mod's n-gram table across requests, so by default both of its
 servers are restarted every iteration (every request is a first request, as for `turbospark generate`);
-`--warm` keeps them running (repeated prompts then copy the previous answer). Prints per workload the
-median of each rate and of each iteration's ratios.
+`--warm` keeps them running (repeated prompts then copy the previous answer) and runs ours as `turbospark
+serve --api-key bench` servers (off / suffix / auto), whose suffix drafter likewise remembers the key's
+earlier requests; their rates are the servers' `timings.predicted_per_second` too. Prints per workload
+the median of each rate and of each iteration's ratios.
 """
 
 import json
@@ -84,6 +86,31 @@ def main() -> None:
                                      {"Content-Type": "application/json"})
         return json.load(urllib.request.urlopen(req))["timings"]["predicted_per_second"]
 
+    ours_ports = {"ours off": (8093, ["--speculative", "off"]), "ours suffix": (8094, ["--drafter", "suffix"]),
+                  "ours auto": (8095, [])}
+
+    def start_ours() -> None:
+        for name, (port, extra) in ours_ports.items():
+            procs[name] = subprocess.Popen(
+                [ours, "serve", "--threads", "2", "--port", str(port), "--api-key", "bench", *extra],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for port, _ in ours_ports.values():
+            for _ in range(240):
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                    break
+                except OSError:
+                    time.sleep(0.5)
+            else:
+                raise SystemExit(f"turbospark serve on port {port} did not start")
+
+    def served(name: str, text: str) -> float:
+        body = json.dumps({"model": "testbed", "prompt": text, "max_tokens": 128, "temperature": 0,
+                           "ignore_eos": True}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{ours_ports[name][0]}/v1/completions", body,
+                                     {"Content-Type": "application/json", "Authorization": "Bearer bench"})
+        return json.load(urllib.request.urlopen(req))["timings"]["predicted_per_second"]
+
     def turbo(text: str, extra: list[str]) -> float:
         p = subprocess.run([ours, "generate", "--threads", "2", "--max-tokens", "128", "--stats", *extra],
                            input=text, capture_output=True, text=True, check=True)
@@ -93,6 +120,7 @@ def main() -> None:
     results: dict[tuple[str, str], list[float]] = {}
     if warm:
         start()
+        start_ours()
     for workload, text in workloads().items():
         for _ in range(iterations):
             if not warm:
@@ -100,10 +128,9 @@ def main() -> None:
             row = {
                 "llama seq": llama("llama seq", text),
                 "llama ngram-mod": llama("llama ngram-mod", text),
-                "ours off": turbo(text, ["--speculative", "off"]),
-                "ours suffix": turbo(text, ["--drafter", "suffix"]),
-                "ours auto": turbo(text, []),
             }
+            for name, (_, extra) in ours_ports.items():
+                row[name] = served(name, text) if warm else turbo(text, extra)
             if not warm:
                 stop()
             row["ngram-mod / llama seq"] = row["llama ngram-mod"] / row["llama seq"]
