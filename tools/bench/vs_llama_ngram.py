@@ -12,8 +12,8 @@ Decode rates: llama.cpp's `timings.predicted_per_second`, ours the `decode=` of 
 prefill and load). llama-server keeps ngram-mod's n-gram table across requests, so by default both of its
 servers are restarted every iteration (every request is a first request, as for `turbospark generate`);
 `--warm` keeps them running (repeated prompts then copy the previous answer) and runs ours as `turbospark
-serve --api-key bench` servers (off / suffix / auto), whose suffix drafter likewise remembers the key's
-earlier requests; their rates are the servers' `timings.predicted_per_second` too. Prints per workload
+serve --api-key bench --parallel 1` servers (off / suffix / auto), whose suffix drafter likewise remembers
+the key's earlier requests; their rates are the servers' `timings.predicted_per_second` too. Prints per workload
 the median of each rate and of each iteration's ratios.
 """
 
@@ -92,7 +92,9 @@ def main() -> None:
     def start_ours() -> None:
         for name, (port, extra) in ours_ports.items():
             procs[name] = subprocess.Popen(
-                [ours, "serve", "--threads", "2", "--port", str(port), "--api-key", "bench", *extra],
+                # One worker, as llama-server's one slot (-np 1): the key's requests share its memory.
+                [ours, "serve", "--threads", "2", "--port", str(port), "--api-key", "bench", "--parallel", "1",
+                 *extra],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for port, _ in ours_ports.values():
             for _ in range(240):
