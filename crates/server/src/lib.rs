@@ -20,6 +20,7 @@ mod job;
 mod logprobs;
 mod openai;
 mod request;
+mod route;
 mod worker;
 
 use std::future::Future;

@@ -1,5 +1,6 @@
 //! The generation workers: `WorkerOptions::parallel` OS threads, each with its own session, taking jobs
-//! from one bounded queue in arrival order. With one worker the engine decodes one sequence at a time;
+//! from one bounded queue in arrival order, a key's job preferring the worker that served the key last
+//! (route.rs). With one worker the engine decodes one sequence at a time;
 //! with several, the model batches them (`turbospark::ModelBuilder::batching`: their forward steps run
 //! as one, each sequence's output what it would be alone).
 //!
@@ -15,14 +16,15 @@
 //!
 //! Prefix reuse: a worker runs its jobs on its session, so a request that extends the previous one on
 //! that worker (the next chat turn) prefills only what is new (`Session`'s reuse rules); with several
-//! workers a turn may land on another worker and prefill again. A drafter that learns across requests
+//! workers a key's turn goes back to its worker when that one is idle, else it may land on another and
+//! prefill again. A drafter that learns across requests
 //! (the suffix drafter) is told to forget them before a request from another API key than the previous
 //! one's on its worker, and before every request of a server without keys: how fast a request runs must
 //! not tell a client whether someone else's text continues its prompt.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc;
+use std::sync::Arc;
 use std::thread;
 
 use tokio::sync::mpsc as tmpsc;
@@ -34,6 +36,7 @@ use turbospark::runtime::{
 use turbospark::{Model, Session};
 
 use crate::error::ApiError;
+use crate::route::{Refused, Router};
 
 /// What a request asks the model to continue.
 pub enum Input {
@@ -220,7 +223,7 @@ impl Metrics {
 /// The front end's side of the worker.
 #[derive(Clone)]
 pub struct Queue {
-    jobs: SyncSender<Job>,
+    jobs: Arc<Jobs>,
     pub info: Arc<ModelInfo>,
     pub metrics: Arc<Metrics>,
     /// The model's tokenizer, for `/tokenize` and `/detokenize` (no need to wait for the worker).
@@ -231,18 +234,25 @@ impl Queue {
     /// Enqueues `job`, or refuses it when `max_queue` jobs already wait.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         self.metrics.queued.fetch_add(1, Ordering::Relaxed);
-        match self.jobs.try_send(job) {
+        match self.jobs.0.submit(job) {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
                 Err(match e {
-                    TrySendError::Full(_) => ApiError::busy(),
-                    TrySendError::Disconnected(_) => {
-                        ApiError::internal("the generation worker has stopped")
-                    }
+                    Refused::Full => ApiError::busy(),
+                    Refused::Closed => ApiError::internal("the generation worker has stopped"),
                 })
             }
         }
+    }
+}
+
+/// The front ends' handle on the router: when the last one is dropped, the workers stop.
+struct Jobs(Arc<Router>);
+
+impl Drop for Jobs {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
 
@@ -279,20 +289,15 @@ struct ServeJobs {
     info: Arc<ModelInfo>,
     metrics: Arc<Metrics>,
     options: WorkerOptions,
-    rx: Arc<Mutex<mpsc::Receiver<Job>>>,
+    router: Arc<Router>,
 }
 
 impl ServeJobs {
-    /// Takes jobs until the queue closes, running each on `session`.
-    fn run(&self, mut session: Session) {
+    /// As worker `w`, takes jobs until the router closes, running each on `session`.
+    fn run(&self, w: usize, mut session: Session) {
         let engine = self.model.engine();
         let mut last_client = None;
-        loop {
-            let job = {
-                let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-                rx.recv()
-            };
-            let Ok(job) = job else { return };
+        while let Some(job) = self.router.next(w) {
             self.metrics.queued.fetch_sub(1, Ordering::Relaxed);
             // Memory of earlier requests stays within one client (keyless: within none).
             if job.client.is_none() || job.client != last_client {
@@ -337,8 +342,9 @@ pub fn spawn<F>(open: F, options: WorkerOptions) -> Result<Queue, turbospark::Er
 where
     F: FnOnce() -> Result<(Model, Session, String), turbospark::Error> + Send + 'static,
 {
-    // 0: no request waits; one is taken only while the worker is idle (a rendezvous channel).
-    let (jobs, rx) = mpsc::sync_channel::<Job>(options.max_queue);
+    // max_queue 0: no request waits; one is taken only while a worker is idle.
+    let router = Arc::new(Router::new(options.parallel.max(1), options.max_queue));
+    let jobs = Arc::new(Jobs(router.clone()));
     let (ready_tx, ready_rx) = mpsc::channel();
     let metrics = Arc::new(Metrics::default());
     let worker_metrics = metrics.clone();
@@ -368,7 +374,6 @@ where
             {
                 return;
             }
-            let rx = Arc::new(Mutex::new(rx));
             let mut options = options;
             if !model.batches() {
                 // Without shared steps, concurrent generations would only contend for the device.
@@ -379,7 +384,7 @@ where
                 info: Arc::new(info),
                 metrics: worker_metrics,
                 options,
-                rx,
+                router,
             };
             // Workers past the first, each with its own session; they share the model's steps.
             for i in 1..serve.options.parallel.max(1) {
@@ -393,7 +398,7 @@ where
                 };
                 let spawned = thread::Builder::new()
                     .name(format!("turbospark-worker-{i}"))
-                    .spawn(move || serve.run(session));
+                    .spawn(move || serve.run(i, session));
                 if let Err(e) = spawned {
                     eprintln!("error: starting worker {i}: {e}");
                     break;
@@ -401,11 +406,11 @@ where
             }
             if serve.options.parallel > 1 {
                 // Each generation's loop on its worker, its steps inside the pool (`Session`).
-                serve.run(session);
+                serve.run(0, session);
             } else {
                 // One generation at a time, wholly inside the model's pool (as `turbospark bench`).
                 let model = serve.model.clone();
-                model.install(move || serve.run(session));
+                model.install(move || serve.run(0, session));
             }
         })
         .map_err(|e| {

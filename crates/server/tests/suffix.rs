@@ -1,7 +1,8 @@
 //! `serve --drafter suffix`: the suffix drafter serves requests with the greedy text unchanged, and what
 //! it remembers of a request serves only later requests of the same API key: asked the same prompt
 //! again, the same key's request is proposed the earlier output (nearly every proposal accepted), another
-//! key's is not, and a server without keys remembers nothing across requests.
+//! key's is not, also with several workers (a key's request goes back to the worker holding its memory),
+//! and a server without keys remembers nothing across requests.
 
 mod common;
 
@@ -62,6 +63,27 @@ async fn the_suffix_drafter_remembers_requests_only_within_one_api_key() {
         other <= first + 2 && other + 8 < again,
         "another key's request accepted {other} (the first request {first}, the same key again {again})"
     );
+    // Several workers: the key's next request goes back to the worker that holds its memory.
+    let q = start_with_drafter(
+        Speculation::Block(16),
+        DrafterRequest::Suffix,
+        server::WorkerOptions {
+            parallel: 8,
+            ..options()
+        },
+    );
+    // Alternating keys: each key's next request finds its own worker idle, with its memory (the
+    // most recently idle worker served the other key).
+    let (_, first) = complete(&q, &keys, Some(KEYS[0])).await;
+    complete(&q, &keys, Some(KEYS[1])).await;
+    for key in [KEYS[0], KEYS[1], KEYS[0]] {
+        let (text, again) = complete(&q, &keys, Some(key)).await;
+        assert_eq!(text, want);
+        assert!(
+            again as usize >= MAX_TOKENS - 4,
+            "8 workers: {key}'s next request accepted {again} (a first request {first})"
+        );
+    }
     // A server without keys treats every request as a stranger.
     let q = start_with_drafter(Speculation::Block(16), DrafterRequest::Suffix, options());
     let (_, first) = complete(&q, &[], None).await;

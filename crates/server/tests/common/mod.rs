@@ -46,12 +46,14 @@ pub fn start_with_drafter(
     drafter: DrafterRequest,
     options: server::WorkerOptions,
 ) -> server::Queue {
+    let batching = options.parallel > 1;
     server::spawn(
         move || {
             let model = turbospark::Model::builder(testbed())
                 .device(Device::Cpu)
                 .speculation(speculation)
                 .drafter(drafter)
+                .batching(batching)
                 .build()?;
             let session = model.session()?;
             Ok((model, session, "testbed".to_string()))
