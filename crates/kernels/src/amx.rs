@@ -27,10 +27,31 @@ const TILE_N: usize = 16;
 const TILE_K: usize = 32;
 /// A-operand rows per tile.
 const TILE_M: usize = 16;
-/// Split rows per input row.
+/// Split rows per input row at most.
 const TERMS: usize = 3;
-/// Input rows per pass: one A tile of split rows.
-const PASS_ROWS: usize = TILE_M / TERMS;
+
+/// How the f32 inputs become bf16 A-operand rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Inputs {
+    /// Three bf16 terms a value (x1 = bf16(x), x2 = bf16(x - x1), x3 = bf16(x - x1 - x2)): f32's 24 bits.
+    Exact,
+    /// One term, bf16(x): a third of the tile work, each input rounded to 8 bits of mantissa.
+    Bf16,
+}
+
+impl Inputs {
+    fn terms(self) -> usize {
+        match self {
+            Inputs::Exact => TERMS,
+            Inputs::Bf16 => 1,
+        }
+    }
+
+    /// Input rows per pass: one A tile of split rows.
+    fn pass_rows(self) -> usize {
+        TILE_M / self.terms()
+    }
+}
 /// Output blocks per micro-kernel step (64 outputs): one A tile load feeds four B tiles.
 const GROUP_BLOCKS: usize = 4;
 
@@ -129,16 +150,8 @@ pub(crate) fn linear(x: &[f32], w: &PackedBf16, n: usize, m: usize, mode: Mode, 
     if n == 0 || m == 0 {
         return;
     }
-    let kb = w.k_blocks();
     let out_ptr = SyncPtr(out.as_mut_ptr());
-    // The split inputs of each pass of up to PASS_ROWS rows.
-    let splits: Vec<Vec<u16>> = (0..n)
-        .step_by(PASS_ROWS)
-        .map(|first| {
-            let rows = (n - first).min(PASS_ROWS);
-            split_rows(&x[first * k..(first + rows) * k], rows, k, kb)
-        })
-        .collect();
+    let splits = split_passes(x, n, k, Inputs::Exact);
     // Tasks own groups of output blocks (64 output columns); about 4 tasks per thread.
     let groups = m.div_ceil(GROUP_BLOCKS * TILE_N);
     let tasks = (rayon::current_num_threads() * 4).clamp(1, groups);
@@ -146,7 +159,7 @@ pub(crate) fn linear(x: &[f32], w: &PackedBf16, n: usize, m: usize, mode: Mode, 
     let job = |task: usize| {
         let range = task * groups_per_task..((task + 1) * groups_per_task).min(groups);
         // SAFETY: `available()` was checked by the caller; tasks write disjoint output columns.
-        unsafe { passes(w, &splits, n, range, mode, out_ptr, m) };
+        unsafe { passes(w, &splits, n, range, mode, out_ptr, m, 0, Inputs::Exact) };
     };
     if tasks == 1 || m * k * n < (1 << 16) {
         (0..tasks).for_each(job);
@@ -161,24 +174,42 @@ struct SyncPtr(*mut f32);
 unsafe impl Send for SyncPtr {}
 unsafe impl Sync for SyncPtr {}
 
-/// The A operand for up to PASS_ROWS input rows: [k blocks][16 split rows][32] bf16 bits; split row
-/// 3i + t holds term t of input row i; rows past 3 * rows are zero.
-fn split_rows(x: &[f32], rows: usize, k: usize, kb: usize) -> Vec<u16> {
+/// The A operands of x [n, k], one per pass of up to `inputs.pass_rows()` rows.
+fn split_passes(x: &[f32], n: usize, k: usize, inputs: Inputs) -> Vec<Vec<u16>> {
+    let (kb, per) = (k.div_ceil(TILE_K), inputs.pass_rows());
+    (0..n)
+        .step_by(per)
+        .map(|first| {
+            let rows = (n - first).min(per);
+            split_rows(
+                &x[first * k..(first + rows) * k],
+                rows,
+                k,
+                kb,
+                inputs.terms(),
+            )
+        })
+        .collect()
+}
+
+/// The A operand for up to 16 / terms input rows: [k blocks][16 split rows][32] bf16 bits; split row
+/// terms·i + t holds term t of input row i; rows past terms · rows are zero.
+fn split_rows(x: &[f32], rows: usize, k: usize, kb: usize, terms: usize) -> Vec<u16> {
     let mut split = vec![0u16; kb * TILE_M * TILE_K];
     for i in 0..rows {
         for (b, chunk) in x[i * k..(i + 1) * k].chunks(TILE_K).enumerate() {
             let mut v = [0.0f32; TILE_K];
             v[..chunk.len()].copy_from_slice(chunk);
             for half in 0..2 {
-                let at = |t: usize| (b * TILE_M + TERMS * i + t) * TILE_K + half * (TILE_K / 2);
-                let (a1, a2, a3) = (at(0), at(1), at(2));
+                let at = |t: usize| (b * TILE_M + terms * i + t) * TILE_K + half * (TILE_K / 2);
                 // SAFETY: `available()` (checked before any packed matrix exists) includes AVX512-BF16;
-                // the stores write 16 values at each of the three offsets inside split.
+                // the stores write 16 values at each of the first `terms` offsets inside split.
                 unsafe {
                     split_16(
                         &v[half * 16..half * 16 + 16],
                         split.as_mut_ptr(),
-                        [a1, a2, a3],
+                        [at(0), at(1), at(2)],
+                        terms,
                     )
                 };
             }
@@ -187,13 +218,13 @@ fn split_rows(x: &[f32], rows: usize, k: usize, kb: usize) -> Vec<u16> {
     split
 }
 
-/// Three bf16 terms of 16 f32 values (`x1 = bf16(x)`, `x2 = bf16(x - x1)`, `x3 = bf16(x - x1 - x2)`,
-/// rounding to nearest even; subnormal values read as zero), stored at the three offsets of `dst`.
+/// The first `terms` bf16 terms of 16 f32 values (`x1 = bf16(x)`, `x2 = bf16(x - x1)`, `x3 = bf16(x - x1
+/// - x2)`, rounding to nearest even; subnormal values read as zero), stored at the offsets of `dst`.
 ///
 /// # Safety
-/// AVX-512 F and BF16; dst + offset .. + 16 is writable for each offset.
+/// AVX-512 F and BF16; dst + offset .. + 16 is writable for each of the first `terms` offsets.
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn split_16(v: &[f32], dst: *mut u16, offsets: [usize; TERMS]) {
+unsafe fn split_16(v: &[f32], dst: *mut u16, offsets: [usize; TERMS], terms: usize) {
     use std::arch::x86_64::*;
     assert!(v.len() >= 16);
     let widen = |h: __m256bh| {
@@ -207,7 +238,7 @@ unsafe fn split_16(v: &[f32], dst: *mut u16, offsets: [usize; TERMS]) {
         let r1 = _mm512_sub_ps(x, widen(h1));
         let h2 = _mm512_cvtneps_pbh(r1);
         let h3 = _mm512_cvtneps_pbh(_mm512_sub_ps(r1, widen(h2)));
-        for (h, off) in [h1, h2, h3].into_iter().zip(offsets) {
+        for (h, off) in [h1, h2, h3].into_iter().zip(offsets).take(terms) {
             _mm256_storeu_si256(
                 dst.add(off).cast::<__m256i>(),
                 std::mem::transmute::<__m256bh, __m256i>(h),
@@ -253,10 +284,68 @@ impl TileConfig {
 
 static CONFIG: TileConfig = TileConfig::full();
 
-/// Every pass (up to five input rows each, split in `splits`) over the output-block groups in `groups`,
-/// group by group, so a group's weights come from memory once and from L2 for the later passes. Passes go
-/// two at a time where they can: two A tiles against two B tiles per k block (10 input rows for each
-/// weight tile loaded), then one A tile against four B tiles for a last odd pass.
+/// Output rows per group: the B tiles one micro-kernel step reads.
+pub(crate) const GROUP_ROWS: usize = GROUP_BLOCKS * TILE_N;
+
+/// u16 values of one group's B tiles of k columns in [`PackedBf16`]'s layout (what a `fill` of
+/// [`linear_decoded`] writes): [4 blocks][k / 32][16 pairs][16 rows][2].
+pub(crate) fn group_tile_len(k: usize) -> usize {
+    GROUP_BLOCKS * k.div_ceil(TILE_K) * TILE_N * TILE_K
+}
+
+/// out[n, m] = mode(out, x[n, k] · w[..m]^T) on AMX for weights kept in another format: each task decodes
+/// a group of [`GROUP_ROWS`] weight rows at a time into bf16 B tiles (`fill(first, rows, tiles)` writes
+/// rows first..first + rows in the layout of [`group_tile_len`]; what it leaves of a partial group's
+/// last block is never written out) and runs every pass of inputs over them while they sit in L2. With
+/// [`Inputs::Exact`] an output carries the rounding of its weights to bf16 and nothing else. The caller
+/// checked [`available`] and the lengths.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linear_decoded(
+    x: &[f32],
+    n: usize,
+    m: usize,
+    k: usize,
+    mode: Mode,
+    inputs: Inputs,
+    out: &mut [f32],
+    fill: &(dyn Fn(usize, usize, &mut [u16]) + Sync),
+) {
+    if n == 0 || m == 0 {
+        return;
+    }
+    let out_ptr = SyncPtr(out.as_mut_ptr());
+    let splits = split_passes(x, n, k, inputs);
+    let groups = m.div_ceil(GROUP_ROWS);
+    let tasks = (rayon::current_num_threads() * 4).clamp(1, groups);
+    let groups_per_task = groups.div_ceil(tasks);
+    let job = |task: usize| {
+        let mut tiles = PackedBf16 {
+            data: vec![0u16; group_tile_len(k)],
+            m: 0,
+            k,
+        };
+        for group in task * groups_per_task..((task + 1) * groups_per_task).min(groups) {
+            let first = group * GROUP_ROWS;
+            tiles.m = (m - first).min(GROUP_ROWS);
+            fill(first, tiles.m, &mut tiles.data);
+            // SAFETY: `available()` was checked by the caller; this task alone writes the output
+            // columns first..first + tiles.m.
+            unsafe { passes(&tiles, &splits, n, 0..1, mode, out_ptr, m, first, inputs) };
+        }
+    };
+    if tasks == 1 {
+        job(0);
+    } else {
+        (0..tasks).into_par_iter().for_each(job);
+    }
+}
+
+/// Every pass (up to five input rows each with exact inputs, 16 with bf16 ones, split in `splits`) over the
+/// output-block groups in `groups`, group by group, so a group's weights come from memory once and from L2
+/// for the later passes. Passes go two at a time where they can: two A tiles against two B tiles per k
+/// block, then one A tile against four B tiles for a last odd pass.
+///
+/// Group g's outputs are columns `col_base + 64 g ..` of out.
 ///
 /// # Safety
 /// AMX must be available (and permitted); `out` must address [n, m] f32 values, and no other thread may
@@ -270,16 +359,19 @@ unsafe fn passes(
     mode: Mode,
     out: SyncPtr,
     m: usize,
+    col_base: usize,
+    inputs: Inputs,
 ) {
     // c: [2 passes x 16 split rows][4 blocks x 16 outputs] f32, row stride 256 bytes.
     let mut c = [[0.0f32; GROUP_BLOCKS * TILE_N]; 2 * TILE_M];
-    let rows_of = |pass: usize| (n - pass * PASS_ROWS).min(PASS_ROWS);
+    let per = inputs.pass_rows();
+    let rows_of = |pass: usize| (n - pass * per).min(per);
     // SAFETY: CONFIG is a valid palette-1 configuration (the caller checked AMX); the kernels' tile
     // accesses stay inside `w.data`, the splits and `c`.
     unsafe {
         asm!("ldtilecfg [{0}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
         for group in groups {
-            let col0 = GROUP_BLOCKS * group * TILE_N;
+            let col0 = col_base + GROUP_BLOCKS * group * TILE_N;
             let cols = (m - col0).min(GROUP_BLOCKS * TILE_N);
             let mut pass = 0;
             while pass < splits.len() {
@@ -291,7 +383,8 @@ unsafe fn passes(
                 }
                 for (p, c_rows) in [pass, pass + 1].into_iter().zip(c.chunks(TILE_M)) {
                     if p == pass || both {
-                        combine(c_rows, rows_of(p), p * PASS_ROWS, col0, cols, mode, out, m);
+                        let rows = rows_of(p);
+                        combine(c_rows, rows, p * per, col0, cols, mode, out, m, inputs);
                     }
                 }
                 pass += if both { 2 } else { 1 };
@@ -316,18 +409,28 @@ unsafe fn combine(
     mode: Mode,
     out: SyncPtr,
     m: usize,
+    inputs: Inputs,
 ) {
     for i in 0..rows {
-        let (t1, t2, t3) = (
-            &c_rows[TERMS * i],
-            &c_rows[TERMS * i + 1],
-            &c_rows[TERMS * i + 2],
-        );
         // SAFETY: row first_row + i, columns col0..col0 + cols lie inside out and belong to this task.
         let dst =
             unsafe { std::slice::from_raw_parts_mut(out.0.add((first_row + i) * m + col0), cols) };
-        for (j, d) in dst.iter_mut().enumerate() {
-            *d = mode.apply(*d, (t1[j] + t2[j]) + t3[j]);
+        match inputs {
+            Inputs::Exact => {
+                let (t1, t2, t3) = (
+                    &c_rows[TERMS * i],
+                    &c_rows[TERMS * i + 1],
+                    &c_rows[TERMS * i + 2],
+                );
+                for (j, d) in dst.iter_mut().enumerate() {
+                    *d = mode.apply(*d, (t1[j] + t2[j]) + t3[j]);
+                }
+            }
+            Inputs::Bf16 => {
+                for (d, &t) in dst.iter_mut().zip(&c_rows[i]) {
+                    *d = mode.apply(*d, t);
+                }
+            }
         }
     }
 }

@@ -190,13 +190,14 @@ impl Linear {
         out
     }
 
-    /// Most rows one call gives the bits each row gets alone (`kernels::Bf16Matrix::batch_invariant_rows`;
-    /// f32 weights: the matvec path's).
+    /// Most rows one call gives the bits each row gets alone (`kernels::Bf16Matrix::batch_invariant_rows`,
+    /// `kernels::QuantMatrix::batch_invariant_rows`; f32 weights: the matvec path's).
     pub fn batch_invariant_rows(&self) -> usize {
         match &self.w {
             Weights::F32(_) => kernels::MATVEC_MAX_ROWS,
             Weights::Bf16(w) => w.batch_invariant_rows(),
-            Weights::Quant { .. } | Weights::Fp8(_) => usize::MAX,
+            Weights::Quant { w, .. } => w.batch_invariant_rows(),
+            Weights::Fp8(_) => usize::MAX,
         }
     }
 

@@ -508,3 +508,82 @@ unsafe fn reduce(acc: __m512) -> f32 {
     let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2));
     _mm_cvtss_f32(s1)
 }
+
+/// Rows `first..first + rows` (at most 64) of `w` dequantized (`w = a · (u - o) + b`, formats.rs) and
+/// rounded to bf16 into `dst`, in the AMX B-tile layout (`amx::linear_decoded`'s `fill`): row r sits in
+/// block r / 16 as tile row pair p = (c % 32) / 2 of k block c / 32, u16 `(((r / 16) · kb + c / 32) · 16
+/// + p) · 32 + (r % 16) · 2 + c % 2`, kb = k / 32.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI/BF16 and F16C must be available; `first + rows <= w.rows()`, `rows <= 64` and
+/// `dst` holds `rows.div_ceil(16) · kb · 512` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16,f16c")]
+pub(crate) unsafe fn dequantize_tiles(w: &QuantMatrix, first: usize, rows: usize, dst: &mut [u16]) {
+    let kb = w.cols().div_ceil(32);
+    assert!(
+        first + rows <= w.rows() && rows <= 64 && dst.len() >= rows.div_ceil(16) * kb * 512,
+        "quant avx512: dequantized rows outside their shapes"
+    );
+    match w.format() {
+        QuantFormat::Q4_0 => tile_rows::<Q4<2, false>>(w, first, rows, dst),
+        QuantFormat::Q4_1 => tile_rows::<Q4<4, true>>(w, first, rows, dst),
+        QuantFormat::Q5_0 => tile_rows::<Q5<2, false>>(w, first, rows, dst),
+        QuantFormat::Q5_1 => tile_rows::<Q5<4, true>>(w, first, rows, dst),
+        QuantFormat::Q8_0 => tile_rows::<Q8_0>(w, first, rows, dst),
+        QuantFormat::Q4K => tile_rows::<Q4K>(w, first, rows, dst),
+        QuantFormat::Q5K => tile_rows::<Q5K>(w, first, rows, dst),
+        QuantFormat::Q6K => tile_rows::<Q6K>(w, first, rows, dst),
+    }
+}
+
+#[inline(always)]
+unsafe fn tile_rows<F: Format>(w: &QuantMatrix, first: usize, rows: usize, dst: &mut [u16]) {
+    let k = w.cols();
+    let kb = k.div_ceil(32);
+    let o = _mm512_set1_epi32(w.format().offset());
+    // The 8 bf16 pairs of 16 consecutive k values sit 16 u32 (one tile row) apart.
+    let pairs = _mm256_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112);
+    let base = dst.as_mut_ptr().cast::<u32>();
+    for r in 0..rows {
+        let row = w.row(first + r).as_ptr();
+        let rbase = base.add((r / 16) * kb * 256 + r % 16);
+        let mut v = _mm512_setzero_ps();
+        for s in 0..k.div_ceil(STEP) {
+            let c = s % CHUNK_STEPS;
+            if c == 0 {
+                v = F::scales(row, k, s / CHUNK_STEPS);
+            }
+            let half = STEP * s + STEP > k;
+            let u = F::weights(row, s, half);
+            let quarters = [
+                _mm512_extracti32x4_epi32::<0>(u),
+                _mm512_extracti32x4_epi32::<1>(u),
+                _mm512_extracti32x4_epi32::<2>(u),
+                _mm512_extracti32x4_epi32::<3>(u),
+            ];
+            for (g, bytes) in quarters
+                .into_iter()
+                .enumerate()
+                .take(if half { 2 } else { 4 })
+            {
+                let ints = _mm512_cvtepu8_epi32(bytes);
+                let ints = if F::OFFSET {
+                    _mm512_sub_epi32(ints, o)
+                } else {
+                    ints
+                };
+                let sub = if F::SIXTEEN { 4 * c + g } else { 2 * c + g / 2 };
+                let a = _mm512_permutexvar_ps(_mm512_set1_epi32(sub as i32), v);
+                let mut wv = _mm512_mul_ps(a, _mm512_cvtepi32_ps(ints));
+                if F::MIN {
+                    let b = _mm512_permutexvar_ps(_mm512_set1_epi32((8 + 2 * c + g / 2) as i32), v);
+                    wv = _mm512_add_ps(wv, b);
+                }
+                let bf: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(wv));
+                let e = STEP * s + 16 * g; // first element: k block e / 32, pairs from (e % 32) / 2
+                let at = rbase.add((e / 32) * 256 + ((e % 32) / 2) * 16);
+                _mm256_i32scatter_epi32::<4>(at.cast::<i32>(), pairs, bf);
+            }
+        }
+    }
+}

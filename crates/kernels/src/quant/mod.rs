@@ -45,6 +45,17 @@ pub struct QuantMatrix {
 }
 
 impl QuantMatrix {
+    /// Most input rows one call gives the bits each row gets alone: [`MATVEC_MAX_ROWS`](crate::MATVEC_MAX_ROWS)
+    /// where AMX runs (more rows are a prefill: the weights, rounded to bf16, on AMX tiles against the
+    /// f32 inputs; about the decode kernels' error, several times their speed), else any number.
+    pub fn batch_invariant_rows(&self) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if prefill_on_tiles() {
+            return crate::MATVEC_MAX_ROWS;
+        }
+        usize::MAX
+    }
+
     /// Takes `data` (m rows of ggml blocks); an error names what does not fit.
     pub fn new(format: QuantFormat, data: Vec<u8>, m: usize, k: usize) -> Result<Self, String> {
         if k == 0 || !k.is_multiple_of(format.block_len()) {
@@ -289,6 +300,13 @@ impl QuantIsa {
     }
 }
 
+/// Whether prefills (more than `MATVEC_MAX_ROWS` rows) run on AMX tiles: AMX-BF16 and the AVX-512
+/// decoding (VNNI, BF16, F16C) on this CPU.
+#[cfg(target_arch = "x86_64")]
+fn prefill_on_tiles() -> bool {
+    crate::amx::available() && avx512::available()
+}
+
 fn best_isa() -> QuantIsa {
     static BEST: std::sync::OnceLock<QuantIsa> = std::sync::OnceLock::new();
     *BEST.get_or_init(|| QuantIsa::available()[0])
@@ -309,7 +327,8 @@ pub fn quant_simd_paths() -> Vec<&'static str> {
         .collect()
 }
 
-/// out[n, m] = x[n, k] · w^T. Overwrites `out`. Every row count takes the same path (batch-invariant).
+/// out[n, m] = x[n, k] · w^T. Overwrites `out`. Up to [`QuantMatrix::batch_invariant_rows`] rows, each row
+/// gets the bits it gets alone; more rows (a prefill) may run on AMX tiles.
 ///
 /// Panics (programmer error) if a slice is shorter than its shape says.
 pub fn linear_quant(x: &[f32], w: &QuantMatrix, n: usize, out: &mut [f32]) {
@@ -318,6 +337,25 @@ pub fn linear_quant(x: &[f32], w: &QuantMatrix, n: usize, out: &mut [f32]) {
 
 /// The first `rows` outputs of [`linear_quant`] (bit for bit): out[n, rows].
 pub fn linear_quant_rows(x: &[f32], w: &QuantMatrix, n: usize, rows: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if n > w.batch_invariant_rows() {
+        assert!(
+            rows <= w.m,
+            "linear_quant: {rows} rows of a {}-row matrix",
+            w.m
+        );
+        crate::linear::check_len("linear_quant: x [n, k]", x.len(), n * w.k);
+        crate::linear::check_len("linear_quant: out [n, rows]", out.len(), n * rows);
+        // SAFETY: batch_invariant_rows() is finite only where AMX and the AVX-512 decoding run; each
+        // call asks for at most 64 rows inside the matrix, and the tiles hold a whole group.
+        let fill = |first: usize, count: usize, tiles: &mut [u16]| unsafe {
+            avx512::dequantize_tiles(w, first, count, tiles)
+        };
+        let (x, out) = (&x[..n * w.k], &mut out[..n * rows]);
+        let (mode, inputs) = (crate::linear::Mode::Overwrite, crate::amx::Inputs::Bf16);
+        crate::amx::linear_decoded(x, n, rows, w.k, mode, inputs, out, &fill);
+        return;
+    }
     linear_quant_with(best_isa(), x, w, n, rows, out);
 }
 

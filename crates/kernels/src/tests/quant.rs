@@ -1,7 +1,7 @@
 //! Quantized linear layers: dequantization against the `gguf` package's reference values (the committed
 //! fixture `gguf/blocks.gguf`), the integer kernel against an f64 dot product over the dequantized weights
 //! within the bound the 8-bit inputs allow, and bit equality across instruction sets, row counts and
-//! output prefixes (batch invariance).
+//! output prefixes (batch invariance); prefills on AMX tiles against the f64 dot of bf16-rounded operands.
 
 use super::Rng;
 use crate::quant::{
@@ -116,7 +116,7 @@ fn every_path_row_count_and_prefix_gives_the_same_bits() {
     for (format, k) in shapes {
         let m = 45;
         let w = random_matrix(format, m, k, 3);
-        let n = 19; // more than one input group of 8, and more than a verify block
+        let n = crate::MATVEC_MAX_ROWS; // more than one input group of 8: a whole verify block
         let x = Rng::new(5).vec(n * k);
         let mut all = vec![0f32; n * m];
         linear_quant(&x, &w, n, &mut all);
@@ -184,4 +184,86 @@ fn shapes_that_do_not_fit_the_blocks_are_errors() {
     assert!(err.contains("Q4_K") && err.contains("384"), "{err}");
     let err = QuantMatrix::new(QuantFormat::Q8_0, vec![0; 33], 1, 32).unwrap_err();
     assert!(err.contains("34") && err.contains("33"), "{err}");
+}
+
+/// Prefill rows (more than a verify block) on AMX tiles: every output is the f32 sum of the products of
+/// bf16-rounded weights and inputs (each product exact), so it lies within f32 accumulation error of that
+/// sum in f64 — far inside the 8-bit decode kernel's error, which would fail here; prefixes and thread
+/// counts keep the bits, and the first verify block's rows keep the decode kernel's. (Without AMX: the
+/// decode kernel's bits for any row count.)
+#[test]
+fn prefill_rows_run_on_tiles_over_bf16_operands() {
+    if !crate::amx::available() {
+        // Without AMX every row count runs the decode kernel, each row with the bits it gets alone.
+        let (m, k, n) = (45, 512, 40);
+        let w = random_matrix(QuantFormat::Q4K, m, k, 13);
+        assert_eq!(w.batch_invariant_rows(), usize::MAX);
+        let x = Rng::new(17).vec(n * k);
+        let (mut all, mut portable) = (vec![0f32; n * m], vec![0f32; n * m]);
+        linear_quant(&x, &w, n, &mut all);
+        linear_quant_portable(&x, &w, n, &mut portable);
+        assert!(all
+            .iter()
+            .zip(&portable)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        return;
+    }
+    let bf = |v: f32| half::bf16::from_f32(v).to_f64();
+    for format in QuantFormat::ALL {
+        let k = if format.block_len() == 32 { 352 } else { 512 };
+        let (m, n) = (130, 40); // three groups of output rows (the last of 2), three passes of inputs
+        let w = random_matrix(format, m, k, 13);
+        assert_eq!(w.batch_invariant_rows(), crate::MATVEC_MAX_ROWS);
+        let wf = dequantized(&w);
+        let x = Rng::new(17).vec(n * k);
+        let mut out = vec![0f32; n * m];
+        linear_quant(&x, &w, n, &mut out);
+        for i in 0..n {
+            for r in 0..m {
+                let (xi, wr) = (&x[i * k..(i + 1) * k], &wf[r * k..(r + 1) * k]);
+                let exact: f64 = wr.iter().zip(xi).map(|(&a, &b)| bf(a) * bf(b)).sum();
+                let magnitude: f64 = wr
+                    .iter()
+                    .zip(xi)
+                    .map(|(&a, &b)| (bf(a) * bf(b)).abs())
+                    .sum();
+                let got = out[i * m + r] as f64;
+                assert!(
+                    (got - exact).abs() <= magnitude * 1e-5 + 1e-12,
+                    "{} row {r} input {i}: {got} vs {exact}",
+                    format.name()
+                );
+            }
+        }
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let rows = 70;
+        let mut prefix = vec![0f32; n * rows];
+        linear_quant_rows(&x, &w, n, rows, &mut prefix);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let mut threaded = vec![0f32; n * m];
+        pool.install(|| linear_quant(&x, &w, n, &mut threaded));
+        assert_eq!(bits(&threaded), bits(&out), "{}: threads", format.name());
+        for i in 0..n {
+            assert_eq!(
+                bits(&prefix[i * rows..(i + 1) * rows]),
+                bits(&out[i * m..i * m + rows]),
+                "{}: first {rows} rows",
+                format.name()
+            );
+        }
+        let verify = crate::MATVEC_MAX_ROWS;
+        let mut decode = vec![0f32; verify * m];
+        linear_quant_portable(&x[..verify * k], &w, verify, &mut decode);
+        let mut block = vec![0f32; verify * m];
+        linear_quant(&x[..verify * k], &w, verify, &mut block);
+        assert_eq!(
+            bits(&block),
+            bits(&decode),
+            "{}: a verify block",
+            format.name()
+        );
+    }
 }
