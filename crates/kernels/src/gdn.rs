@@ -12,7 +12,10 @@
 //!   V' = U - W S                                      the corrected values ("v_new")
 //!   o  = (q ⊙ exp(c)) S + (q k^T ⊙ Γ, lower incl. diagonal) V'
 //!   S <- exp(c_last) S + (k ⊙ exp(c_last - c))^T V'
-//! Every exponent is <= 0 (g <= 0), so nothing overflows; the products are small matmuls through `gemm`.
+//! Every exponent is <= 0 (g <= 0), so nothing overflows; Γ is exp(c_i - c_0) · exp(c_0 - c_j) when the
+//! chunk's decay spans less than exp(-80) (two exps a row), else one exp a pair. The products are small
+//! matmuls (`matmul_serial`: AVX-512 register tiles, else `gemm`); the forward substitution solves 16 rows
+//! at a time, the rows before a block entering it through one matmul.
 //!
 //! Heads are independent: both forms run one rayon task per head. Invariant: both forms compute the same
 //! function of (inputs, initial state) — the chunked one up to f32 rounding (tests: ~1e-5 relative).
@@ -24,6 +27,13 @@ use crate::simd::{self, Isa};
 
 /// Rows per chunk of the chunked form (transformers' and FLA's default).
 pub const GDN_CHUNK: usize = 64;
+
+/// Largest log decay over a chunk for which Γ is taken as exp(c_i - c_0) · exp(c_0 - c_j): exp(80) and
+/// its products with values <= 1 stay far inside f32's range (exp(88.7) overflows).
+const GAMMA_SPLIT_SPAN: f32 = 80.0;
+
+/// Rows per block of the chunk's forward substitution (module doc).
+const SOLVE_BLOCK: usize = 16;
 
 /// Shapes of one call.
 #[derive(Clone, Copy)]
@@ -219,15 +229,18 @@ unsafe fn chunked_head_avx2(inp: &Inputs<'_>, dims: Dims, head: usize, s: &mut [
 
 /// Per-chunk scratch of one head, allocated once per call.
 struct ChunkScratch {
-    q: Vec<f32>,        // [C, dk]  q ⊙ exp(c) once the intra-chunk scores are taken
-    k: Vec<f32>,        // [C, dk]  k, then k ⊙ exp(c_last - c) for the state update
-    v_beta: Vec<f32>,   // [C, dv]  beta v, solved in place into U, then V' = U - W S
-    k_beta: Vec<f32>,   // [C, dk]  beta k
-    w: Vec<f32>,        // [C, dk]  beta k ⊙ exp(c), solved in place into W
-    cum: Vec<f32>,      // [C]      inclusive cumulative log decay
-    system: Vec<f32>,   // [C, C]   (beta k) k^T ⊙ Γ, strictly lower part used
-    qk: Vec<f32>,       // [C, C]   q k^T ⊙ Γ, lower incl. diagonal
-    state_in: Vec<f32>, // [dk, dv] the state at the chunk start
+    q: Vec<f32>,          // [C, dk]  q ⊙ exp(c) once the intra-chunk scores are taken
+    k: Vec<f32>,          // [C, dk]  k, then k ⊙ exp(c_last - c) for the state update
+    k_t: Vec<f32>,        // [dk, C]  k transposed (row stride: the chunk's length)
+    v_beta: Vec<f32>,     // [C, dv]  beta v, solved in place into U, then V' = U - W S
+    k_beta: Vec<f32>,     // [C, dk]  beta k
+    w: Vec<f32>,          // [C, dk]  beta k ⊙ exp(c), solved in place into W
+    cum: Vec<f32>,        // [C]      inclusive cumulative log decay
+    decay_to: Vec<f32>,   // [C]      exp(c - c_0) <= 1
+    decay_from: Vec<f32>, // [C]    exp(c_0 - c) < exp(GAMMA_SPLIT_SPAN)
+    system: Vec<f32>,     // [C, C]   (beta k) k^T ⊙ Γ, strictly lower part used
+    qk: Vec<f32>,         // [C, C]   q k^T ⊙ Γ, lower incl. diagonal
+    state_in: Vec<f32>,   // [dk, dv] the state at the chunk start
 }
 
 /// The chunked form for one head; s [dk, dv]; returns o [n, dv].
@@ -238,10 +251,13 @@ fn chunked_head(inp: &Inputs<'_>, dims: Dims, head: usize, s: &mut [f32]) -> Vec
     let mut sc = ChunkScratch {
         q: vec![0.0; c * dk],
         k: vec![0.0; c * dk],
+        k_t: vec![0.0; dk * c],
         v_beta: vec![0.0; c * dv],
         k_beta: vec![0.0; c * dk],
         w: vec![0.0; c * dk],
         cum: vec![0.0; c],
+        decay_to: vec![0.0; c],
+        decay_from: vec![0.0; c],
         system: vec![0.0; c * c],
         qk: vec![0.0; c * c],
         state_in: vec![0.0; dk * dv],
@@ -314,33 +330,80 @@ fn chunk_step(
     // system = (beta k) k^T ⊙ Γ and qk = q k^T ⊙ Γ, both [len, len]; entries above the diagonal unused/zeroed.
     let system = &mut sc.system[..len * len];
     let qk = &mut sc.qk[..len * len];
-    let k_t = MatView::transposed(k, dk, len);
-    matmul_serial(system, MatView::row_major(k_beta, len, dk), k_t, 1.0, false);
-    matmul_serial(qk, MatView::row_major(q, len, dk), k_t, 1.0, false);
-    for i in 0..len {
-        for j in 0..len {
-            let at = i * len + j;
-            if j <= i {
-                let gamma = (cum[i] - cum[j]).exp();
-                system[at] *= gamma;
-                qk[at] *= gamma;
-            } else {
-                qk[at] = 0.0;
-            }
+    for (t, k_row) in k.chunks_exact(dk).enumerate() {
+        for (d, &kv) in k_row.iter().enumerate() {
+            sc.k_t[d * len + t] = kv;
         }
     }
+    let k_t = MatView::row_major(&sc.k_t[..dk * len], dk, len);
+    matmul_serial(system, MatView::row_major(k_beta, len, dk), k_t, 1.0, false);
+    matmul_serial(qk, MatView::row_major(q, len, dk), k_t, 1.0, false);
+    // Γ_ij = exp(c_i - c_j) = exp(c_i - c_0) · exp(c_0 - c_j) when the chunk's whole decay stays within
+    // f32's range (2 exps a row instead of one per pair; ~1 ulp from the direct form), else directly.
+    let span = cum[0] - cum[len - 1]; // >= 0: g <= 0
+    let factored = span < GAMMA_SPLIT_SPAN;
+    if factored {
+        for (t, &c) in cum.iter().enumerate() {
+            sc.decay_to[t] = (c - cum[0]).exp();
+            sc.decay_from[t] = (cum[0] - c).exp();
+        }
+    }
+    for i in 0..len {
+        let (sys_row, qk_row) = (
+            &mut system[i * len..(i + 1) * len],
+            &mut qk[i * len..(i + 1) * len],
+        );
+        if factored {
+            let di = sc.decay_to[i];
+            for ((sv, qv), &dj) in sys_row[..=i]
+                .iter_mut()
+                .zip(&mut qk_row[..=i])
+                .zip(&sc.decay_from[..=i])
+            {
+                let gamma = di * dj;
+                *sv *= gamma;
+                *qv *= gamma;
+            }
+        } else {
+            for j in 0..=i {
+                let gamma = (cum[i] - cum[j]).exp();
+                sys_row[j] *= gamma;
+                qk_row[j] *= gamma;
+            }
+        }
+        qk_row[i + 1..].iter_mut().for_each(|v| *v = 0.0);
+    }
     // Forward substitution with the unit lower-triangular (I + strict_lower(system)):
-    // X_i = B_i - sum_{j<i} system[i, j] X_j, for B = beta v (-> U) and B = beta k ⊙ exp(c) (-> W).
+    // X_i = B_i - sum_{j<i} system[i, j] X_j, for B = beta v (-> U) and B = beta k ⊙ exp(c) (-> W),
+    // in blocks of SOLVE_BLOCK rows: the rows solved before a block enter it through one matmul each,
+    // then its own rows one by one.
     let u = &mut sc.v_beta[..len * dv];
     let w = &mut sc.w[..len * dk];
-    for i in 1..len {
-        let (solved_u, rest_u) = u.split_at_mut(i * dv);
-        let (solved_w, rest_w) = w.split_at_mut(i * dk);
-        let (u_i, w_i) = (&mut rest_u[..dv], &mut rest_w[..dk]);
-        for j in 0..i {
-            let a = system[i * len + j];
-            simd::axpy(-a, &solved_u[j * dv..(j + 1) * dv], u_i);
-            simd::axpy(-a, &solved_w[j * dk..(j + 1) * dk], w_i);
+    for b0 in (0..len).step_by(SOLVE_BLOCK) {
+        let b1 = (b0 + SOLVE_BLOCK).min(len);
+        if b0 > 0 {
+            let a = MatView {
+                data: &system[b0 * len..],
+                rows: b1 - b0,
+                cols: b0,
+                rs: len,
+                cs: 1,
+            };
+            for (x, d) in [(&mut *u, dv), (&mut *w, dk)] {
+                let (solved, rest) = x.split_at_mut(b0 * d);
+                let solved = MatView::row_major(solved, b0, d);
+                matmul_serial(&mut rest[..(b1 - b0) * d], a, solved, -1.0, true);
+            }
+        }
+        for i in b0 + 1..b1 {
+            let (solved_u, rest_u) = u.split_at_mut(i * dv);
+            let (solved_w, rest_w) = w.split_at_mut(i * dk);
+            let (u_i, w_i) = (&mut rest_u[..dv], &mut rest_w[..dk]);
+            for j in b0..i {
+                let a = system[i * len + j];
+                simd::axpy(-a, &solved_u[j * dv..(j + 1) * dv], u_i);
+                simd::axpy(-a, &solved_w[j * dk..(j + 1) * dk], w_i);
+            }
         }
     }
     // V' = U - W S, in place in u: [len, dv].

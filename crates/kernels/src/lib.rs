@@ -19,6 +19,8 @@ mod fp8;
 mod gdn;
 mod linear;
 #[cfg(target_arch = "x86_64")]
+mod matmul_avx512;
+#[cfg(target_arch = "x86_64")]
 mod matvec_avx512;
 mod norm;
 mod quant;

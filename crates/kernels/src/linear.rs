@@ -564,6 +564,13 @@ pub(crate) fn matmul_serial(
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if b.cs == 1 && crate::matmul_avx512::available() {
+        // SAFETY: AVX-512 F was detected; the views are in bounds (checked above), b has unit column
+        // stride, the inner dimensions agree and dst holds rows x cols.
+        unsafe { crate::matmul_avx512::matmul(dst, a, b, scale, accumulate) };
+        return;
+    }
     // SAFETY: both views were checked to address only elements inside their slices, dst holds rows x cols.
     unsafe {
         gemm::gemm(

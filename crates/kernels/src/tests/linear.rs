@@ -280,3 +280,69 @@ fn bf16_matrix_row_prefix_has_the_full_calls_bits() {
         }
     }
 }
+
+/// The small matmuls of the GDN chunk and prefill attention (`matmul_serial`: AVX-512 register tiles where
+/// the CPU has them, `gemm` otherwise) against f64, on tails of rows and columns, a column-major a, a
+/// strided b, and accumulation with a scale.
+#[test]
+fn small_matmuls_match_f64_on_tails_layouts_and_accumulation() {
+    use crate::linear::{matmul_serial, MatView};
+    let mut rng = Rng::new(23);
+    for (m, k, n) in [
+        (1, 1, 1),
+        (3, 5, 15),
+        (4, 48, 16),
+        (7, 48, 17),
+        (64, 48, 33),
+        (16, 32, 130),
+    ] {
+        let a = rng.vec(m * k);
+        let stride = n + 3;
+        let b = rng.vec(k * stride);
+        let init = rng.vec(m * n);
+        for transposed_a in [false, true] {
+            // The same logical a [m, k], stored row-major or as the transpose of a row-major [k, m].
+            let a_store: Vec<f32> = if transposed_a {
+                (0..k * m).map(|i| a[(i % m) * k + i / m]).collect()
+            } else {
+                a.clone()
+            };
+            let av = if transposed_a {
+                MatView::transposed(&a_store, m, k)
+            } else {
+                MatView::row_major(&a_store, m, k)
+            };
+            let bv = MatView {
+                data: &b,
+                rows: k,
+                cols: n,
+                rs: stride,
+                cs: 1,
+            };
+            for accumulate in [false, true] {
+                let mut dst = init.clone();
+                matmul_serial(&mut dst, av, bv, -0.5, accumulate);
+                for i in 0..m {
+                    for j in 0..n {
+                        let dot: f64 = (0..k)
+                            .map(|p| a[i * k + p] as f64 * b[p * stride + j] as f64)
+                            .sum();
+                        let size: f64 = (0..k)
+                            .map(|p| (a[i * k + p] as f64 * b[p * stride + j] as f64).abs())
+                            .sum();
+                        let want = if accumulate {
+                            init[i * n + j] as f64
+                        } else {
+                            0.0
+                        } - 0.5 * dot;
+                        let got = dst[i * n + j] as f64;
+                        assert!(
+                            (got - want).abs() <= 1e-6 * (size + 1.0),
+                            "[{m}x{k}x{n}] t={transposed_a} acc={accumulate} ({i}, {j}): {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
