@@ -284,6 +284,14 @@ impl TileConfig {
 
 static CONFIG: TileConfig = TileConfig::full();
 
+/// Block scales of weights stored as `value · scale[r / br, c / bc]` ([br, bc] = `block`; `scales`
+/// [⌈m / br⌉, ⌈k / bc⌉]), applied to the inputs by [`linear_decoded`].
+#[derive(Clone, Copy)]
+pub(crate) struct InputScales<'a> {
+    pub block: [usize; 2],
+    pub scales: &'a [f32],
+}
+
 /// Output rows per group: the B tiles one micro-kernel step reads.
 pub(crate) const GROUP_ROWS: usize = GROUP_BLOCKS * TILE_N;
 
@@ -297,8 +305,10 @@ pub(crate) fn group_tile_len(k: usize) -> usize {
 /// a group of [`GROUP_ROWS`] weight rows at a time into bf16 B tiles (`fill(first, rows, tiles)` writes
 /// rows first..first + rows in the layout of [`group_tile_len`]; what it leaves of a partial group's
 /// last block is never written out) and runs every pass of inputs over them while they sit in L2. With
-/// [`Inputs::Exact`] an output carries the rounding of its weights to bf16 and nothing else. The caller
-/// checked [`available`] and the lengths.
+/// [`Inputs::Exact`] an output carries the rounding of its weights to bf16 and nothing else. With `scales`,
+/// the weights' block scales multiply the inputs instead (x[i, c] · scale[row block, c / bc], rounded once
+/// to f32, then split): a task splits the inputs again for each row block it meets. The caller checked
+/// [`available`], the lengths, and that a row block is a whole number of groups.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn linear_decoded(
     x: &[f32],
@@ -307,6 +317,7 @@ pub(crate) fn linear_decoded(
     k: usize,
     mode: Mode,
     inputs: Inputs,
+    scales: Option<InputScales<'_>>,
     out: &mut [f32],
     fill: &(dyn Fn(usize, usize, &mut [u16]) + Sync),
 ) {
@@ -314,7 +325,16 @@ pub(crate) fn linear_decoded(
         return;
     }
     let out_ptr = SyncPtr(out.as_mut_ptr());
-    let splits = split_passes(x, n, k, inputs);
+    let splits = match scales {
+        None => split_passes(x, n, k, inputs),
+        Some(sc) => {
+            assert!(
+                sc.block[0] % GROUP_ROWS == 0,
+                "amx: row blocks split a group"
+            );
+            Vec::new()
+        }
+    };
     let groups = m.div_ceil(GROUP_ROWS);
     let tasks = (rayon::current_num_threads() * 4).clamp(1, groups);
     let groups_per_task = groups.div_ceil(tasks);
@@ -324,13 +344,32 @@ pub(crate) fn linear_decoded(
             m: 0,
             k,
         };
+        let mut scaled: Option<(usize, Vec<Vec<u16>>)> = None;
         for group in task * groups_per_task..((task + 1) * groups_per_task).min(groups) {
             let first = group * GROUP_ROWS;
             tiles.m = (m - first).min(GROUP_ROWS);
             fill(first, tiles.m, &mut tiles.data);
+            let splits = match scales {
+                None => &splits,
+                Some(sc) => {
+                    let rb = first / sc.block[0];
+                    if scaled.as_ref().is_none_or(|(at, _)| *at != rb) {
+                        let gk = k.div_ceil(sc.block[1]);
+                        let row = &sc.scales[rb * gk..(rb + 1) * gk];
+                        let mut xs = x[..n * k].to_vec();
+                        for xr in xs.chunks_exact_mut(k) {
+                            for (part, &scale) in xr.chunks_mut(sc.block[1]).zip(row) {
+                                part.iter_mut().for_each(|v| *v *= scale);
+                            }
+                        }
+                        scaled = Some((rb, split_passes(&xs, n, k, inputs)));
+                    }
+                    &scaled.as_ref().expect("split above").1
+                }
+            };
             // SAFETY: `available()` was checked by the caller; this task alone writes the output
             // columns first..first + tiles.m.
-            unsafe { passes(&tiles, &splits, n, 0..1, mode, out_ptr, m, first, inputs) };
+            unsafe { passes(&tiles, splits, n, 0..1, mode, out_ptr, m, first, inputs) };
         }
     };
     if tasks == 1 {

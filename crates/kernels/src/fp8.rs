@@ -16,9 +16,13 @@
 //! AVX2 + F16C + FMA (a weight row widened once per call in the lane order through f16, then two 8-lane
 //! halves), portable (the reference).
 //!
-//! Invariant (batch invariance): an output depends only on its weight row and its input row, through
-//! the same operations whatever the number of rows, the thread count or the path (every path gives the
-//! portable one's bits), so verify rows equal decode rows.
+//! Invariant (batch invariance): up to [`Fp8Matrix::batch_invariant_rows`] input rows, an output depends
+//! only on its weight row and its input row, through the same operations whatever the number of rows, the
+//! thread count or the path (every path gives the portable one's bits), so verify rows equal decode rows.
+//!
+//! Prefill (more rows, where AMX runs and a row block is a multiple of 64 rows): the e4m3 values, exact in
+//! bf16, as AMX B tiles, against the inputs times their block's scale split into three bf16 terms
+//! (`amx::linear_decoded`): f32's precision, at the tiles' rate.
 
 use half::f16;
 use rayon::prelude::*;
@@ -240,6 +244,17 @@ impl Fp8Matrix {
         (data, self.scales.clone())
     }
 
+    /// Most input rows one call gives the bits each row gets alone: [`MATVEC_MAX_ROWS`](crate::MATVEC_MAX_ROWS)
+    /// where prefills run on AMX tiles (the CPU has them and a row block is a multiple of 64 rows, as
+    /// Qwen's 128 x 128), else any number.
+    pub fn batch_invariant_rows(&self) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if self.block[0] % crate::amx::GROUP_ROWS == 0 && tiles::available() {
+            return crate::MATVEC_MAX_ROWS;
+        }
+        usize::MAX
+    }
+
     /// Row `r` as f32 (e4m3 value times its block's scale).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         crate::linear::check_len("Fp8Matrix::dequantize_row: out", out.len(), self.k);
@@ -316,13 +331,37 @@ pub fn fp8_simd_paths() -> Vec<&'static str> {
     Isa::available().into_iter().map(Isa::name).collect()
 }
 
-/// out[n, m] = x[n, k] · w^T. Overwrites `out`; every row count takes the same path.
+/// out[n, m] = x[n, k] · w^T. Overwrites `out`. Up to [`Fp8Matrix::batch_invariant_rows`] rows, each row
+/// gets the bits it gets alone; more rows (a prefill) may run on AMX tiles.
 pub fn linear_fp8(x: &[f32], w: &Fp8Matrix, n: usize, out: &mut [f32]) {
-    linear_fp8_with(best_isa(), x, w, n, w.m, out);
+    linear_fp8_rows(x, w, n, w.m, out);
 }
 
 /// The first `rows` outputs of [`linear_fp8`] (bit for bit): out[n, rows].
 pub fn linear_fp8_rows(x: &[f32], w: &Fp8Matrix, n: usize, rows: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if n > w.batch_invariant_rows() {
+        assert!(
+            rows <= w.m,
+            "linear_fp8: {rows} rows of a {}-row matrix",
+            w.m
+        );
+        crate::linear::check_len("linear_fp8: x [n, k]", x.len(), n * w.k);
+        crate::linear::check_len("linear_fp8: out [n, rows]", out.len(), n * rows);
+        // SAFETY: batch_invariant_rows() is finite only where tiles::available() holds; each call asks
+        // for at most 64 rows inside the matrix, and the tiles hold a whole group.
+        let fill = |first: usize, count: usize, dst: &mut [u16]| unsafe {
+            tiles::e4m3_tiles(w, first, count, dst)
+        };
+        let scales = crate::amx::InputScales {
+            block: w.block,
+            scales: &w.scales,
+        };
+        let (x, out) = (&x[..n * w.k], &mut out[..n * rows]);
+        let (mode, inputs) = (crate::linear::Mode::Overwrite, crate::amx::Inputs::Exact);
+        crate::amx::linear_decoded(x, n, rows, w.k, mode, inputs, Some(scales), out, &fill);
+        return;
+    }
     linear_fp8_with(best_isa(), x, w, n, rows, out);
 }
 
@@ -613,5 +652,58 @@ mod simd {
         let l4 = _mm_add_ps(_mm256_castps256_ps128(l8), _mm256_extractf128_ps(l8, 1));
         let l2 = _mm_add_ps(l4, _mm_movehl_ps(l4, l4));
         _mm_add_ss(l2, _mm_shuffle_ps(l2, l2, 1))
+    }
+}
+
+/// Prefill weights for AMX tiles.
+#[cfg(target_arch = "x86_64")]
+mod tiles {
+    use std::arch::x86_64::*;
+
+    use super::Fp8Matrix;
+
+    /// AMX-BF16 and the AVX-512 BW/VL and F16C the conversion uses.
+    pub(super) fn available() -> bool {
+        crate::amx::available()
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+
+    /// Rows `first..first + rows` (at most 64) of `w`'s e4m3 values (exact in bf16; the scales go to the
+    /// inputs) in the AMX B-tile layout (as `quant::avx512::dequantize_tiles`); columns past k (zero
+    /// bytes) give zeros.
+    ///
+    /// # Safety
+    /// [`available`]; `first + rows <= w.rows()`, `rows <= 64`, `dst` holds `rows.div_ceil(16) · kb · 512`
+    /// values, kb = k / 32 rounded up.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,f16c")]
+    pub(super) unsafe fn e4m3_tiles(w: &Fp8Matrix, first: usize, rows: usize, dst: &mut [u16]) {
+        let kb = w.k.div_ceil(32);
+        assert!(
+            first + rows <= w.m && rows <= 64 && dst.len() >= rows.div_ceil(16) * kb * 512,
+            "fp8 tiles: rows outside their shapes"
+        );
+        assert!(32 * kb <= w.kp, "fp8 tiles: row layout");
+        let pairs = _mm256_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112);
+        let base = dst.as_mut_ptr().cast::<u32>();
+        for r in 0..rows {
+            let j = first + r;
+            let row = w.data[j * w.kp..(j + 1) * w.kp].as_ptr();
+            let rbase = base.add((r / 16) * kb * 256 + r % 16);
+            for c in (0..32 * kb).step_by(16) {
+                // e4m3 -> the f16 bits of its value times 2^-8 (exact) -> f32 times 256 -> bf16 (exact).
+                let q = _mm256_cvtepu8_epi16(_mm_loadu_si128(row.add(c).cast::<__m128i>()));
+                let sign = _mm256_slli_epi16::<8>(_mm256_and_si256(q, _mm256_set1_epi16(0x80)));
+                let mag = _mm256_slli_epi16::<7>(_mm256_and_si256(q, _mm256_set1_epi16(0x7F)));
+                let v = _mm512_mul_ps(
+                    _mm512_cvtph_ps(_mm256_or_si256(sign, mag)),
+                    _mm512_set1_ps(256.0),
+                );
+                let bf: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
+                let at = rbase.add((c / 32) * 256 + ((c % 32) / 2) * 16);
+                _mm256_i32scatter_epi32::<4>(at.cast::<i32>(), pairs, bf);
+            }
+        }
     }
 }

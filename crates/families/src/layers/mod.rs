@@ -197,7 +197,7 @@ impl Linear {
             Weights::F32(_) => kernels::MATVEC_MAX_ROWS,
             Weights::Bf16(w) => w.batch_invariant_rows(),
             Weights::Quant { w, .. } => w.batch_invariant_rows(),
-            Weights::Fp8(_) => usize::MAX,
+            Weights::Fp8(w) => w.batch_invariant_rows(),
         }
     }
 

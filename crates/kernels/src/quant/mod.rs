@@ -353,7 +353,7 @@ pub fn linear_quant_rows(x: &[f32], w: &QuantMatrix, n: usize, rows: usize, out:
         };
         let (x, out) = (&x[..n * w.k], &mut out[..n * rows]);
         let (mode, inputs) = (crate::linear::Mode::Overwrite, crate::amx::Inputs::Bf16);
-        crate::amx::linear_decoded(x, n, rows, w.k, mode, inputs, out, &fill);
+        crate::amx::linear_decoded(x, n, rows, w.k, mode, inputs, None, out, &fill);
         return;
     }
     linear_quant_with(best_isa(), x, w, n, rows, out);

@@ -157,3 +157,72 @@ fn fp8_matrices_refuse_what_the_kernels_do_not_take() {
     assert!(Fp8Matrix::new(&[0; 3], &[1.0], 2, 2, [128, 128]).is_err());
     assert!(Fp8Matrix::new(&[0; 4], &[1.0, 2.0], 2, 2, [128, 128]).is_err());
 }
+
+/// Prefill rows (more than a verify block) with row blocks of a multiple of 64 rows run on AMX tiles: the
+/// e4m3 values exact in bf16, the inputs times their block scale split into three bf16 terms, so each
+/// output is within f32 accumulation error of the f64 dot over the dequantized weights; a verify block
+/// keeps the decode kernel's bits, prefixes and thread counts keep the bits. Other row blocks (and CPUs
+/// without AMX): the decode kernel's bits for any row count.
+#[test]
+fn prefill_rows_run_on_tiles_at_f32_precision() {
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for (m, k, block, n) in [
+        (130, 320, [128, 128], 40),
+        (200, 256, [64, 64], 30),
+        (70, 200, [16, 48], 23),
+    ] {
+        let (w, deq) = random(m, k, block, 3 + k as u64);
+        let mut rng = Rng::new(19);
+        let x: Vec<f32> = (0..n * k).map(|_| rng.uniform() * 4.0 - 2.0).collect();
+        let mut out = vec![0f32; n * m];
+        linear_fp8(&x, &w, n, &mut out);
+        let mut decode = vec![0f32; n * m];
+        linear_fp8_path("portable", &x, &w, n, &mut decode);
+        if !(crate::amx::available() && block[0] % 64 == 0) {
+            assert_eq!(w.batch_invariant_rows(), usize::MAX);
+            assert_eq!(bits(&out), bits(&decode), "[{m}x{k}] on the decode kernel");
+            continue;
+        }
+        assert_eq!(w.batch_invariant_rows(), crate::MATVEC_MAX_ROWS);
+        for r in 0..n {
+            for j in 0..m {
+                let (wr, xr) = (&deq[j * k..(j + 1) * k], &x[r * k..(r + 1) * k]);
+                let exact: f64 = wr.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let size: f64 = wr
+                    .iter()
+                    .zip(xr)
+                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                    .sum();
+                let got = out[r * m + j] as f64;
+                assert!(
+                    (got - exact).abs() <= 2e-6 * size + 1e-12,
+                    "[{m}x{k}] ({r}, {j})"
+                );
+            }
+        }
+        let verify = crate::MATVEC_MAX_ROWS;
+        let mut block_out = vec![0f32; verify * m];
+        linear_fp8(&x[..verify * k], &w, verify, &mut block_out);
+        assert_eq!(
+            bits(&block_out),
+            bits(&decode[..verify * m]),
+            "[{m}x{k}] verify block"
+        );
+        let rows = m / 2 + 1;
+        let mut prefix = vec![0f32; n * rows];
+        linear_fp8_rows(&x, &w, n, rows, &mut prefix);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let mut threaded = vec![0f32; n * m];
+        pool.install(|| linear_fp8(&x, &w, n, &mut threaded));
+        assert_eq!(bits(&threaded), bits(&out), "[{m}x{k}] threads");
+        for r in 0..n {
+            assert_eq!(
+                bits(&prefix[r * rows..(r + 1) * rows]),
+                bits(&out[r * m..r * m + rows])
+            );
+        }
+    }
+}
