@@ -329,7 +329,7 @@ pub(crate) fn linear_decoded(
         None => split_passes(x, n, k, inputs),
         Some(sc) => {
             assert!(
-                sc.block[0] % GROUP_ROWS == 0,
+                sc.block[0].is_multiple_of(GROUP_ROWS),
                 "amx: row blocks split a group"
             );
             Vec::new()

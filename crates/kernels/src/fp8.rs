@@ -249,7 +249,7 @@ impl Fp8Matrix {
     /// Qwen's 128 x 128), else any number.
     pub fn batch_invariant_rows(&self) -> usize {
         #[cfg(target_arch = "x86_64")]
-        if self.block[0] % crate::amx::GROUP_ROWS == 0 && tiles::available() {
+        if self.block[0].is_multiple_of(crate::amx::GROUP_ROWS) && tiles::available() {
             return crate::MATVEC_MAX_ROWS;
         }
         usize::MAX
@@ -341,13 +341,7 @@ pub fn linear_fp8(x: &[f32], w: &Fp8Matrix, n: usize, out: &mut [f32]) {
 pub fn linear_fp8_rows(x: &[f32], w: &Fp8Matrix, n: usize, rows: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if n > w.batch_invariant_rows() {
-        assert!(
-            rows <= w.m,
-            "linear_fp8: {rows} rows of a {}-row matrix",
-            w.m
-        );
-        crate::linear::check_len("linear_fp8: x [n, k]", x.len(), n * w.k);
-        crate::linear::check_len("linear_fp8: out [n, rows]", out.len(), n * rows);
+        crate::linear::check_rows_call("linear_fp8", x.len(), out.len(), n, w.k, rows, w.m);
         // SAFETY: batch_invariant_rows() is finite only where tiles::available() holds; each call asks
         // for at most 64 rows inside the matrix, and the tiles hold a whole group.
         let fill = |first: usize, count: usize, dst: &mut [u16]| unsafe {
@@ -377,13 +371,7 @@ pub fn linear_fp8_path(path: &str, x: &[f32], w: &Fp8Matrix, n: usize, out: &mut
 
 fn linear_fp8_with(isa: Isa, x: &[f32], w: &Fp8Matrix, n: usize, rows: usize, out: &mut [f32]) {
     let (k, kp) = (w.k, w.kp);
-    assert!(
-        rows <= w.m,
-        "linear_fp8: {rows} rows of a {}-row matrix",
-        w.m
-    );
-    crate::linear::check_len("linear_fp8: x [n, k]", x.len(), n * k);
-    crate::linear::check_len("linear_fp8: out [n, rows]", out.len(), n * rows);
+    crate::linear::check_rows_call("linear_fp8", x.len(), out.len(), n, k, rows, w.m);
     if n == 0 || rows == 0 {
         return;
     }

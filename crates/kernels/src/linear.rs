@@ -225,6 +225,23 @@ fn linear_with_mode(
     }
 }
 
+/// The checks of a call computing the first `rows` of a [m, k] matrix's outputs for n inputs: rows <= m,
+/// x [n, k], out [n, rows] (programmer errors: panics naming `what`).
+#[track_caller]
+pub(crate) fn check_rows_call(
+    what: &str,
+    x: usize,
+    out: usize,
+    n: usize,
+    k: usize,
+    rows: usize,
+    m: usize,
+) {
+    assert!(rows <= m, "{what}: {rows} rows of a {m}-row matrix");
+    check_len(&format!("{what}: x [n, k]"), x, n * k);
+    check_len(&format!("{what}: out [n, rows]"), out, n * rows);
+}
+
 /// Panics with a clear message when a buffer is shorter than its shape: callers are our own code, so this is
 /// a programmer error, and continuing would read or write out of shape.
 #[inline]

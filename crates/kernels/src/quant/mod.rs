@@ -339,13 +339,7 @@ pub fn linear_quant(x: &[f32], w: &QuantMatrix, n: usize, out: &mut [f32]) {
 pub fn linear_quant_rows(x: &[f32], w: &QuantMatrix, n: usize, rows: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if n > w.batch_invariant_rows() {
-        assert!(
-            rows <= w.m,
-            "linear_quant: {rows} rows of a {}-row matrix",
-            w.m
-        );
-        crate::linear::check_len("linear_quant: x [n, k]", x.len(), n * w.k);
-        crate::linear::check_len("linear_quant: out [n, rows]", out.len(), n * rows);
+        crate::linear::check_rows_call("linear_quant", x.len(), out.len(), n, w.k, rows, w.m);
         // SAFETY: batch_invariant_rows() is finite only where AMX and the AVX-512 decoding run; each
         // call asks for at most 64 rows inside the matrix, and the tiles hold a whole group.
         let fill = |first: usize, count: usize, tiles: &mut [u16]| unsafe {
@@ -391,13 +385,7 @@ fn linear_quant_with(
     out: &mut [f32],
 ) {
     let k = w.k;
-    assert!(
-        rows <= w.m,
-        "linear_quant: {rows} rows of a {}-row matrix",
-        w.m
-    );
-    crate::linear::check_len("linear_quant: x [n, k]", x.len(), n * k);
-    crate::linear::check_len("linear_quant: out [n, rows]", out.len(), n * rows);
+    crate::linear::check_rows_call("linear_quant", x.len(), out.len(), n, k, rows, w.m);
     if n == 0 || rows == 0 {
         return;
     }

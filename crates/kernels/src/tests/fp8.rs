@@ -208,21 +208,14 @@ fn prefill_rows_run_on_tiles_at_f32_precision() {
             bits(&decode[..verify * m]),
             "[{m}x{k}] verify block"
         );
-        let rows = m / 2 + 1;
-        let mut prefix = vec![0f32; n * rows];
-        linear_fp8_rows(&x, &w, n, rows, &mut prefix);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
-        let mut threaded = vec![0f32; n * m];
-        pool.install(|| linear_fp8(&x, &w, n, &mut threaded));
-        assert_eq!(bits(&threaded), bits(&out), "[{m}x{k}] threads");
-        for r in 0..n {
-            assert_eq!(
-                bits(&prefix[r * rows..(r + 1) * rows]),
-                bits(&out[r * m..r * m + rows])
-            );
-        }
+        super::assert_prefix_and_threads_keep_bits(
+            &out,
+            n,
+            m,
+            m / 2 + 1,
+            |dst| linear_fp8(&x, &w, n, dst),
+            |rows, dst| linear_fp8_rows(&x, &w, n, rows, dst),
+            &format!("[{m}x{k}]"),
+        );
     }
 }

@@ -83,3 +83,33 @@ pub(crate) fn assert_close(actual: &[f32], expected: &[f64], tol: f64, what: &st
 pub(crate) fn widen(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&v| v as f64).collect()
 }
+
+/// `out` [n, m] (a call's outputs) has the bits of the same call on a 3-thread pool (`full`), and its first
+/// `rows` columns those of the prefix call (`prefix(rows, dst)` writing [n, rows]).
+pub(crate) fn assert_prefix_and_threads_keep_bits(
+    out: &[f32],
+    n: usize,
+    m: usize,
+    rows: usize,
+    full: impl Fn(&mut [f32]) + Send + Sync,
+    prefix: impl Fn(usize, &mut [f32]),
+    what: &str,
+) {
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    let mut threaded = vec![0f32; n * m];
+    pool.install(|| full(&mut threaded));
+    assert_eq!(bits(&threaded), bits(out), "{what}: threads");
+    let mut first = vec![0f32; n * rows];
+    prefix(rows, &mut first);
+    for i in 0..n {
+        assert_eq!(
+            bits(&first[i * rows..(i + 1) * rows]),
+            bits(&out[i * m..i * m + rows]),
+            "{what}: first {rows} rows of input {i}"
+        );
+    }
+}

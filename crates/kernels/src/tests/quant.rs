@@ -236,24 +236,15 @@ fn prefill_rows_run_on_tiles_over_bf16_operands() {
             }
         }
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        let rows = 70;
-        let mut prefix = vec![0f32; n * rows];
-        linear_quant_rows(&x, &w, n, rows, &mut prefix);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
-        let mut threaded = vec![0f32; n * m];
-        pool.install(|| linear_quant(&x, &w, n, &mut threaded));
-        assert_eq!(bits(&threaded), bits(&out), "{}: threads", format.name());
-        for i in 0..n {
-            assert_eq!(
-                bits(&prefix[i * rows..(i + 1) * rows]),
-                bits(&out[i * m..i * m + rows]),
-                "{}: first {rows} rows",
-                format.name()
-            );
-        }
+        super::assert_prefix_and_threads_keep_bits(
+            &out,
+            n,
+            m,
+            70,
+            |dst| linear_quant(&x, &w, n, dst),
+            |rows, dst| linear_quant_rows(&x, &w, n, rows, dst),
+            format.name(),
+        );
         let verify = crate::MATVEC_MAX_ROWS;
         let mut decode = vec![0f32; verify * m];
         linear_quant_portable(&x[..verify * k], &w, verify, &mut decode);
